@@ -1,0 +1,46 @@
+"""Loading a model and tokenizer by local path or hub name, with safe defaults.
+
+``trust_remote_code`` stays off unless the caller passes it; weights are read as safetensors only
+(``use_safetensors=True``); attention defaults to SDPA (never eager L x L attention at long context).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16, "auto": "auto"}
+
+
+def parse_dtype(dtype: Any):
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return DTYPES[str(dtype)]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}") from None
+
+
+def load_model(name_or_path: str, *, dtype: Any = None, device: str | None = None, trust_remote_code: bool = False,
+               attn_implementation: str = "sdpa", **kwargs):
+    """``AutoModelForCausalLM.from_pretrained`` with rope-extend's defaults; the model is put in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        name_or_path, dtype=parse_dtype(dtype) or torch.float32, trust_remote_code=trust_remote_code,
+        attn_implementation=attn_implementation, use_safetensors=True, **kwargs,
+    )
+    if device is not None:
+        model.to(device)
+    return model.eval()
+
+
+def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False, **kwargs):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **kwargs)
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer

@@ -1,0 +1,14 @@
+"""The scaling methods as pure math: plain numbers in, ``(inv_freq, attention_scale)`` out.
+
+One module per method family; each method is a frozen params dataclass that validates itself plus one
+function. ``register`` adds a method (duplicates are refused); ``get`` looks one up by name.
+"""
+
+from ._common import Geometry, Method, check_factor, check_int, check_number, rope_frequencies, rotary_dim
+from ._scaling import Scaling, resolve
+from .registry import by_rope_type, get, inv_freq, names, register
+
+__all__ = [
+    "Geometry", "Method", "Scaling", "by_rope_type", "check_factor", "check_int", "check_number", "get",
+    "inv_freq", "names", "register", "resolve", "rope_frequencies", "rotary_dim",
+]

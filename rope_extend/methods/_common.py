@@ -1,0 +1,116 @@
+"""Pieces every method shares: plain RoPE frequencies, argument checks, and the `Method` record."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..errors import RopeExtendError, closest
+
+
+def rope_frequencies(dim: int, base: float) -> torch.Tensor:
+    """Plain RoPE inverse frequencies, float32: ``theta_i = base ** (-2i/dim)``, ``i = 0 .. dim/2-1``.
+
+    Su et al. 2021, "RoFormer: Enhanced Transformer with Rotary Position Embedding". Computed with the
+    same float32 operations as transformers, so an unscaled method reproduces its buffer bit for bit.
+    """
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim))
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_number(name: str, value: Any, *, minimum: float | None = None, above: float | None = None) -> float:
+    """Return ``value`` as a float, or raise naming the parameter and the allowed range."""
+    if not is_number(value):
+        raise RopeExtendError(f"{name} must be a finite number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise RopeExtendError(f"{name} must be >= {minimum}, got {value!r}")
+    if above is not None and value <= above:
+        raise RopeExtendError(f"{name} must be > {above}, got {value!r}")
+    return float(value)
+
+
+def check_int(name: str, value: Any, *, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise RopeExtendError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def check_factor(factor: Any) -> float:
+    """The scale factor ``s = target / L``: a finite number >= 1 (1 means plain RoPE)."""
+    return check_number("factor", factor, minimum=1.0)
+
+
+def rotary_dim(head_dim: Any, partial_rotary_factor: Any = 1.0) -> int:
+    """``d = int(head_dim * partial_rotary_factor)``; must be even and >= 2."""
+    check_int("head_dim", head_dim, minimum=2)
+    prf = check_number("partial_rotary_factor", partial_rotary_factor, above=0.0)
+    if prf > 1.0:
+        raise RopeExtendError(f"partial_rotary_factor must be in (0, 1], got {partial_rotary_factor!r}")
+    dim = int(head_dim * prf)
+    if dim < 2 or dim % 2:
+        raise RopeExtendError(
+            f"the rotary dimension head_dim * partial_rotary_factor = {head_dim} * {prf} -> {dim} "
+            "must be an even integer >= 2"
+        )
+    return dim
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The plain numbers the math needs: rotary dimension ``d``, base ``b``, original length ``L``."""
+
+    dim: int
+    base: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self):
+        check_int("rotary dim", self.dim, minimum=2)
+        check_number("base (rope_theta)", self.base, above=1.0)
+        check_int("original_max_position_embeddings", self.original_max_position_embeddings)
+
+
+Compute = Callable[[Any, Geometry, float, "int | None"], "tuple[torch.Tensor, float]"]
+
+
+@dataclass(frozen=True)
+class Method:
+    """One scaling method: its parameters, its math, and how it is written into a config.
+
+    ``compute(params, geometry, factor, seq_len) -> (inv_freq float32[d/2], attention_scale)``.
+    """
+
+    name: str
+    params: type
+    compute: Compute
+    rope_type: str  # the `rope_type` written into `config.rope_parameters`
+    dynamic: bool = False  # frequencies depend on the current length
+    in_transformers: bool = False  # `rope_type` is transformers' own type, with the same numbers
+    source: str = ""
+
+    def make_params(self, params: dict[str, Any]) -> Any:
+        """Build the validated params dataclass; unknown names are errors that list the allowed ones."""
+        allowed = [f.name for f in dataclasses.fields(self.params)]
+        for key in params:
+            if key not in allowed:
+                hint = closest(key, allowed)
+                listing = ", ".join(allowed) if allowed else "none"
+                raise RopeExtendError(
+                    f"unknown parameter {key!r} for method {self.name!r}{hint}; its parameters are: {listing}"
+                )
+        return self.params(**params)
+
+    def param_dict(self, params: Any) -> dict[str, Any]:
+        """The parameters that are set (not None), as plain JSON-friendly values."""
+        out = {}
+        for f in dataclasses.fields(params):
+            value = getattr(params, f.name)
+            if value is not None:
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out

@@ -1,0 +1,70 @@
+"""A resolved scaling: a method with its factor, original length and validated parameters."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import RopeExtendError
+from ._common import Geometry, Method, check_factor, check_int
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """``method`` at factor ``s`` relative to the original length ``L``, with its parameters."""
+
+    method: Method
+    factor: float
+    original_max_position_embeddings: int
+    params: Any
+
+    @property
+    def target_length(self) -> int:
+        """``s * L`` rounded up (to the nearest integer when it is one up to float error)."""
+        exact = self.factor * self.original_max_position_embeddings
+        nearest = round(exact)
+        return int(nearest) if abs(exact - nearest) <= 1e-9 * exact else int(math.ceil(exact))
+
+    def compute(self, dim: int, base: float, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+        """``(inv_freq float32[d/2], attention_scale)`` for a rotary dim and base at length ``seq_len``."""
+        geo = Geometry(dim, float(base), self.original_max_position_embeddings)
+        freqs, scale = self.method.compute(self.params, geo, self.factor, seq_len)
+        return freqs.to(torch.float32).contiguous(), float(scale)
+
+    def describe(self) -> str:
+        extra = ", ".join(f"{k}={v}" for k, v in self.method.param_dict(self.params).items()
+                          if not isinstance(v, list))
+        return (f"{self.method.name} (factor {self.factor:g}, L={self.original_max_position_embeddings}, "
+                f"target {self.target_length}{', ' + extra if extra else ''})")
+
+
+def resolve(
+    method: Method,
+    *,
+    factor: Any = None,
+    target_length: Any = None,
+    original_max_position_embeddings: Any,
+    params: dict[str, Any],
+) -> Scaling:
+    """Validate every argument and return the scaling; raises ``RopeExtendError`` naming the problem.
+
+    Exactly one of ``factor`` and ``target_length`` is given; ``factor = target_length / L``.
+    """
+    length = check_int("original_max_position_embeddings", original_max_position_embeddings)
+    if (factor is None) == (target_length is None):
+        raise RopeExtendError(
+            "give exactly one of factor (s >= 1, relative to the original length L="
+            f"{length}) and target_length (>= L), got factor={factor!r}, target_length={target_length!r}"
+        )
+    if target_length is not None:
+        target = check_int("target_length", target_length)
+        if target < length:
+            raise RopeExtendError(
+                f"target_length must be >= the original length L={length} (factor >= 1), got {target}"
+            )
+        factor = target / length
+    s = check_factor(factor)
+    return Scaling(method, s, length, method.make_params(params))

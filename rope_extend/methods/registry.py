@@ -1,0 +1,90 @@
+"""The method registry and the ``inv_freq`` entry point.
+
+Import it as ``from rope_extend.methods import registry``: the package attribute ``rope_extend.methods`` is
+the public ``methods()`` function, so ``import rope_extend.methods as M`` would not give this module.
+"""
+
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import RopeExtendError, closest
+from . import linear as _linear, llama3 as _llama3, longrope as _longrope, ntk as _ntk, yarn as _yarn
+from ._common import Geometry, Method, check_factor, check_int, check_number, rope_frequencies, rotary_dim
+from ._scaling import Scaling, resolve
+
+_REGISTRY: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    """Add a method. Its name and its config ``rope_type`` must both be new."""
+    if method.name in _REGISTRY:
+        raise RopeExtendError(f"a method named {method.name!r} is already registered")
+    for other in _REGISTRY.values():
+        if other.rope_type == method.rope_type:
+            raise RopeExtendError(
+                f"rope_type {method.rope_type!r} is already used by method {other.name!r}"
+            )
+    _REGISTRY[method.name] = method
+    return method
+
+
+for _m in (_linear.METHOD, _ntk.NTK, _ntk.DYNAMIC, _yarn.NTK_BY_PARTS, _yarn.YARN, _yarn.DYNAMIC_YARN,
+           _llama3.METHOD, _longrope.METHOD):
+    register(_m)
+
+
+def names() -> list[str]:
+    """The registered method names, in registration order."""
+    return list(_REGISTRY)
+
+
+def get(name: Any) -> Method:
+    """The method called ``name``; an unknown name raises, listing the known ones."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    raise RopeExtendError(
+        f"unknown method {name!r}{closest(name, _REGISTRY)}; known methods: {', '.join(_REGISTRY)}"
+    )
+
+
+def by_rope_type(rope_type: str) -> Method | None:
+    """The method that writes ``rope_type`` into configs, or None."""
+    for method in _REGISTRY.values():
+        if method.rope_type == rope_type:
+            return method
+    return None
+
+
+def inv_freq(
+    method: str,
+    head_dim: int,
+    base: float,
+    factor: float,
+    original_max_position_embeddings: int,
+    *,
+    seq_len: int | None = None,
+    partial_rotary_factor: float = 1.0,
+    **params: Any,
+) -> tuple[torch.Tensor, float]:
+    """Scaled inverse frequencies (float32, length ``rotary_dim // 2``) and the attention scale.
+
+    ``factor`` is ``s = target / L`` with ``L = original_max_position_embeddings``; ``seq_len`` is the
+    current length and matters for the dynamic methods only (None means ``L``).
+    """
+    m = get(method)
+    p = m.make_params(params)
+    geo = Geometry(rotary_dim(head_dim, partial_rotary_factor), base, original_max_position_embeddings)
+    s = check_factor(factor)
+    if seq_len is not None:
+        check_int("seq_len", seq_len)
+    freqs, scale = m.compute(p, geo, s, seq_len)
+    return freqs.to(torch.float32).contiguous(), float(scale)
+
+
+__all__ = [
+    "Geometry", "Method", "Scaling", "by_rope_type", "get", "inv_freq", "names", "register", "resolve",
+]
