@@ -34,6 +34,8 @@ class Llama3Params:
 def llama3(params: Llama3Params, geo: Geometry, factor: float, seq_len: int | None) -> tuple[torch.Tensor, float]:
     """See the module docstring; the operations follow transformers' so the numbers match exactly."""
     theta = rope_frequencies(geo.dim, geo.base)
+    if factor == 1.0:  # exactly plain RoPE; the blend below would round the last bit
+        return theta, 1.0
     length = geo.original_max_position_embeddings
     low, high = params.low_freq_factor, params.high_freq_factor
     wavelen = 2 * math.pi / theta

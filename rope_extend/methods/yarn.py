@@ -49,6 +49,8 @@ def by_parts_frequencies(
     geo: Geometry, factor: float, beta_fast: float, beta_slow: float, truncate: bool
 ) -> torch.Tensor:
     """NTK-by-parts inverse frequencies (operations ordered as in transformers' yarn, for equal bits)."""
+    if factor == 1.0:  # exactly plain RoPE; the blend below would round the last bit
+        return rope_frequencies(geo.dim, geo.base)
     powers = geo.base ** (torch.arange(0, geo.dim, 2).to(torch.float32) / geo.dim)
     extrapolation = 1.0 / powers  # theta_i, unchanged
     interpolation = 1.0 / (factor * powers)  # theta_i / s
