@@ -34,6 +34,7 @@ logger = logging.getLogger("rope_extend")
 
 STATE_ATTR = "_rope_extend_state"
 _SKIP_ATTRS = ("training", "config")
+_INSTALLED = ("forward", "_apply")  # instance attributes the runtime sets on a rotary module
 
 
 # ------------------------------------------------------------------------------------------ finding
@@ -111,6 +112,13 @@ class RotaryRuntime:
         self.entries = entries
         self.raw_forward = inspect.unwrap(type(module).forward)
 
+    def apply(self, fn, *args, **kwargs):
+        """``nn.Module._apply`` (what ``.to``/``.half``/``.cuda`` call), then float32 frequencies again."""
+        out = type(self.module)._apply(self.module, fn, *args, **kwargs)
+        for layer_type, entry in self.entries.items():
+            _keep_float32(self.module, layer_type, entry)
+        return out
+
     def __call__(self, x, position_ids, *args, **kwargs):
         layer_type = args[0] if args else kwargs.get("layer_type")
         entry = self.entries.get(layer_type)
@@ -125,6 +133,7 @@ class RotaryRuntime:
             if buffer is None or buffer.dtype != torch.float32 or buffer.device.type == "meta":
                 set_frequencies(self.module, layer_type, entry.static[0], device)
             return
+        # One host sync for both ends; positions starting at 0 mean a new sequence.
         low, high = torch.stack([position_ids.min(), position_ids.max()]).tolist()
         length = int(high) + 1
         seen = length if low == 0 or entry.seen is None else max(entry.seen, length)
@@ -150,7 +159,20 @@ def set_frequencies(module: nn.Module, layer_type: str | None, freqs: torch.Tens
 
 
 def _install(module: nn.Module, entries: dict[str | None, _Entry]) -> None:
-    module.forward = RotaryRuntime(module, entries)
+    runtime = RotaryRuntime(module, entries)
+    module.forward = runtime
+    module._apply = runtime.apply
+
+
+def _keep_float32(module: nn.Module, layer_type: str | None, entry: _Entry) -> None:
+    buffer = module._buffers.get(_buffer_name(layer_type))
+    if buffer is None or buffer.dtype == torch.float32 or buffer.device.type == "meta":
+        return
+    if entry.static is not None:
+        freqs = entry.static[0]
+    else:  # recompute at the length in use rather than upcast rounded values
+        freqs = entry.scaling.compute(entry.dim, entry.base, entry.seen)[0]
+    set_frequencies(module, layer_type, freqs, buffer.device)
 
 
 def _set_rope_type(module: nn.Module, layer_type: str | None, rope_type: str) -> None:
@@ -167,7 +189,7 @@ def attach_from_config(model: nn.Module) -> None:
     rope-extend's registered init function stay; only dynamic behaviour and the float32 guard are added.
     """
     for _, module in model.named_modules():
-        if "RotaryEmbedding" not in type(module).__name__ or isinstance(module.__dict__.get("forward"), RotaryRuntime):
+        if "RotaryEmbedding" not in type(module).__name__ or "forward" in module.__dict__:
             continue
         config = getattr(module, "config", None)
         if config is None or not getattr(config, "rope_parameters", None):
@@ -206,8 +228,12 @@ class PatchState:
 
 def _snapshot_module(module: nn.Module) -> _ModuleSnapshot:
     buffers = {k: v.detach().clone() for k, v in module._buffers.items() if v is not None}
-    attrs = {k: copy.copy(v) for k, v in module.__dict__.items() if not k.startswith("_") and k not in _SKIP_ATTRS}
+    attrs = {k: copy.copy(v) for k, v in module.__dict__.items() if _restorable(k)}
     return _ModuleSnapshot(buffers, attrs)
+
+
+def _restorable(key: str) -> bool:
+    return (not key.startswith("_") or key in _INSTALLED) and key not in _SKIP_ATTRS
 
 
 def _restore_module(module: nn.Module, snap: _ModuleSnapshot) -> None:
@@ -215,7 +241,7 @@ def _restore_module(module: nn.Module, snap: _ModuleSnapshot) -> None:
         current = module._buffers.get(name)
         device = current.device if current is not None and current.device.type != "meta" else value.device
         module._buffers[name] = value.to(device)
-    for key in [k for k in module.__dict__ if not k.startswith("_") and k not in _SKIP_ATTRS]:
+    for key in [k for k in module.__dict__ if _restorable(k)]:
         if key not in snap.attrs:
             del module.__dict__[key]
     for key, value in snap.attrs.items():
