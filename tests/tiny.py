@@ -28,7 +28,7 @@ FAMILIES = {
     "gemma3": (T.Gemma3TextConfig, T.Gemma3ForCausalLM, {"head_dim": 16, "sliding_window": 64,
                                                          "num_hidden_layers": 4, "sliding_window_pattern": 2,
                                                          "query_pre_attn_scalar": 16}),
-    "phi3": (T.Phi3Config, T.Phi3ForCausalLM, {}),
+    "phi3": (T.Phi3Config, T.Phi3ForCausalLM, {"original_max_position_embeddings": 256}),
     "phi": (T.PhiConfig, T.PhiForCausalLM, {"partial_rotary_factor": 0.5}),
     "gpt_neox": (T.GPTNeoXConfig, T.GPTNeoXForCausalLM, {"rotary_pct": 0.5, "num_key_value_heads": None}),
 }
