@@ -1,0 +1,167 @@
+"""Registration with transformers, `configure`, and save/reload round trips."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import transformers as T
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+import rope_extend
+from rope_extend import RopeExtendError
+from tests.tiny import FAMILIES, tiny_config, tiny_model
+
+L = 256
+
+
+def ids(n=700):
+    torch.manual_seed(2)
+    return torch.randint(3, 512, (1, n))
+
+
+def logits(model, x):
+    with torch.no_grad():
+        return model(x).logits
+
+
+def test_own_types_are_registered():
+    for rope_type in ("ntk", "dynamic_ntk", "ntk_by_parts", "dynamic_yarn"):
+        assert rope_type in ROPE_INIT_FUNCTIONS
+    assert ROPE_INIT_FUNCTIONS["yarn"].__module__.startswith("transformers")  # transformers' own are kept
+
+
+@pytest.mark.parametrize("rope_type,extra", [
+    ("ntk", {}), ("ntk", {"alpha": 3.0}), ("dynamic_ntk", {}), ("ntk_by_parts", {"beta_fast": 16.0}),
+    ("dynamic_yarn", {}), ("dynamic_yarn", {"finetuned": True}),
+])
+def test_config_with_an_own_type_builds_saves_and_reloads(tmp_path, rope_type, extra):
+    params = {"rope_type": rope_type, "factor": 4.0, "original_max_position_embeddings": L, "rope_theta": 10000.0,
+              **extra}
+    config = tiny_config(rope_parameters=params, max_position_embeddings=4 * L)
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(config).eval()
+    x = ids()
+    before = logits(model, x)
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["rope_parameters"]["rope_type"] == rope_type
+    reloaded = T.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert torch.equal(logits(reloaded, x), before)
+    method = next(m for m in rope_extend.methods() if rope_extend.get_method(m).rope_type == rope_type)
+    kwargs = {k: v for k, v in extra.items()}
+    expected = rope_extend.inv_freq(method, 16, 10000.0, 4.0, L, seq_len=700 if "dynamic" in rope_type else None,
+                                    **kwargs)[0]
+    assert torch.equal(reloaded.model.rotary_emb.inv_freq, expected)
+
+
+@pytest.mark.parametrize("params,needle", [
+    ({"rope_type": "ntk_by_parts", "factor": 4.0, "beta_fats": 3}, "beta_fats"),
+    ({"rope_type": "ntk", "factor": 0.5}, "factor must be >= 1"),
+    ({"rope_type": "dynamic_yarn", "factor": 2.0, "beta_fast": 1, "beta_slow": 2}, "beta_fast must be greater"),
+    ({"rope_type": "ntk"}, "needs a factor"),
+])
+def test_invalid_own_type_config_is_an_error(params, needle):
+    with pytest.raises(Exception, match=needle):
+        tiny_config(rope_parameters={"rope_theta": 10000.0, **params})
+
+
+@pytest.mark.parametrize("method", rope_extend.methods())
+def test_patched_model_saves_and_reloads_with_identical_logits(tmp_path, method):
+    model = tiny_model()
+    params = {"short_factor": [1.0] * 8, "long_factor": [float(i + 2) for i in range(8)]} if method == "longrope" else {}
+    rope_extend.patch(model, method, factor=3, **params)
+    x = ids(3 * L)
+    before = logits(model, x)
+    model.save_pretrained(tmp_path)
+    reloaded = T.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert reloaded.config.max_position_embeddings == 3 * L
+    assert reloaded.config.original_max_position_embeddings == L
+    assert torch.equal(logits(reloaded, x), before)
+
+
+def test_transformers_own_types_reload_in_plain_transformers(tmp_path):
+    """linear/yarn/llama3/longrope written by rope-extend load without rope-extend, with the same logits."""
+    x = ids(600)
+    expected = {}
+    for method in ("linear", "yarn", "llama3", "longrope"):
+        model = tiny_model()
+        params = {"short_factor": [1.0] * 8, "long_factor": [float(i + 2) for i in range(8)]} \
+            if method == "longrope" else {}
+        rope_extend.patch(model, method, factor=4, **params)
+        model.save_pretrained(tmp_path / method)
+        expected[method] = logits(model, x)
+    torch.save({"x": x, **expected}, tmp_path / "expected.pt")
+    script = textwrap.dedent(f"""
+        import sys, logging, torch, transformers as T
+        assert "rope_extend" not in sys.modules
+        data = torch.load({str(tmp_path / 'expected.pt')!r})
+        for method in ("linear", "yarn", "llama3", "longrope"):
+            model = T.AutoModelForCausalLM.from_pretrained({str(tmp_path)!r} + "/" + method).eval()
+            with torch.no_grad():
+                out = model(data["x"]).logits
+            assert "rope_extend" not in sys.modules
+            assert torch.equal(out, data[method]), (method, (out - data[method]).abs().max())
+        print("ok")
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+    assert "Unrecognized keys" not in result.stderr
+
+
+# ------------------------------------------------------------------------------------------ configure
+def test_configure_writes_rope_parameters_and_raises_max_positions():
+    config = rope_extend.configure(tiny_config(), "yarn", factor=4, beta_fast=16.0)
+    assert config.max_position_embeddings == 4 * L and config.original_max_position_embeddings == L
+    assert config.rope_parameters == {"rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0,
+                                      "original_max_position_embeddings": L, "beta_fast": 16.0,
+                                      "beta_slow": 1.0, "truncate": True}
+
+
+def test_configure_is_idempotent_and_does_not_compound():
+    once = rope_extend.configure(tiny_config(), "yarn", factor=4)
+    again = rope_extend.configure(rope_extend.configure(tiny_config(), "dynamic", factor=8), "yarn", factor=4)
+    twice = rope_extend.configure(rope_extend.configure(tiny_config(), "yarn", factor=4), "yarn", factor=4)
+    assert once.to_dict() == twice.to_dict() == again.to_dict()
+
+
+def test_configure_target_length_and_explicit_original_length():
+    config = rope_extend.configure(tiny_config(), "linear", target_length=1000)
+    assert config.max_position_embeddings == 1000 and config.rope_parameters["factor"] == pytest.approx(1000 / L)
+    config = rope_extend.configure(tiny_config(), "yarn", factor=2, original_max_position_embeddings=128)
+    assert config.max_position_embeddings == 256 and config.rope_parameters["original_max_position_embeddings"] == 128
+
+
+def test_configure_reads_the_original_length_from_the_config():
+    shipped = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 10000.0}
+    config = rope_extend.configure(tiny_config(rope_parameters=shipped, max_position_embeddings=256), "linear",
+                                   factor=2)
+    assert config.max_position_embeddings == 128 and config.original_max_position_embeddings == 64
+    phi3 = rope_extend.configure(tiny_config("phi3", original_max_position_embeddings=128), "yarn", factor=2)
+    assert phi3.max_position_embeddings == 256
+
+
+def test_configure_on_a_composite_config_scales_the_text_config():
+    config = T.Gemma3Config(text_config=tiny_config("gemma3").to_dict(),
+                            vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+                                           "num_attention_heads": 2, "image_size": 28, "patch_size": 14})
+    rope_extend.configure(config, "yarn", factor=2)
+    text = config.get_text_config()
+    assert text.rope_parameters["full_attention"]["rope_type"] == "yarn"
+    assert text.rope_parameters["sliding_attention"]["rope_type"] == "default"
+
+
+def test_rope_parameters_helper():
+    params = rope_extend.rope_parameters("ntk", factor=2, original_max_position_embeddings=4096, rope_theta=5e5)
+    assert params == {"rope_theta": 5e5, "rope_type": "ntk", "factor": 2.0, "original_max_position_embeddings": 4096}
+    with pytest.raises(RopeExtendError, match="unknown method"):
+        rope_extend.rope_parameters("bogus", factor=2, original_max_position_embeddings=4096)
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen3", "gemma2", "phi"])
+def test_configured_families_build(family):
+    config = rope_extend.configure(tiny_config(family), "ntk_by_parts", factor=2)
+    model = FAMILIES[family][1](config).eval()
+    assert logits(model, ids(600)).isfinite().all()
