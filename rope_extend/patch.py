@@ -61,14 +61,19 @@ def _module_layer_types(module: nn.Module) -> list[str | None]:
 
 
 def rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(name, module)`` for every rotary embedding module in ``model``; raises if there is none."""
+    """``(name, module)`` for every text rotary embedding module in ``model``; raises if there is none.
+
+    Modules that carry a config with ``rope_parameters`` are the language model's; rotary modules without
+    one (a vision tower's, say) are left alone when the language model has its own.
+    """
     found = [(name, m) for name, m in model.named_modules() if "RotaryEmbedding" in type(m).__name__]
     if not found:
         raise UnsupportedModelError(
             f"{type(model).__name__} has no rotary embedding module (a module whose class name contains "
             "'RotaryEmbedding', as in transformers' Llama, Mistral, Qwen, Gemma and Phi models): nothing to scale"
         )
-    return found
+    with_config = [(n, m) for n, m in found if getattr(getattr(m, "config", None), "rope_parameters", None)]
+    return with_config or found
 
 
 def _module_config(model: nn.Module, module: nn.Module):
