@@ -1,0 +1,180 @@
+"""``rope-extend eval passkey|niah|perplexity|compare`` and ``rope-extend plot spectrum``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _common(p: argparse.ArgumentParser, *, data: bool = False) -> None:
+    from ..cli import add_method_arguments
+
+    p.add_argument("--model", required=True, help="saved model folder or hub name (a causal LM)")
+    p.add_argument("--tokenizer", help="tokenizer folder or name (default: the model's)")
+    p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default)")
+    p.add_argument("--device", help="e.g. cuda, cuda:1, cpu (default: where the model loads)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    add_method_arguments(p)
+    p.add_argument("--label", help="name of this run in tables and plots (default: method and factor)")
+    p.add_argument("--lengths", required=True, help="context lengths in tokens, e.g. 1k,2k,4k (1k = 1024)")
+    p.add_argument("--out", required=True, help="output folder (records.jsonl, results.json/.csv, report.md, PNGs)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out, reusing its finished records")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+    if data:
+        p.add_argument("--data", help="a .txt file, a folder of .txt files, .jsonl, .parquet, or a hub dataset name")
+        p.add_argument("--text-field", default="text", help="column holding the text (JSONL, Parquet, datasets)")
+        p.add_argument("--split", default="train", help="dataset split (hub datasets)")
+        p.add_argument("--max-docs", type=int, help="use at most this many documents")
+
+
+def _prepare(args):
+    """Check cheap arguments, then load (and patch) the model; returns (model, tokenizer, records path)."""
+    import rope_extend
+    from ..cli import method_kwargs
+    from ..loading import load_model, load_tokenizer
+    from ..methods import registry
+    from .data import parse_lengths
+    from .records import RecordLog
+
+    args.lengths = parse_lengths(args.lengths)
+    method = args.method or "none"
+    if method != "none":
+        registry.get(method)  # an unknown method fails before a model is loaded
+    records = Path(args.out) / "records.jsonl"
+    RecordLog(records, resume=args.resume)  # refuses to run over earlier results unless --resume
+    texts = None
+    if getattr(args, "data", "absent") != "absent":
+        from .data import default_texts, load_texts
+
+        texts = load_texts(args.data, text_field=args.text_field, split=args.split, max_docs=args.max_docs) \
+            if args.data else default_texts()
+    model = load_model(args.model, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code)
+    tokenizer = load_tokenizer(args.tokenizer or args.model, trust_remote_code=args.trust_remote_code)
+    if method != "none":
+        rope_extend.patch(model, method, **method_kwargs(args))
+    return model, tokenizer, records, texts
+
+
+def _finish(args, records: list[dict], title: str) -> int:
+    from .report import summarize, write_report
+
+    files = write_report(args.out, records, title=title, notes=[f"model: `{args.model}`"])
+    print(json.dumps({"out": str(args.out), "summary": summarize(records), "files": [str(f) for f in files.values()]},
+                     default=str))
+    return 0
+
+
+def _run(args) -> dict:
+    return {"label": args.label} if args.label else {}
+
+
+def _cmd_passkey(args) -> int:
+    from .passkey import passkey
+
+    model, tokenizer, records, _ = _prepare(args)
+    result = passkey(model, tokenizer, args.lengths, depths=args.depths, trials=args.trials, seed=args.seed,
+                     key_range=tuple(args.key_range), max_new_tokens=args.max_new_tokens, records=records,
+                     resume=True, progress=args.progress, run=_run(args))
+    return _finish(args, result.records, f"Passkey retrieval: {args.model}")
+
+
+def _cmd_niah(args) -> int:
+    from .niah import niah
+
+    model, tokenizer, records, texts = _prepare(args)
+    extra = {k: getattr(args, k) for k in ("needle", "question", "answer") if getattr(args, k)}
+    result = niah(model, tokenizer, texts, args.lengths, depths=args.depths, trials=args.trials, seed=args.seed,
+                  max_new_tokens=args.max_new_tokens, records=records, resume=True, progress=args.progress,
+                  run=_run(args), **extra)
+    return _finish(args, result.records, f"Needle in a haystack: {args.model}")
+
+
+def _cmd_perplexity(args) -> int:
+    from .perplexity import perplexity
+
+    model, tokenizer, records, texts = _prepare(args)
+    result = perplexity(model, tokenizer, texts, args.lengths, stride=args.stride, chunk_size=args.chunk_size,
+                        records=records, resume=True, progress=args.progress, run=_run(args))
+    return _finish(args, result.records, f"Perplexity: {args.model}")
+
+
+def _cmd_compare(args) -> int:
+    from .compare import run_suite
+    from .suite import load_suite
+
+    overrides = list(args.set or [])
+    if args.model:
+        overrides.append(f"model={json.dumps(args.model)}")
+    suite = load_suite(args.suite, overrides)
+    result = run_suite(suite, out=args.out, resume=args.resume, progress=args.progress)
+    print(json.dumps({"out": str(result["out"]), "files": [str(f) for f in result["files"].values()]}))
+    return 0
+
+
+def _cmd_spectrum(args) -> int:
+    from ..methods import registry
+    from .spectrum import plot_spectrum, spectrum
+
+    names = [m for m in (args.methods or ",".join(registry.names())).split(",") if m.strip()]
+    curves, skipped = spectrum(names, factor=args.factor, head_dim=args.head_dim, base=args.base,
+                               original_length=args.original_length)
+    path = plot_spectrum(curves, args.out, factor=args.factor, head_dim=args.head_dim, base=args.base,
+                         original_length=args.original_length, x=args.x)
+    for name, why in skipped.items():
+        print(f"rope-extend: skipped {name}: {why}")
+    print(json.dumps({"out": str(path), "methods": list(curves), "skipped": list(skipped)}))
+    return 0
+
+
+def register(subparsers) -> None:
+    ev = subparsers.add_parser("eval", help="long-context evaluation: passkey, needle, perplexity, compare")
+    sub = ev.add_subparsers(dest="eval_command", required=True, metavar="TASK")
+
+    p = sub.add_parser("passkey", help="passkey retrieval accuracy per length (and depth)")
+    _common(p)
+    p.add_argument("--depths", help="depth grid for a heatmap: 0,0.5,1 or 0%%,50%%,100%% or grid:5 "
+                                    "(default: a random depth per trial)")
+    p.add_argument("--trials", type=int, default=10, help="trials per length (per depth with --depths)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--key-range", type=int, nargs=2, default=[1, 50000], metavar=("LOW", "HIGH"))
+    p.add_argument("--max-new-tokens", type=int, default=10)
+    p.set_defaults(func=_cmd_passkey)
+
+    p = sub.add_parser("niah", help="needle in a haystack: length x depth heatmap, substring match")
+    _common(p, data=True)
+    p.add_argument("--needle", help="the sentence to hide (default: the San Francisco needle)")
+    p.add_argument("--question", help="the question asked at the end")
+    p.add_argument("--answer", help="the substring a correct answer contains")
+    p.add_argument("--depths", default="grid:5", help="depth grid (default grid:5 = 0,25,50,75,100%%)")
+    p.add_argument("--trials", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.set_defaults(func=_cmd_niah)
+
+    p = sub.add_parser("perplexity", help="token-weighted perplexity per length (chunked, no full logits)")
+    _common(p, data=True)
+    p.add_argument("--stride", type=int, help="sliding-window step (default: one truncated window per document)")
+    p.add_argument("--chunk-size", type=int, help="positions per LM-head chunk (default: 16M logits / vocab)")
+    p.set_defaults(func=_cmd_perplexity)
+
+    p = sub.add_parser("compare", help="run a YAML suite: one model under several methods, one report")
+    p.add_argument("suite", help="suite YAML file (see eval/)")
+    p.add_argument("--model", help="override the suite's model")
+    p.add_argument("--out", help="report folder (default: the suite's out, else reports/<suite> beside it)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a suite key, e.g. passkey.trials=2")
+    p.add_argument("--resume", action="store_true", help="continue a run in the report folder")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.set_defaults(func=_cmd_compare)
+
+    pl = subparsers.add_parser("plot", help="pictures: the rotary spectrum of each method")
+    psub = pl.add_subparsers(dest="plot_command", required=True, metavar="PLOT")
+    p = psub.add_parser("spectrum", help="per method, each rotary dimension's frequency ratio theta'/theta")
+    p.add_argument("--methods", help="comma-separated methods (default: all; ones needing extra parameters are skipped)")
+    p.add_argument("--factor", type=float, default=8.0)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--base", type=float, default=10000.0)
+    p.add_argument("--original-length", type=int, default=4096)
+    p.add_argument("--x", choices=["wavelength", "dim"], default="wavelength", help="x axis")
+    p.add_argument("--out", default="spectrum.png", help="PNG file to write")
+    p.set_defaults(func=_cmd_spectrum)

@@ -1,0 +1,65 @@
+"""Needle in a haystack (Kamradt 2023): a user-given needle sentence placed at a depth (on a sentence
+boundary) in a haystack of real text, over a length x depth grid; scored by substring match (the answer,
+case-insensitive, appears in the greedy output), not by an LLM judge. The deliverable is the heatmap.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Sequence
+
+from ..errors import RopeExtendError
+from .data import parse_depths, parse_lengths
+from .passkey import trial_rng
+from .prompts import build, haystack_ids, sentence_ends
+from .retrieval import RetrievalResult, run_grid
+
+NEEDLE = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
+QUESTION = "What is the best thing to do in San Francisco? Answer: The best thing to do in San Francisco is"
+ANSWER = "Dolores Park"
+HEAD = "Read the document below and answer the question at the end."
+DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
+
+
+def score(output: str, answer: str) -> tuple[str, bool]:
+    """Substring match, case-insensitive, whitespace-normalised."""
+    norm = lambda s: " ".join(s.lower().split())  # noqa: E731
+    return output.strip(), norm(answer) in norm(output)
+
+
+def niah(model, tokenizer, haystack: Sequence[str], lengths: str | Iterable[Any], *, needle: str = NEEDLE,
+         question: str = QUESTION, answer: str = ANSWER, depths: str | Iterable[Any] | None = None,
+         trials: int = 1, seed: int = 0, max_new_tokens: int = 32, records: str | os.PathLike | None = None,
+         resume: bool = False, progress: bool = True, run: dict[str, Any] | None = None) -> RetrievalResult:
+    """Needle retrieval accuracy over ``lengths`` x ``depths`` (default 0, 25, 50, 75, 100%).
+
+    ``haystack`` is a list of texts (see ``data.load_texts``), joined by blank lines; it must reach the
+    longest length. With ``trials > 1`` each trial starts the haystack at a different (seeded) document.
+    """
+    lengths = parse_lengths(lengths)
+    grid = parse_depths(depths) if depths is not None else list(DEPTHS)
+    for name, value in (("needle", needle), ("question", question), ("answer", answer)):
+        if not isinstance(value, str) or not value.strip():
+            raise RopeExtendError(f"{name} must be a non-empty string, got {value!r}")
+    texts = [t for t in haystack if t.strip()]
+    if not texts:
+        raise RopeExtendError("the haystack is empty: give at least one non-empty text")
+    cache: dict[int, tuple[list[int], set[int]]] = {}
+
+    def tokens(offset: int):
+        if offset not in cache:
+            ids = haystack_ids(tokenizer, texts[offset:] + texts[:offset], max(lengths))
+            cache[offset] = (ids, sentence_ends(tokenizer, ids))
+        return cache[offset]
+
+    def make_trial(length: int, depth: float, trial: int):
+        offset = 0 if trial == 0 else trial_rng(seed, "niah", length, depth, trial).randrange(len(texts))
+        ids, ends = tokens(offset)
+        return build(tokenizer, length, depth, head=HEAD, needle=needle, tail=question, haystack=ids,
+                     ends=ends), answer
+
+    return run_grid(model, tokenizer, task="niah", lengths=lengths, depths=grid, trials=trials, seed=seed,
+                    setting={"needle": needle, "question": question, "answer": answer, "depths": grid,
+                             "trials": trials, "haystack_docs": len(texts)},
+                    make_trial=make_trial, score=score, max_new_tokens=max_new_tokens, records=records,
+                    resume=resume, progress=progress, run=run)

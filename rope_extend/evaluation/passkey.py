@@ -1,0 +1,67 @@
+"""Passkey retrieval (Mohtashami & Jaggi 2023, "Landmark Attention"; the protocol of YaRN, LongLoRA,
+LongRoPE and Self-Extend).
+
+A random integer key is hidden at a depth in repeated filler; the model is asked for it with greedy
+decoding (about 10 new tokens); the first integer in its output must equal the key. Lengths are token
+counts of the whole prompt in the model's own tokenizer. Accuracy per length (and per depth with a grid).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from typing import Any, Iterable
+
+from ..errors import RopeExtendError
+from .data import parse_depths, parse_lengths
+from .prompts import passkey_prompt
+from .retrieval import RetrievalResult, run_grid
+
+_INTEGER = re.compile(r"\d+")
+
+
+def first_integer(text: str) -> int | None:
+    """The first run of digits in ``text`` as an int (``"is 4213. Rem"`` -> 4213), or None."""
+    match = _INTEGER.search(text)
+    return int(match.group()) if match else None
+
+
+def score(output: str, key: int) -> tuple[int | None, bool]:
+    """Exact match of the first integer in the output with the key."""
+    prediction = first_integer(output)
+    return prediction, prediction == key
+
+
+def trial_rng(seed: int, task: str, length: int, depth: float | None, trial: int) -> random.Random:
+    """One RNG per trial, from its coordinates only: any subset of trials (a resumed run) gets the same draws."""
+    return random.Random(f"{task}:{seed}:{length}:{depth}:{trial}")
+
+
+def passkey(model, tokenizer, lengths: str | Iterable[Any], *, depths: str | Iterable[Any] | None = None,
+            trials: int = 10, seed: int = 0, key_range: tuple[int, int] = (1, 50000), max_new_tokens: int = 10,
+            records: str | os.PathLike | None = None, resume: bool = False, progress: bool = True,
+            run: dict[str, Any] | None = None) -> RetrievalResult:
+    """Passkey accuracy of ``model`` at each of ``lengths`` (token counts, e.g. ``"1k,2k,4k"``).
+
+    ``depths=None`` draws a uniform random depth per trial; a list (``[0, 0.5, 1]`` or ``"grid:5"``) runs
+    ``trials`` trials at each depth, and ``.accuracy`` is then keyed by ``(length, depth)``. ``key_range`` is
+    inclusive (published runs use 1..50000). ``records`` is a JSONL file each trial is appended to; with
+    ``resume=True`` the trials already in it are not run again. ``run`` adds fields (e.g. a label) to records.
+    """
+    lengths = parse_lengths(lengths)
+    grid = parse_depths(depths)
+    low, high = key_range
+    if not (isinstance(low, int) and isinstance(high, int) and 0 <= low <= high):
+        raise RopeExtendError(f"key_range must be two integers 0 <= low <= high, got {key_range!r}")
+
+    def make_trial(length: int, depth: float | None, trial: int):
+        rng = trial_rng(seed, "passkey", length, depth, trial)
+        key = rng.randint(low, high)
+        where = rng.random() if depth is None else depth
+        return passkey_prompt(tokenizer, length, key, where), key
+
+    return run_grid(model, tokenizer, task="passkey", lengths=lengths, depths=grid, trials=trials, seed=seed,
+                    setting={"key_range": [low, high], "depths": grid, "trials": trials}, make_trial=make_trial,
+                    score=score, max_new_tokens=max_new_tokens, records=records, resume=resume, progress=progress,
+                    run=run)

@@ -1,0 +1,91 @@
+"""Records written as they are produced: one JSON line per trial (passkey, needle) or document (perplexity).
+
+Each line is appended and flushed (and fsynced) at once, so an interrupted run keeps every record it
+finished. A resumed run reads the file back and skips the records whose key it already holds; a record
+only counts for a run with the same *setting* (model, method, parameters, protocol options), so records
+of other runs stay in the file untouched and are never reused by mistake.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..errors import RopeExtendError
+
+
+def setting_id(setting: dict[str, Any]) -> str:
+    """A short stable hash of a run's setting (sorted JSON)."""
+    return hashlib.sha1(json.dumps(setting, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def run_info(model, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What identifies the model under test: its name and the rope-extend scaling applied (or ``none``)."""
+    from ..patch import patched
+
+    scaling = patched(model)
+    info: dict[str, Any] = {"model": str(getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__)}
+    if scaling is None:
+        info.update(method="none", factor=1.0, original_length=None, params={})
+    else:
+        info.update(method=scaling.method.name, factor=scaling.factor,
+                    original_length=scaling.original_max_position_embeddings,
+                    params=scaling.method.param_dict(scaling.params))
+    info.update(extra or {})
+    return info
+
+
+class RecordLog:
+    """An append-only JSONL file of records, keyed for resuming; ``path=None`` keeps records in memory only.
+
+    ``resume=False`` on a file that already holds records is an error (nothing already written is lost).
+    """
+
+    def __init__(self, path: str | os.PathLike | None, *, resume: bool = False):
+        self.path = Path(path) if path is not None else None
+        self.records: list[dict] = []
+        if self.path is not None and self.path.exists() and self.path.stat().st_size > 0:
+            if not resume:
+                raise RopeExtendError(
+                    f"{self.path} already holds results of an earlier run; pass resume=True (--resume) to continue "
+                    "it, or write to another output folder"
+                )
+            self.records = self._read(self.path)
+        # a run killed mid-write leaves a line without its newline: start the next record on a fresh line
+        self._newline = (self.path is not None and self.path.exists() and self.path.stat().st_size > 0
+                         and self.path.read_bytes()[-1:] != b"\n")
+
+    @staticmethod
+    def _read(path: Path) -> list[dict]:
+        records = []
+        with path.open(encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue  # a line cut short by an interruption: that record is simply redone
+        return records
+
+    def find(self, key: dict[str, Any]) -> dict | None:
+        """The record whose fields equal ``key``'s (the latest one), or None."""
+        for record in reversed(self.records):
+            if all(record.get(k) == v for k, v in key.items()):
+                return record
+        return None
+
+    def add(self, record: dict[str, Any]) -> dict:
+        self.records.append(record)
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(("\n" if self._newline else "") + json.dumps(record, default=str) + "\n")
+                self._newline = False
+                f.flush()
+                os.fsync(f.fileno())
+        return record
