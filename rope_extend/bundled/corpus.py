@@ -1,0 +1,165 @@
+"""The bundled model's text: synthetic, license-clean, reproducible offline from a seed.
+
+Three kinds of document, all made here from word lists and templates:
+
+- **Chronicles** with long-range structure: a town's ledger introduces people with facts (job, street,
+  lucky number, a possession), then runs on with everyday narrative, and every so often *recalls* a
+  fact stated earlier ("Mira Talbot, the baker from Elm Row, counted to 4821 again"). The recalled
+  words can only be predicted by looking back, so a model that reads further predicts them better:
+  perplexity on long chronicles measures whether the context is really used.
+- **Passkey examples** in the evaluation protocol's exact words (rope_extend.evaluation.prompts),
+  with the key at a uniform random depth and the answer after the question, so the model learns to
+  retrieve inside its trained context.
+- **Needle questions**: a chronicle with one odd sentence ("The secret word of Oakridge is lantern.")
+  and a question about it at the end.
+
+``training_documents(seed, n)`` mixes them for pretraining; ``evaluation_documents(seed, n, words)``
+makes long held-out chronicles (a different seed stream). Same seed, same text, on any machine:
+only Python's ``random.Random`` with an explicit seed is used.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from ..evaluation.prompts import FILLER, KEY_LINE, QUESTION, TASK
+
+FIRST = ["Mira", "Tomas", "Ada", "Bruno", "Celia", "Dario", "Elena", "Felix", "Greta", "Hugo", "Ines", "Jonas",
+         "Karla", "Leon", "Maya", "Nico", "Olga", "Pavel", "Rosa", "Stefan", "Tilda", "Ugo", "Vera", "Walter",
+         "Yara", "Zeno", "Alma", "Boris", "Clara", "Emil", "Frida", "Gustav", "Hanna", "Ivo", "Julia", "Kasper"]
+LAST = ["Talbot", "Reyes", "Holm", "Varga", "Lindqvist", "Moreau", "Okafor", "Petrov", "Quint", "Santos",
+        "Ueda", "Weber", "Novak", "Castell", "Brandt", "Fischer", "Ivers", "Kowal", "Marsh", "Oyelaran"]
+TOWNS = ["Oakridge", "Millbrook", "Stonehaven", "Larkfield", "Westmere", "Ashby", "Fernvale", "Redcliff",
+         "Brightwater", "Hollowmere", "Kingsford", "Dunmore"]
+JOBS = ["baker", "smith", "weaver", "miller", "potter", "carpenter", "fisher", "tailor", "cooper", "mason",
+        "glassblower", "bookbinder", "gardener", "clockmaker", "shepherd", "brewer"]
+STREETS = ["Elm Row", "Mill Lane", "Harbour Street", "Chapel Hill", "Orchard Way", "Bridge Street", "Wheel Yard",
+           "Kiln Road", "Market Square", "Willow Walk", "Gate Street", "Fern Close"]
+COLOURS = ["red", "blue", "green", "yellow", "white", "black", "silver", "golden", "brown", "grey"]
+THINGS = ["lantern", "kettle", "violin", "compass", "ladder", "wagon", "bell", "map", "clock", "boat", "hammer",
+          "basket", "mirror", "drum", "key", "coat"]
+PLACES = ["market", "river", "mill", "chapel", "harbour", "bakery", "orchard", "square", "bridge", "forest",
+          "library", "workshop"]
+DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
+WEATHER = ["cold", "warm", "windy", "grey", "bright", "wet", "foggy", "still"]
+WORDS = ["lantern", "harvest", "meadow", "thimble", "anchor", "saffron", "pebble", "cinder", "velvet", "quill",
+         "marble", "juniper", "copper", "ember", "walnut", "tundra"]
+
+NARRATIVE = [
+    "On {day} the weather in {town} was {weather}.",
+    "{a} walked to the {place} with {b}.",
+    "{a} and {b} talked for a long time near the {place}.",
+    "The {place} was busy, and {a} waited by the door.",
+    "Later that day {a} mended a {thing} for a neighbour.",
+    "{a} bought bread at the market and went home early.",
+    "Nobody in {town} remembered a {weather} day like that one.",
+    "{a} wrote a letter to {b} and sent it before noon.",
+    "Children ran along {street} while the bells rang.",
+    "{a} spent the evening reading by the fire.",
+]
+RECALL = [
+    "{name}, the {job} from {street}, passed by the {place}.",
+    "{name} still lives on {street}.",
+    "{name} counted to {number} again, as always.",
+    "Everyone knows that the lucky number of {name} is {number}.",
+    "{name} carried the {colour} {thing} through {town}.",
+    "The {job} {name} was seen near the {place}.",
+]
+
+
+@dataclass(frozen=True)
+class Person:
+    name: str
+    job: str
+    street: str
+    number: int
+    colour: str
+    thing: str
+
+    def introduction(self) -> str:
+        return (f"{self.name} is a {self.job} who lives on {self.street}. The lucky number of {self.name} is "
+                f"{self.number}. {self.name} owns a {self.colour} {self.thing}.")
+
+
+def _people(rng: random.Random, count: int) -> list[Person]:
+    names = rng.sample([f"{f} {l}" for f in FIRST for l in LAST], count)
+    return [Person(n, rng.choice(JOBS), rng.choice(STREETS), rng.randint(10, 9999), rng.choice(COLOURS),
+                   rng.choice(THINGS)) for n in names]
+
+
+def chronicle(rng: random.Random, words: int, *, recall_rate: float = 0.35) -> str:
+    """A chronicle of about ``words`` words: introductions first, then narrative with recalled facts.
+
+    New people are introduced along the way too, so facts are recalled from every distance."""
+    town = rng.choice(TOWNS)
+    people = _people(rng, rng.randint(3, 6))
+    parts = [f"This is the chronicle of {town}."] + [p.introduction() for p in people]
+    count = sum(len(p.split()) for p in parts)
+    while count < words:
+        if rng.random() < 0.04 and len(people) < 40:
+            person = _people(rng, 1)[0]
+            if all(person.name != p.name for p in people):
+                people.append(person)
+                sentence = person.introduction()
+            else:
+                continue
+        elif rng.random() < recall_rate:
+            p = rng.choice(people)
+            sentence = rng.choice(RECALL).format(name=p.name, job=p.job, street=p.street, number=p.number,
+                                                 colour=p.colour, thing=p.thing, town=town,
+                                                 place=rng.choice(PLACES))
+        else:
+            a, b = rng.sample(people, 2)
+            sentence = rng.choice(NARRATIVE).format(day=rng.choice(DAYS), town=town, weather=rng.choice(WEATHER),
+                                                    a=a.name, b=b.name, place=rng.choice(PLACES),
+                                                    thing=rng.choice(THINGS), street=rng.choice(STREETS))
+        parts.append(sentence)
+        count += len(sentence.split())
+    return " ".join(parts)
+
+
+def passkey_example(rng: random.Random, filler_sentences: int, *, max_key: int = 99999) -> str:
+    """The passkey protocol's prompt with ``filler_sentences`` filler sentences, the key at a uniform
+    random depth, and the answer: ``... What is the pass key? The pass key is 4821.``"""
+    sentences = FILLER.split(". ")
+    sentences = [s if s.endswith(".") else s + "." for s in sentences]
+    start = rng.randrange(len(sentences))  # evaluation prompts cut the filler anywhere
+    filler = [sentences[(start + i) % len(sentences)] for i in range(filler_sentences)]
+    cut = rng.randint(0, filler_sentences)
+    key = rng.randint(1, max_key)
+    parts = [TASK, " ".join(filler[:cut]), KEY_LINE.format(key=key), " ".join(filler[cut:]),
+             f"{QUESTION} {key}."]
+    return "\n".join(p for p in parts if p)
+
+
+def needle_example(rng: random.Random, words: int) -> str:
+    """A short chronicle with one secret-word sentence at a random point and a question about it."""
+    town = rng.choice(TOWNS)
+    word = rng.choice(WORDS)
+    text = chronicle(rng, words).split(". ")
+    at = rng.randint(1, max(1, len(text) - 1))
+    text.insert(at, f"The secret word of {town} is {word}")
+    return ". ".join(text) + f"\nWhat is the secret word of {town}? The secret word of {town} is {word}."
+
+
+def training_documents(seed: int, n: int, *, max_words: int = 400, passkey_share: float = 0.3,
+                       needle_share: float = 0.1, filler_range: tuple[int, int] = (3, 40)) -> list[str]:
+    """``n`` pretraining documents: chronicles, passkey examples and needle questions, mixed."""
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n):
+        kind = rng.random()
+        if kind < passkey_share:
+            docs.append(passkey_example(rng, rng.randint(*filler_range)))
+        elif kind < passkey_share + needle_share:
+            docs.append(needle_example(rng, rng.randint(40, max_words // 2)))
+        else:
+            docs.append(chronicle(rng, rng.randint(60, max_words)))
+    return docs
+
+
+def evaluation_documents(seed: int = 1_000_003, n: int = 8, words: int = 5000) -> list[str]:
+    """Long held-out chronicles (a seed stream the training data does not use)."""
+    rng = random.Random(seed)
+    return [chronicle(rng, words) for _ in range(n)]
