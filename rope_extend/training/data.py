@@ -1,0 +1,210 @@
+"""Training data: read documents, tokenize, pack into fixed-length windows; PoSE position ids.
+
+Packing: documents are tokenized, each followed by EOS, concatenated, and cut into windows of
+``max_seq_length`` tokens (the tail that does not fill a window is dropped). ``document_boundaries``
+decides what the model sees at a boundary (see ``DataArgs``): ``eos`` keeps positions running across
+documents (full causal attention, as YaRN and LongLoRA trained on PG19); ``mask`` restarts positions at
+each document, which makes transformers confine attention to each document.
+
+Order: a global index ``i`` (the i-th sequence the run consumes) maps to window ``perm_e[i % n]`` where
+``perm_e`` is a seeded permutation for epoch ``e = i // n``. Global step ``s`` consumes indices
+``s*G .. (s+1)*G-1`` with ``G = batch * accumulation * processes``, laid out as
+``[micro-batch][process][row]``: the set of sequences in a step does not depend on how it is split over
+processes, so 1 process x 2 accumulation steps and 2 processes x 1 see the same data, and resuming at
+step ``s`` needs nothing but ``s``. PoSE offsets are drawn from a generator seeded by ``(seed, i)``.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .args import DataArgs, RecipeError
+
+FORMATS = {".txt": "text", ".text": "text", ".md": "text", ".jsonl": "json", ".json": "json",
+           ".parquet": "parquet"}
+
+
+# ------------------------------------------------------------------------------------------ reading
+def _local_files(path: str | list[str]) -> list[str] | None:
+    """The local files ``path`` names, or None when it names none (then it is a dataset name)."""
+    items = [path] if isinstance(path, str) else list(path)
+    files: list[str] = []
+    for item in items:
+        if os.path.isdir(item):
+            files += sorted(str(p) for p in Path(item).rglob("*") if p.suffix in FORMATS)
+        elif any(ch in item for ch in "*?["):
+            files += sorted(glob.glob(item))
+        elif os.path.isfile(item):
+            files.append(item)
+        elif isinstance(path, list) or os.sep in item or Path(item).suffix in FORMATS:
+            raise RecipeError(f"data.path: {item} does not exist")
+    if isinstance(path, str) and not files and not os.path.exists(path) and not any(c in path for c in "*?["):
+        return None
+    if not files:
+        raise RecipeError(f"data.path: {path!r} names no .txt/.jsonl/.json/.parquet files")
+    return files
+
+
+def read_documents(args: DataArgs) -> list[str]:
+    """The documents' text. Text files: one document per blank-line-separated paragraph."""
+    import datasets
+
+    files = _local_files(args.path)
+    if files is None:  # a dataset name, where the hub is reachable
+        ds = datasets.load_dataset(args.path, args.name, split=args.split)
+    else:
+        kinds = {FORMATS.get(Path(f).suffix) for f in files}
+        if None in kinds or len(kinds) != 1:
+            raise RecipeError(f"data.path: files must all be one of .txt/.jsonl/.json/.parquet, got {files}")
+        kind = kinds.pop()
+        extra = {"sample_by": "paragraph"} if kind == "text" else {}
+        ds = datasets.load_dataset(kind, data_files=files, split="train", **extra)
+    if args.text_field not in ds.column_names:
+        raise RecipeError(f"data.text_field: the dataset {args.path} has no field {args.text_field!r}; "
+                          f"its fields are {ds.column_names}")
+    if args.max_documents is not None:
+        ds = ds.select(range(min(args.max_documents, len(ds))))
+    texts = [t.strip() for t in ds[args.text_field] if isinstance(t, str) and t.strip()]
+    if not texts:
+        raise RecipeError(f"data.path: {args.path} has no non-empty {args.text_field!r} texts")
+    return texts
+
+
+# ------------------------------------------------------------------------------------------ packing
+@dataclass
+class Packed:
+    """Windows of token ids and, per window, the position ids under ``document_boundaries``."""
+
+    input_ids: torch.Tensor  # [n, T] int64
+    position_ids: torch.Tensor  # [n, T] int64
+    restart: bool  # positions restart at documents (attention confined to them)
+
+
+def pack(docs: list[list[int]], eos_token_id: int, max_seq_length: int, document_boundaries: str = "eos") -> Packed:
+    stream = []
+    for ids in docs:
+        ids = list(ids) + [eos_token_id]
+        stream += ids
+    n = len(stream) // max_seq_length
+    if n == 0:
+        raise RecipeError(f"data: {len(stream)} tokens in all, fewer than one window of data.max_seq_length="
+                          f"{max_seq_length}; use more text or a shorter window")
+    ids = torch.tensor(stream[: n * max_seq_length], dtype=torch.long).view(n, max_seq_length)
+    restart = document_boundaries == "mask"
+    if restart:
+        # A window that starts mid-document counts from 0 too: each window is its own sequence.
+        positions = _restart_positions(ids, eos_token_id)
+    else:
+        positions = torch.arange(max_seq_length).expand(n, -1).clone()
+    return Packed(ids, positions, restart)
+
+
+def _restart_positions(ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
+    """Positions that count from 0 at the window start and again after every EOS."""
+    n, T = ids.shape
+    after_eos = torch.zeros_like(ids, dtype=torch.bool)
+    after_eos[:, 1:] = ids[:, :-1] == eos_token_id
+    after_eos[:, 0] = True
+    idx = torch.arange(T).expand(n, -1)
+    start = torch.where(after_eos, idx, torch.zeros_like(idx)).cummax(dim=1).values
+    return idx - start
+
+
+# ------------------------------------------------------------------------------------------ PoSE
+def pose_position_ids(window: int, target_length: int, num_chunks: int, generator: np.random.Generator) -> torch.Tensor:
+    """PoSE position ids for a window of ``window`` tokens that should see distances up to ``target_length``.
+
+    Zhu et al. 2024, "PoSE: Efficient Context Window Extension of LLMs via Positional Skip-wise Training":
+    the window is cut into ``num_chunks`` non-empty chunks at cut points drawn uniformly without
+    replacement from ``1 .. window-1``; chunk ``k`` gets skip bias ``u_k`` with ``u_0 ~ U{0..J}`` and
+    ``u_k ~ U{u_(k-1)..J}`` where ``J = target_length - window``; token ``t`` of chunk ``k`` gets position
+    ``t + u_k``. Positions are strictly increasing, contiguous inside a chunk, and lie in
+    ``[0, target_length)``; with ``num_chunks=2`` this is the paper's reference sampler.
+    """
+    if target_length < window:
+        raise ValueError(f"pose target_length {target_length} is shorter than the window {window}")
+    J = target_length - window
+    cuts = np.sort(generator.choice(np.arange(1, window), size=num_chunks - 1, replace=False)) if num_chunks > 1 \
+        else np.array([], dtype=np.int64)
+    biases, low = [], 0
+    for _ in range(num_chunks):
+        low = int(generator.integers(low, J + 1))
+        biases.append(low)
+    chunk = np.searchsorted(cuts, np.arange(window), side="right")  # chunk index of each token
+    return torch.from_numpy(np.arange(window) + np.asarray(biases)[chunk]).long()
+
+
+# ------------------------------------------------------------------------------------------ batches
+class Batches:
+    """Deterministic batches by (step, micro-batch, process); see the module docstring."""
+
+    def __init__(self, packed: Packed, *, seed: int, batch_size: int, accumulation: int, num_processes: int,
+                 pose_target_length: int | None = None, pose_chunks: int = 2):
+        self.packed = packed
+        self.seed = seed
+        self.B, self.G, self.P = batch_size, accumulation, num_processes
+        self.pose_target_length = pose_target_length
+        self.pose_chunks = pose_chunks
+        self._perms: dict[int, np.ndarray] = {}
+
+    @property
+    def windows(self) -> int:
+        return self.packed.input_ids.shape[0]
+
+    def window(self, i: int) -> int:
+        """The window the i-th consumed sequence of the run is."""
+        epoch, j = divmod(i, self.windows)
+        if epoch not in self._perms:
+            self._perms[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.windows)
+        return int(self._perms[epoch][j])
+
+    def indices(self, step: int, micro: int, rank: int) -> list[int]:
+        first = step * self.B * self.G * self.P + (micro * self.P + rank) * self.B
+        return list(range(first, first + self.B))
+
+    def get(self, step: int, micro: int, rank: int) -> dict[str, torch.Tensor]:
+        """``input_ids``, ``position_ids``, ``targets`` (next token, -100 where none) and, unless positions
+        restart at documents, an all-ones ``attention_mask`` (so PoSE's jumps are not read as packing)."""
+        rows = self.indices(step, micro, rank)
+        w = [self.window(i) for i in rows]
+        ids = self.packed.input_ids[w]
+        if self.pose_target_length is not None:
+            pos = torch.stack([pose_position_ids(ids.shape[1], self.pose_target_length, self.pose_chunks,
+                                                 np.random.default_rng([self.seed, 1, i])) for i in rows])
+        else:
+            pos = self.packed.position_ids[w]
+        targets = torch.full_like(ids, -100)
+        targets[:, :-1] = ids[:, 1:]
+        if self.packed.restart:
+            # Do not predict a document's first token from the previous document's EOS.
+            targets[:, :-1][pos[:, 1:] == 0] = -100
+        batch = {"input_ids": ids, "position_ids": pos, "targets": targets}
+        if not self.packed.restart:
+            batch["attention_mask"] = torch.ones_like(ids)
+        return batch
+
+
+# ------------------------------------------------------------------------------------------ tokenizer
+def train_bpe_tokenizer(texts: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer (pad=0, bos=1, eos=2) trained on ``texts``: offline, for random models."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+def tokenize(texts: list[str], tokenizer) -> list[list[int]]:
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]

@@ -1,0 +1,159 @@
+"""Causal LM loss without full-sequence logits.
+
+A sequence of ``T`` tokens with a vocabulary of ``V`` has ``T x V`` logits: at 64k tokens and V=128k that
+is 32 GiB in float32, before the softmax and its gradient double it. Here the LM head and the
+cross-entropy run ``chunk_size`` tokens at a time:
+
+- ``ChunkedLinearCrossEntropy`` (the LM head is a plain ``nn.Linear``): the forward pass computes, chunk
+  by chunk, the loss and already its gradients with respect to the hidden states (and the head's weight
+  and bias if they are trained); backward only scales them. No recomputation, so it costs the same
+  matmuls as ``model(labels=...)``; peak extra memory is a few ``chunk_size x V`` float32 blocks plus one
+  ``T x H`` gradient. Logit soft-capping (Gemma 2) is applied and differentiated.
+- any other head (a LoRA- or modules_to_save-wrapped ``lm_head``): a loop of checkpointed chunks, each
+  recomputed in backward.
+
+``model_loss`` runs the model's own forward (so FSDP/DDP hooks and every model-specific detail before
+the head apply) and swaps the head's ``forward`` for the duration of the call: the head receives the
+final hidden states, computes the summed token loss into a side slot, and returns an empty
+``[B, T, 0]`` tensor as the model's "logits".
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+IGNORE = -100
+
+
+class ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Sum over tokens of ``cross_entropy(softcap(hidden @ weight.T + bias), targets)``; targets -100 skipped."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, chunk_size: int, softcap: float | None):
+        shape = hidden.shape
+        h = hidden.reshape(-1, shape[-1])
+        t = targets.reshape(-1)
+        w = weight if weight.dtype == h.dtype else weight.to(h.dtype)
+        want_w, want_b = weight.requires_grad, bias is not None and bias.requires_grad
+        grad_h = torch.zeros_like(h) if hidden.requires_grad else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_w else None
+        grad_b = torch.zeros_like(bias, dtype=torch.float32) if want_b else None
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        for start in range(0, h.shape[0], chunk_size):
+            tc = t[start:start + chunk_size]
+            keep = tc != IGNORE
+            if not keep.any():
+                continue
+            hc = h[start:start + chunk_size]
+            raw = (hc @ w.T).float()
+            if bias is not None:
+                raw = raw + bias.float()
+            if softcap:
+                capped = torch.tanh(raw / softcap)
+                logits = capped * softcap
+            else:
+                logits = raw
+            del raw
+            lse = torch.logsumexp(logits, dim=-1)
+            safe = torch.where(keep, tc, 0)
+            picked = logits.gather(1, safe[:, None]).squeeze(1)
+            total += ((lse - picked) * keep).sum()
+            # d loss / d logits = softmax - onehot, zero on ignored rows
+            g = logits.sub_(lse[:, None]).exp_()
+            g.scatter_add_(1, safe[:, None], -torch.ones_like(lse)[:, None])
+            g.mul_(keep[:, None])
+            if softcap:
+                g.mul_(1 - capped * capped)
+                del capped
+            if grad_h is not None:
+                grad_h[start:start + chunk_size] = (g.to(w.dtype) @ w).to(h.dtype)
+            if grad_w is not None:
+                grad_w.addmm_(g.T, hc.float())
+            if grad_b is not None:
+                grad_b += g.sum(0)
+            del g, logits
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.shape = shape
+        ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        gh = (grad_h * grad_out.to(grad_h.dtype)).view(ctx.shape) if grad_h is not None else None
+        gw = (grad_w * grad_out).to(ctx.dtypes[0]) if grad_w is not None else None
+        gb = (grad_b * grad_out).to(ctx.dtypes[1]) if grad_b is not None else None
+        return gh, gw, gb, None, None, None
+
+
+def chunked_loss(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, chunk_size: int = 1024,
+                 softcap: float | None = None, head_forward=None) -> torch.Tensor:
+    """Summed token cross-entropy of ``head(hidden)`` against ``targets``, never all logits at once."""
+    if type(head) is nn.Linear:
+        return ChunkedLinearCrossEntropy.apply(hidden, head.weight, head.bias, targets, chunk_size, softcap)
+    forward = head_forward or head.forward
+    h = hidden.reshape(-1, hidden.shape[-1])
+    t = targets.reshape(-1)
+
+    def piece(hc, tc):
+        logits = forward(hc).float()
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        return F.cross_entropy(logits, tc, ignore_index=IGNORE, reduction="sum")
+
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, h.shape[0], chunk_size):
+        tc = t[start:start + chunk_size]
+        if (tc != IGNORE).any():
+            total = total + checkpoint(piece, h[start:start + chunk_size], tc, use_reentrant=False)
+    return total
+
+
+def output_head(model: nn.Module) -> nn.Module:
+    """The LM head of a (DDP/FSDP/PEFT-wrapped) causal LM."""
+    inner = model
+    while hasattr(inner, "module") and isinstance(inner.module, nn.Module):  # DDP and friends
+        inner = inner.module
+    head = inner.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(inner).__name__} has no output embeddings (LM head)")
+    return head
+
+
+@contextlib.contextmanager
+def _loss_head(head: nn.Module, targets, chunk_size: int, softcap: float | None, slot: dict):
+    original = head.__dict__.get("forward")
+    bound = head.forward
+
+    def forward(hidden):
+        slot["loss"] = chunked_loss(hidden, head, targets, chunk_size, softcap, head_forward=bound)
+        return hidden.new_empty(*hidden.shape[:-1], 0)
+
+    head.forward = forward
+    try:
+        yield
+    finally:
+        if original is None:
+            del head.__dict__["forward"]
+        else:
+            head.forward = original
+
+
+def model_loss(model: nn.Module, batch: dict[str, torch.Tensor], chunk_size: int = 1024) -> tuple[torch.Tensor, int]:
+    """``(summed token loss, number of target tokens)`` for one batch, through the model's own forward."""
+    head = output_head(model)
+    inner = model.module if hasattr(model, "module") else model
+    config = getattr(inner, "config", None)
+    softcap = getattr(config.get_text_config() if config is not None else None, "final_logit_softcapping", None)
+    slot: dict = {}
+    inputs = {k: v for k, v in batch.items() if k != "targets"}
+    with _loss_head(head, batch["targets"], chunk_size, softcap, slot):
+        model(**inputs, use_cache=False)
+    if "loss" not in slot:
+        raise RuntimeError(f"{type(inner).__name__}'s forward did not call its LM head; cannot compute the loss")
+    return slot["loss"], int((batch["targets"] != IGNORE).sum())

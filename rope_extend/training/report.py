@@ -1,0 +1,41 @@
+"""The loss curve: CSV for machines, PNG for people, both written atomically."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from ..io import atomic_path, write_text
+
+
+def write_loss_curve(history: list[dict], out: str | Path) -> None:
+    if not history:
+        return
+    out = Path(out)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(history[0]))
+    writer.writeheader()
+    writer.writerows(history)
+    write_text(out / "loss.csv", buf.getvalue())
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in history]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    ax.plot(steps, [r["loss"] for r in history], lw=1.5, label="training loss")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("token cross-entropy (nats)")
+    ax.set_title(f"{out.name}: loss over {steps[-1]} steps")
+    ax.grid(alpha=0.3)
+    ax2 = ax.twinx()
+    ax2.plot(steps, [r["learning_rate"] for r in history], color="tab:gray", lw=1, ls="--", label="learning rate")
+    ax2.set_ylabel("learning rate", color="tab:gray")
+    fig.legend(loc="upper right", bbox_to_anchor=(0.88, 0.88))
+    fig.tight_layout()
+    with atomic_path(out / "loss.png") as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)

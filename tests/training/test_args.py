@@ -1,0 +1,93 @@
+from pathlib import Path
+
+import pytest
+
+from rope_extend.training.args import RecipeError, TrainArgs, load_args, parse_overrides
+from rope_extend.training.checkpoint import resolve_output_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+LAUNCHERS = sorted((ROOT / "recipes" / "accelerate").glob("*.yaml"))
+
+
+def test_there_are_recipes_and_launchers():
+    names = {p.stem for p in RECIPES}
+    assert {"tiny-cpu", "llama2-7b-yarn-s16", "llama3-8b-yarn-64k-lora", "llama2-7b-pose-linear-16k"} <= names
+    assert {p.stem for p in LAUNCHERS} == {"ddp", "fsdp2", "deepspeed-zero3", "context-parallel"}
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_every_recipe_loads_validates_and_names_its_command(path):
+    args = load_args(path)
+    assert isinstance(args, TrainArgs)
+    header = path.read_text().splitlines()[:12]
+    assert any("rope_extend train" in line or "rope-extend train" in line for line in header)
+    assert any("Hardware" in line for line in header)
+    if args.model.config is None:
+        assert args.model.name_or_path and args.data.max_seq_length >= 2048
+    if args.pose.enabled:
+        assert args.rope.target_length or args.rope.factor
+
+
+@pytest.mark.parametrize("path", LAUNCHERS, ids=lambda p: p.stem)
+def test_every_accelerate_launcher_config_loads(path):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(path))
+    assert config.num_processes >= 2
+    if path.stem == "context-parallel":
+        assert config.parallelism_config["parallelism_config_cp_size"] > 1
+        assert config.fsdp_config["fsdp_version"] == 2
+
+
+def test_overrides_win_and_dotted_keys_reach_sections():
+    args = load_args(ROOT / "recipes/tiny-cpu.yaml", ["max_steps=7", "rope.factor=2", "lora.r=4", "lora=null"])
+    assert (args.max_steps, args.rope.factor, args.lora) == (7, 2.0, None)
+    args = load_args(ROOT / "recipes/tiny-cpu.yaml", ["lora.r=4", "learning_rate=1e-4"])
+    assert args.lora.r == 4 and args.lora.lora_alpha == 16 and args.learning_rate == 1e-4
+    assert parse_overrides(["a.b.c=[1, 2]"]) == {"a": {"b": {"c": [1, 2]}}}
+
+
+@pytest.mark.parametrize("override,message", [
+    ("learnig_rate=1", r"unknown key learnig_rate; did you mean learning_rate"),
+    ("rope.factr=2", r"unknown key rope\.factr; did you mean rope\.factor"),
+    ("lora.lora_alfa=8", r"lora\.lora_alpha"),
+    ("max_steps=ten", r"max_steps: got 'ten' \(str\); expected int"),
+    ("rope.factor=0.5", r"rope\.factor: got 0\.5; expected a number >= 1"),
+    ("rope.target_length=4096", r"exactly one of rope\.factor or rope\.target_length"),
+    ("lr_scheduler_type=cosin", r"lr_scheduler_type: got 'cosin'"),
+    ("data.document_boundaries=none", r"data\.document_boundaries"),
+    ("max_steps", r"expected key=value"),
+])
+def test_bad_keys_and_values_name_the_key(override, message):
+    with pytest.raises(RecipeError, match=message):
+        load_args(ROOT / "recipes/tiny-cpu.yaml", [override])
+
+
+def test_recipe_that_does_not_parse(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(RecipeError, match="not valid YAML"):
+        load_args(bad)
+    bad.write_text("- a\n- b\n")
+    with pytest.raises(RecipeError, match="expected a mapping"):
+        load_args(bad)
+
+
+def test_output_dir_with_another_run_is_refused_unless_overwrite_or_resume(tmp_path):
+    base = {"model": {"config": {"model_type": "llama"}}, "rope": {"factor": 2}, "data": {"path": "x.txt"},
+            "output_dir": str(tmp_path / "run")}
+    assert resolve_output_dir(load_args(base)) is None  # does not exist yet
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    with pytest.raises(RecipeError, match="not empty.*overwrite_output_dir=true.*resume_from_checkpoint=true"):
+        resolve_output_dir(load_args(base))
+    assert resolve_output_dir(load_args(base, ["overwrite_output_dir=true"])) is None
+    with pytest.raises(RecipeError, match="no checkpoint-\\* folder"):
+        resolve_output_dir(load_args(base, ["resume_from_checkpoint=true"]))
+    (tmp_path / "run" / "checkpoint-5").mkdir()
+    (tmp_path / "run" / "checkpoint-12").mkdir()
+    (tmp_path / "run" / ".checkpoint-20.tmp").mkdir()  # an unfinished write is never picked
+    assert resolve_output_dir(load_args(base, ["resume_from_checkpoint=true"])).name == "checkpoint-12"
+    with pytest.raises(RecipeError, match="not both"):
+        load_args(base, ["resume_from_checkpoint=true", "overwrite_output_dir=true"])

@@ -1,0 +1,131 @@
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from rope_extend.training.args import DataArgs, RecipeError
+from rope_extend.training.data import Batches, pack, pose_position_ids, read_documents
+
+EOS = 2
+
+
+def test_pack_eos_keeps_positions_running_and_separates_documents():
+    docs = [[10, 11, 12], [20, 21], [30, 31, 32, 33]]  # + EOS each: 4 + 3 + 5 = 12 tokens
+    p = pack(docs, EOS, 5, "eos")
+    assert p.input_ids.tolist() == [[10, 11, 12, EOS, 20], [21, EOS, 30, 31, 32]]  # tail of 2 dropped
+    assert p.position_ids.tolist() == [[0, 1, 2, 3, 4]] * 2
+    assert not p.restart
+
+
+def test_pack_mask_restarts_positions_after_each_eos_and_at_window_start():
+    p = pack([[10, 11, 12], [20, 21], [30, 31, 32, 33]], EOS, 6, "mask")
+    assert p.input_ids.tolist() == [[10, 11, 12, EOS, 20, 21], [EOS, 30, 31, 32, 33, EOS]]
+    assert p.position_ids.tolist() == [[0, 1, 2, 3, 0, 1], [0, 0, 1, 2, 3, 4]]
+
+
+def test_mask_mode_targets_do_not_cross_documents_and_have_no_attention_mask():
+    p = pack([[10, 11, 12], [20, 21], [30, 31, 32, 33]], EOS, 6, "mask")
+    b = Batches(p, seed=0, batch_size=1, accumulation=1, num_processes=1).get(0, 0, 0)
+    row = p.input_ids.tolist().index(b["input_ids"][0].tolist())
+    t = b["targets"][0].tolist()
+    if row == 0:
+        assert t == [11, 12, EOS, -100, 21, -100]
+    else:
+        assert t == [-100, 31, 32, 33, EOS, -100]
+    assert "attention_mask" not in b
+
+
+def test_too_little_text_for_one_window_is_an_error():
+    with pytest.raises(RecipeError, match="max_seq_length"):
+        pack([[1, 2, 3]], EOS, 100)
+
+
+def _packed(n=10, T=8):
+    ids = torch.arange(n * T).view(n, T)
+    return pack([ids.flatten().tolist()[:-1]], n * T - 1, T)  # one long doc, EOS is the last id
+
+
+def test_a_step_sees_the_same_sequences_however_it_is_split():
+    p = _packed()
+    one = Batches(p, seed=3, batch_size=1, accumulation=4, num_processes=1)
+    two = Batches(p, seed=3, batch_size=2, accumulation=1, num_processes=2)
+    for step in range(4):  # crosses an epoch boundary (10 windows, 4 per step)
+        a = sorted(one.get(step, m, 0)["input_ids"][0, 0].item() for m in range(4))
+        b = sorted(r.item() for rank in range(2) for r in two.get(step, 0, rank)["input_ids"][:, 0])
+        assert a == b
+    seen = [one.get(s, m, 0)["input_ids"][0, 0].item() for s in range(2) for m in range(4)] + \
+           [one.get(2, m, 0)["input_ids"][0, 0].item() for m in range(2)]
+    assert sorted(seen) == sorted(p.input_ids[:, 0].tolist())  # one epoch = every window once
+
+
+def test_read_documents_names_missing_text_field(tmp_path):
+    f = tmp_path / "d.jsonl"
+    f.write_text('{"body": "hello there"}\n{"body": "more text"}\n')
+    with pytest.raises(RecipeError, match=r"no field 'text'.*\['body'\]"):
+        read_documents(DataArgs(path=str(f)))
+    assert read_documents(DataArgs(path=str(f), text_field="body")) == ["hello there", "more text"]
+
+
+def test_read_documents_text_paragraphs_and_parquet(tmp_path):
+    (tmp_path / "a.txt").write_text("first doc\nline two\n\nsecond doc\n")
+    assert read_documents(DataArgs(path=str(tmp_path / "a.txt"))) == ["first doc\nline two", "second doc"]
+    import datasets
+
+    datasets.Dataset.from_dict({"text": ["x y", "z"]}).to_parquet(str(tmp_path / "b.parquet"))
+    assert read_documents(DataArgs(path=str(tmp_path / "b.parquet"))) == ["x y", "z"]
+    with pytest.raises(RecipeError, match="does not exist"):
+        read_documents(DataArgs(path=str(tmp_path / "missing.jsonl")))
+
+
+# ------------------------------------------------------------------------------------------ PoSE
+@settings(max_examples=200, deadline=None)
+@given(window=st.integers(2, 64), extra=st.integers(0, 500), chunks=st.integers(1, 4), seed=st.integers(0, 2**31))
+def test_pose_positions_are_increasing_chunked_and_inside_the_target(window, extra, chunks, seed):
+    chunks = min(chunks, window)
+    target = window + extra
+    pos = pose_position_ids(window, target, chunks, np.random.default_rng(seed)).numpy()
+    assert pos.shape == (window,)
+    assert pos.min() >= 0 and pos.max() <= target - 1
+    steps = np.diff(pos)
+    assert (steps >= 1).all()  # strictly increasing: causal order is kept
+    assert (steps > 1).sum() <= chunks - 1  # contiguous inside chunks, at most one jump between chunks
+    assert pos.max() - pos.min() + 1 - window <= extra  # total skip bounded by target - window
+
+
+def test_pose_two_chunks_match_the_stated_distribution():
+    """u_0 ~ U{0..J}; u_1 ~ U{u_0..J}; the cut uniform over 1..w-1. Checked against exact expectations."""
+    w, target, n = 16, 16 + 9, 20000  # J = 9
+    rng = np.random.default_rng(0)
+    u0, u1, cut = [], [], []
+    for _ in range(n):
+        pos = pose_position_ids(w, target, 2, rng).numpy()
+        jump = np.nonzero(np.diff(pos) > 1)[0]
+        u0.append(pos[0])
+        u1.append(pos[-1] - (w - 1))
+        c = int(jump[0]) + 1 if len(jump) else None
+        cut.append(c)
+    u0, u1 = np.array(u0), np.array(u1)
+    J = 9
+    # u_0 uniform on 0..9: each value has probability 0.1 (5 sigma ~ 0.011 at n=20000)
+    freq = np.bincount(u0, minlength=J + 1) / n
+    assert np.abs(freq - 0.1).max() < 0.011
+    # E[u_1] = E[(u_0 + J) / 2] = (4.5 + 9) / 2 = 6.75; P(u_1 = J) = mean over u_0 of 1/(J-u_0+1)
+    assert abs(u1.mean() - 6.75) < 0.05
+    p_top = np.mean([1 / (J - k + 1) for k in range(J + 1)])
+    assert abs((u1 == J).mean() - p_top) < 0.015
+    assert (u1 >= u0).all()
+    # the cut, where observable (u_1 > u_0), is uniform on 1..15
+    cuts = np.array([c for c, a, b in zip(cut, u0, u1) if a < b])
+    freq = np.bincount(cuts, minlength=w)[1:] / len(cuts)
+    assert np.abs(freq - 1 / 15).max() < 0.012
+
+
+def test_pose_batches_are_deterministic_per_sequence_and_keep_an_attention_mask():
+    p = _packed(T=8)
+    a = Batches(p, seed=1, batch_size=1, accumulation=2, num_processes=1, pose_target_length=64)
+    b = Batches(p, seed=1, batch_size=1, accumulation=1, num_processes=2, pose_target_length=64)
+    assert torch.equal(a.get(3, 1, 0)["position_ids"], b.get(3, 0, 1)["position_ids"])
+    batch = a.get(0, 0, 0)
+    assert batch["position_ids"].max() < 64 and batch["attention_mask"].all()
+    jumped = [a.get(s, 0, 0)["position_ids"][0] for s in range(20)]
+    assert sum(int(p.max()) > 7 for p in jumped) >= 15  # positions reach past the window (P(no skip) ~ 1/57)

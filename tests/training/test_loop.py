@@ -1,0 +1,128 @@
+"""End-to-end runs of the tiny recipe on CPU (a 2-layer Llama built from the recipe's config)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rope_extend.training import load_args, train
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPE = ROOT / "recipes" / "tiny-cpu.yaml"
+# Short windows keep each step well under a second on 2 cores.
+FAST = ["data.max_seq_length=256", "per_device_train_batch_size=2", "gradient_accumulation_steps=2",
+        "loss_chunk_size=64", "data.max_documents=120", "warmup_steps=2"]
+
+
+def run_args(tmp_path, *extra):
+    os.chdir(ROOT)  # the recipe's data path is relative to the checkout
+    return load_args(RECIPE, FAST + [f"output_dir={tmp_path / 'run'}", *extra])
+
+
+def test_tiny_recipe_trains_loss_falls_and_writes_everything(tmp_path):
+    result = train(run_args(tmp_path, "max_steps=16", "save_steps=8", "save_total_limit=1"))
+    losses = [r["loss"] for r in result.history]
+    assert len(losses) == 16
+    assert sum(losses[-3:]) / 3 < losses[0] - 0.5, losses  # from ~ln(512)=6.2 down clearly
+    out = tmp_path / "run"
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-16"]  # limit 1 kept the newest
+    csv = (out / "loss.csv").read_text().splitlines()
+    assert csv[0].startswith("step,loss,learning_rate") and len(csv) == 17
+    assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert not list(out.glob(".*"))  # no temporaries left
+    for folder in ("adapter", "merged"):
+        assert not list((out / folder).glob("*.bin")) and list((out / folder).glob("*.safetensors"))
+    adapter = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert set(adapter["modules_to_save"]) >= {"embed_tokens", "norm"}
+    keys = load_file(out / "adapter" / "adapter_model.safetensors").keys()
+    assert any("embed_tokens" in k for k in keys) and any("input_layernorm" in k for k in keys)
+    config = json.loads((out / "merged" / "config.json").read_text())
+    assert config["rope_parameters"]["rope_type"] == "yarn" and config["rope_parameters"]["factor"] == 4
+    assert config["max_position_embeddings"] == 1024
+
+
+def test_merged_model_reloads_with_plain_transformers_and_same_logits(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    result = train(run_args(tmp_path, "max_steps=3"))
+    reloaded = AutoModelForCausalLM.from_pretrained(result.final_dir).eval()
+    ids = torch.randint(3, 512, (1, 700))  # past the original 256 positions: the scaling matters
+    with torch.no_grad():
+        want = result.model.eval()(ids).logits
+        got = reloaded(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # and the check can tell: the same weights with plain RoPE disagree far more
+    plain = AutoModelForCausalLM.from_pretrained(result.final_dir, rope_parameters={"rope_type": "default",
+                                                                                     "rope_theta": 10000.0})
+    with torch.no_grad():
+        assert (plain(ids).logits - want).abs().max() > 100 * (got - want).abs().max() + 1e-4
+
+
+def test_resume_after_kill_ends_with_the_same_weights(tmp_path):
+    uninterrupted = train(run_args(tmp_path / "a", "max_steps=6", "save_steps=3", "merge_adapter=false"))
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_5(step):
+        if step == 5:  # step 4 and 5 are lost: the last checkpoint is at step 3
+            raise Killed
+
+    args = run_args(tmp_path / "b", "max_steps=6", "save_steps=3", "merge_adapter=false")
+    with pytest.raises(Killed):
+        train(args, on_step=kill_at_5)
+    assert sorted(p.name for p in (tmp_path / "b" / "run").glob("checkpoint-*")) == ["checkpoint-3"]
+    with pytest.raises(Exception, match="not empty"):  # no silent restart over the killed run
+        train(args)
+    resumed = train(run_args(tmp_path / "b", "max_steps=6", "save_steps=3", "merge_adapter=false",
+                             "resume_from_checkpoint=true"))
+    assert [r["step"] for r in resumed.history] == list(range(1, 7))
+    a = {n: p for n, p in uninterrupted.model.named_parameters() if p.requires_grad}
+    b = {n: p for n, p in resumed.model.named_parameters() if p.requires_grad}
+    assert a.keys() == b.keys() and len(a) > 4
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-5, atol=1e-6, msg=name)
+    for ra, rb in zip(uninterrupted.history, resumed.history):
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-5)
+    # the comparison can fail: the step-3 checkpoint (trainable tensors only) is far from the end
+    at3 = load_file(tmp_path / "b" / "run" / "checkpoint-3" / "model.safetensors")
+    assert set(at3) == set(a)
+    assert max((at3[n] - a[n].detach()).abs().max().item() for n in a) > 1e-3
+
+
+def test_full_fine_tuning_and_pose(tmp_path):
+    result = train(run_args(tmp_path, "max_steps=3", "lora=null", "pose.enabled=true", "learning_rate=1e-3",
+                            "data.max_seq_length=128"))
+    assert (tmp_path / "run" / "model" / "model.safetensors").is_file()
+    assert all(p.requires_grad for p in result.model.parameters())
+    assert result.history[-1]["loss"] < result.history[0]["loss"]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process(tmp_path):
+    """accelerate launch --cpu --num_processes 2 (1 x 1 accumulation each) vs 1 process x 2 accumulation."""
+    common = FAST + ["max_steps=4", "save_steps=100", "merge_adapter=false", "lora.lora_dropout=0.0"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    runs = {}
+    for name, launcher, accumulation in [
+        ("one", [sys.executable, "-m", "rope_extend"], 2),
+        ("two", [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                 "-m", "rope_extend"], 1),
+    ]:
+        cmd = launcher + ["train", str(RECIPE), *common, f"gradient_accumulation_steps={accumulation}",
+                          f"output_dir={tmp_path / name}"]
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[name] = [float(line.split(",")[1]) for line in
+                      (tmp_path / name / "loss.csv").read_text().splitlines()[1:]]
+    assert len(runs["one"]) == len(runs["two"]) == 4
+    for a, b in zip(runs["one"], runs["two"]):
+        assert a == pytest.approx(b, rel=2e-4)
+    assert runs["one"][-1] < runs["one"][0]  # it trained
