@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     import rope_extend  # noqa: F401  (registers the rope types)
+
     from .errors import NotPatchedError, RopeExtendError, UnsupportedModelError
 
     args = build_parser().parse_args(argv)

@@ -20,10 +20,8 @@ import copy
 import logging
 from typing import Any
 
-import torch
-
-from .methods import registry as M
 from .errors import RopeExtendError, UnsupportedModelError
+from .methods import registry as M
 
 logger = logging.getLogger("rope_extend")
 

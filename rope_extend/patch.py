@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from . import hf
-from .methods import registry as M
 from .errors import NotPatchedError, UnsupportedModelError
+from .methods import registry as M
 
 logger = logging.getLogger("rope_extend")
 

@@ -26,7 +26,7 @@ class Scaling:
         """``s * L`` rounded up (to the nearest integer when it is one up to float error)."""
         exact = self.factor * self.original_max_position_embeddings
         nearest = round(exact)
-        return int(nearest) if abs(exact - nearest) <= 1e-9 * exact else int(math.ceil(exact))
+        return nearest if abs(exact - nearest) <= 1e-9 * exact else math.ceil(exact)
 
     def compute(self, dim: int, base: float, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
         """``(inv_freq float32[d/2], attention_scale)`` for a rotary dim and base at length ``seq_len``."""

@@ -4,7 +4,6 @@ Import it as ``from rope_extend.methods import registry``: the package attribute
 the public ``methods()`` function, so ``import rope_extend.methods as M`` would not give this module.
 """
 
-
 from __future__ import annotations
 
 from typing import Any
@@ -12,8 +11,12 @@ from typing import Any
 import torch
 
 from ..errors import RopeExtendError, closest
-from . import linear as _linear, llama3 as _llama3, longrope as _longrope, ntk as _ntk, yarn as _yarn
-from ._common import Geometry, Method, check_factor, check_int, check_number, rope_frequencies, rotary_dim
+from . import linear as _linear
+from . import llama3 as _llama3
+from . import longrope as _longrope
+from . import ntk as _ntk
+from . import yarn as _yarn
+from ._common import Geometry, Method, check_factor, check_int, rotary_dim
 from ._scaling import Scaling, resolve
 
 _REGISTRY: dict[str, Method] = {}

@@ -4,8 +4,8 @@ import math
 
 import numpy as np
 import pytest
-import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rope_extend import inv_freq
 from rope_extend.methods.ntk import dynamic_alpha, ntk_base

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 import transformers as T
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from rope_extend import inv_freq

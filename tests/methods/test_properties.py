@@ -4,7 +4,8 @@ import math
 
 import pytest
 import torch
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from rope_extend import inv_freq, methods
 from rope_extend.methods import rope_frequencies
