@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 # Modules that add subcommands: each has register(subparsers). Missing ones are skipped.
-PLUGINS = ("rope_extend.evaluation.cli", "rope_extend.training.cli", "rope_extend.demo")
+PLUGINS = ("rope_extend.evaluation.cli", "rope_extend.training.cli", "rope_extend.bundled.cli", "rope_extend.demo")
 
 
 def parse_params(items: list[str] | None) -> dict[str, Any]:

@@ -1,0 +1,42 @@
+"""Making the bundled model's data: the pretraining text, its tokenizer, and the held-out corpus.
+
+    rope-extend bundled-data --out runs/bundled-data      # train.jsonl + tokenizer/ (deterministic)
+
+The pretraining recipe (recipes/bundled-pretrain.yaml) reads that folder; the held-out corpus ships in
+the package (rope_extend/bundled/data/eval.jsonl) and is rebuilt by ``--eval-corpus``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..io import atomic_path
+from .corpus import evaluation_documents, training_documents
+from .tokenizer import train_tokenizer
+
+TOKENIZER_DOCUMENTS = 4000  # the tokenizer is trained on the first documents of the stream
+
+
+def write_jsonl(path: Path, texts: list[str]) -> None:
+    with atomic_path(path) as tmp:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for text in texts:
+                fh.write(json.dumps({"text": text}) + "\n")
+
+
+def write_pretraining_data(out_dir: str | Path, *, seed: int = 0, documents: int = 40000,
+                           vocab_size: int = 1024) -> Path:
+    """``out_dir/train.jsonl`` (``documents`` mixed documents) and ``out_dir/tokenizer``."""
+    out_dir = Path(out_dir)
+    texts = training_documents(seed, documents)
+    write_jsonl(out_dir / "train.jsonl", texts)
+    tokenizer = train_tokenizer(texts[:TOKENIZER_DOCUMENTS], vocab_size)
+    with atomic_path(out_dir / "tokenizer") as tmp:
+        tokenizer.save_pretrained(tmp)
+    return out_dir
+
+
+def write_eval_corpus(path: str | Path, *, seed: int = 1_000_003, documents: int = 8, words: int = 5000) -> Path:
+    write_jsonl(Path(path), evaluation_documents(seed, documents, words))
+    return Path(path)

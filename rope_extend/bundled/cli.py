@@ -1,0 +1,28 @@
+"""``rope-extend bundled-data``: write the bundled model's pretraining data and tokenizer."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    from . import EVAL_CORPUS
+    from .build import write_eval_corpus, write_pretraining_data
+
+    if args.eval_corpus:
+        print(write_eval_corpus(EVAL_CORPUS if args.out is None else args.out))
+        return 0
+    if args.out is None:
+        raise SystemExit("rope-extend: bundled-data needs --out DIR")
+    print(write_pretraining_data(args.out, seed=args.seed, documents=args.documents, vocab_size=args.vocab_size))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bundled-data", help="write the bundled model's pretraining data and tokenizer")
+    p.add_argument("--out", help="folder for train.jsonl and tokenizer/ (or the corpus file with --eval-corpus)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--documents", type=int, default=40000)
+    p.add_argument("--vocab-size", type=int, default=1024)
+    p.add_argument("--eval-corpus", action="store_true", help="rebuild the shipped held-out corpus instead")
+    p.set_defaults(func=_cmd)
