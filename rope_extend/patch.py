@@ -115,7 +115,6 @@ class RotaryRuntime:
     def __init__(self, module: nn.Module, entries: dict[str | None, _Entry]):
         self.module = module
         self.entries = entries
-        self.raw_forward = inspect.unwrap(type(module).forward)
 
     def apply(self, fn, *args, **kwargs):
         """``nn.Module._apply`` (what ``.to``/``.half``/``.cuda`` call), then float32 frequencies again."""
@@ -130,7 +129,7 @@ class RotaryRuntime:
         if entry is not None:
             self._update(layer_type, entry, position_ids, x.device)
         with torch.no_grad():
-            return self.raw_forward(self.module, x, position_ids, *args, **kwargs)
+            return _raw_forward(type(self.module))(self.module, x, position_ids, *args, **kwargs)
 
     def _update(self, layer_type, entry: _Entry, position_ids: torch.Tensor, device) -> None:
         buffer = self.module._buffers.get(_buffer_name(layer_type))
@@ -148,6 +147,19 @@ class RotaryRuntime:
             set_frequencies(self.module, layer_type, freqs, device)
             setattr(self.module, _scale_name(layer_type), scale)
             entry.seen = seen
+
+
+_RAW_FORWARD: dict[type, Any] = {}
+
+
+def _raw_forward(cls: type):
+    """The class's forward without its decorators (transformers' ``dynamic_rope_update`` and ``no_grad``):
+    the runtime does what the dynamic decorator did, measured against ``L``. Looked up per class, not
+    stored on the runtime, so a patched model still pickles."""
+    raw = _RAW_FORWARD.get(cls)
+    if raw is None:
+        raw = _RAW_FORWARD[cls] = inspect.unwrap(cls.forward)
+    return raw
 
 
 def set_frequencies(module: nn.Module, layer_type: str | None, freqs: torch.Tensor, device=None) -> None:

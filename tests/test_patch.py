@@ -260,3 +260,20 @@ def test_patch_through_peft():
     torch.testing.assert_close(logits(wrapped, ids), logits(reference, ids), rtol=0, atol=0)
     rope_extend.unpatch(wrapped)
     assert wrapped.config.rope_parameters["rope_type"] == "default"
+
+
+@pytest.mark.parametrize("method", ["yarn", "dynamic"])
+def test_patched_models_deepcopy_and_pickle(tmp_path, method):
+    model = tiny_model()
+    rope_extend.patch(model, method, factor=4)
+    ids = inputs(600)
+    expected = logits(model, ids)
+    clone = copy.deepcopy(model)
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    for other in (clone, loaded):
+        assert torch.equal(logits(other, ids), expected)
+        assert other.model.rotary_emb.forward.module is other.model.rotary_emb
+        rope_extend.unpatch(other)
+        assert other.config.rope_parameters["rope_type"] == "default"
+    assert rope_extend.patched(model).method.name == method  # the original keeps its patch
