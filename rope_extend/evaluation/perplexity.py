@@ -107,7 +107,9 @@ def window_nll(parts: LMParts, ids: torch.Tensor, score_from: int, chunk_size: i
 
 
 def windows(n_tokens: int, length: int, stride: int | None) -> list[tuple[int, int, int]]:
-    """``(begin, end, score_from)`` for each window; every token from index 1 on is scored exactly once."""
+    """``(begin, end, score_from)`` for each window. With ``stride < length`` every token from index 1 on is
+    scored exactly once; with ``stride == length`` (disjoint windows, as in transformers' docs) the first token
+    of each window has no context inside it and is not scored."""
     if stride is None:
         return [(0, min(length, n_tokens), 1)]
     out, prev_end, begin = [], 0, 0

@@ -6,7 +6,9 @@ and the question. Lengths there are token counts of the whole prompt. To hit a l
 tokenizer, the prompt is assembled in token space: each fixed part is tokenized on its own, and the filler
 (or haystack) tokens fill the remaining budget exactly. The needle goes at ``depth`` of the filler, moved to
 the nearest sentence boundary (a token ending in ``.``, ``!`` or ``?``), as in the needle-in-a-haystack
-test (Kamradt 2023). ``depth = 0`` puts it right after the task line, ``depth = 1`` right before the question.
+test (Kamradt 2023); the start and the end of the filler count as boundaries too (the filler is cut to the
+exact budget, so it may end mid-sentence). ``depth = 0`` puts the needle right after the task line,
+``depth = 1`` right before the question.
 """
 
 from __future__ import annotations
