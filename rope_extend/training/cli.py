@@ -33,7 +33,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from .loop import train
 
     result = train(train_args)
-    if result.history:
+    from accelerate import PartialState
+
+    if result.history and PartialState().is_main_process:
         last = result.history[-1]
         print(json.dumps({"output_dir": str(result.output_dir), "final_dir": str(result.final_dir),
                           "adapter_dir": str(result.adapter_dir) if result.adapter_dir else None,

@@ -105,21 +105,27 @@ def test_full_fine_tuning_and_pose(tmp_path):
 
 @pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path):
-    """accelerate launch --cpu --num_processes 2 (1 x 1 accumulation each) vs 1 process x 2 accumulation."""
+    """Two CPU processes (1 x 1 accumulation each) vs 1 process x 2 accumulation.
+
+    In accelerate 1.15 ``accelerate launch --cpu --num_processes 2`` starts ONE process (simple_launcher);
+    two CPU processes need the torchrun path: ``--multi_gpu`` with ``ACCELERATE_USE_CPU=1`` (gloo).
+    """
     common = FAST + ["max_steps=4", "save_steps=100", "merge_adapter=false", "lora.lora_dropout=0.0"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "TOKENIZERS_PARALLELISM": "false"}
     runs = {}
     for name, launcher, accumulation in [
         ("one", [sys.executable, "-m", "rope_extend"], 2),
-        ("two", [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+        ("two", [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                  "-m", "rope_extend"], 1),
     ]:
         cmd = launcher + ["train", str(RECIPE), *common, f"gradient_accumulation_steps={accumulation}",
                           f"output_dir={tmp_path / name}"]
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+        proc = subprocess.run(cmd, cwd=ROOT, env={**env, "ACCELERATE_USE_CPU": "1"}, capture_output=True,
+                              text=True, timeout=180)
         assert proc.returncode == 0, proc.stderr[-3000:]
+        assert f"{2 if name == 'two' else 1} process(es)" in proc.stdout
         runs[name] = [float(line.split(",")[1]) for line in
                       (tmp_path / name / "loss.csv").read_text().splitlines()[1:]]
     assert len(runs["one"]) == len(runs["two"]) == 4
