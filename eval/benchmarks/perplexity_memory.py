@@ -1,0 +1,149 @@
+"""Peak memory and throughput of rope-extend's perplexity harness vs the naive ``model(ids, labels=ids)``.
+
+    python eval/benchmarks/perplexity_memory.py                 # CPU: random Llama, 32k vocab, 8192 tokens
+    python eval/benchmarks/perplexity_memory.py --gpu           # GPU: Llama-3-8B-shaped bf16, 32k/64k/128k
+
+Each variant runs in a fresh subprocess, so one variant's allocations cannot hide in the other's peak.
+CPU memory is the process's peak RSS (``resource.getrusage(...).ru_maxrss``): the table shows the peak and
+the increase over the peak after model construction and a short warm-up (what one window costs); the ratio
+uses the increase. GPU memory is ``torch.cuda.max_memory_allocated`` after resetting the peak.
+Throughput is scored tokens per second of the best of ``--repeats`` runs. The last line printed is JSON.
+
+Why the naive loop is heavy: at L tokens and vocabulary V it holds the logits (L x V), their float32 copy
+and log-softmax: 8192 x 32000 x 4 bytes = 1.05 GB each; the harness holds ``chunk x V`` at a time.
+Targets (issue 3): memory ratio <= 0.3, throughput ratio >= 0.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+
+SHAPES = {
+    # small random Llama for CPU: the LM head (32k vocab) dominates the naive loop's memory
+    "cpu": dict(vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=4),
+    # Llama-3-8B: 32 layers, 4096 hidden, GQA 32/8, 14336 MLP, 128256 vocab
+    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0),
+}
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
+
+
+def worker(variant: str, length: int, shape: str, device: str, repeats: int, seed: int) -> dict:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rope_extend.evaluation import perplexity
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    config = LlamaConfig(**SHAPES[shape], max_position_embeddings=max(length, 8192))
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    torch.set_default_dtype(dtype)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).eval()
+    torch.set_default_dtype(torch.float32)
+    ids = torch.randint(3, config.vocab_size, (length,), generator=torch.Generator().manual_seed(seed))
+
+    class Ids:  # the harness's tokenizer interface, handing over fixed ids
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": ids[: int(text)].tolist()}
+
+    def run(n: int) -> float:
+        if variant == "naive":
+            x = ids[:n][None].to(device)
+            with torch.no_grad():
+                return float(model(input_ids=x, labels=x).loss)
+        return math.log(perplexity(model, Ids(), [str(n)], [n], progress=False).perplexity[n])
+
+    run(256)  # warm-up: kernels, allocator pools
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.max_memory_allocated() / 2**20
+    base_rss = _rss_mb()
+    times, loss, error = [], float("nan"), None
+    for _ in range(repeats):
+        try:
+            start = time.perf_counter()
+            loss = run(length)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        except torch.cuda.OutOfMemoryError as exc:
+            error = f"out of memory: {str(exc).splitlines()[0]}"
+            break
+    out = {"variant": variant, "length": length, "shape": shape, "device": device, "loss": loss, "error": error,
+           "seconds": min(times) if times else None,
+           "tokens_per_s": (length - 1) / min(times) if times else None}
+    if device == "cuda":
+        out.update(peak_mb=torch.cuda.max_memory_allocated() / 2**20, base_mb=base,
+                   gpu=torch.cuda.get_device_name())
+    else:
+        out.update(peak_mb=_rss_mb(), base_mb=base_rss)
+    out["increase_mb"] = out["peak_mb"] - out["base_mb"]
+    return out
+
+
+def spawn(variant: str, args) -> dict:
+    cmd = [sys.executable, __file__, "--worker", variant, "--length", str(args.length_now), "--shape", args.shape,
+           "--device", args.device, "--repeats", str(args.repeats), "--seed", str(args.seed)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    if proc.returncode != 0:
+        return {"variant": variant, "length": args.length_now, "error": proc.stderr.strip().splitlines()[-1:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--gpu", action="store_true", help="Llama-3-8B-shaped bf16 model on CUDA at 32k, 64k, 128k")
+    p.add_argument("--lengths", help="comma-separated token counts (default 8192; with --gpu 32768,65536,131072)")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--length", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--shape", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--device", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.length, args.shape, args.device, args.repeats, args.seed)))
+        return
+    args.shape = args.shape or ("llama3-8b" if args.gpu else "cpu")
+    args.device = args.device or ("cuda" if args.gpu else "cpu")
+    lengths = [int(x) for x in (args.lengths or ("32768,65536,131072" if args.gpu else "8192")).split(",")]
+    rows, ratios = [], {}
+    for length in lengths:
+        args.length_now = length
+        pair = {v: spawn(v, args) for v in ("harness", "naive")}
+        rows += pair.values()
+        h, n = pair["harness"], pair["naive"]
+        ok = not h.get("error") and not n.get("error")
+        ratios[str(length)] = {
+            "memory_ratio": round(h["increase_mb"] / n["increase_mb"], 4) if ok else None,
+            "peak_memory_ratio": round(h["peak_mb"] / n["peak_mb"], 4) if ok else None,
+            "throughput_ratio": round(h["tokens_per_s"] / n["tokens_per_s"], 4) if ok else None,
+            "loss_rel_diff": abs(h["loss"] - n["loss"]) / abs(n["loss"]) if ok else None,
+            "naive_error": n.get("error"), "harness_error": h.get("error"),
+        }
+    print(f"{'variant':8} {'length':>7} {'peak MB':>9} {'+MB':>9} {'tokens/s':>10} {'loss':>9}  error")
+    for r in rows:
+        fmt = lambda v, f: format(v, f) if isinstance(v, (int, float)) else "-"  # noqa: E731
+        print(f"{r['variant']:8} {r['length']:>7} {fmt(r.get('peak_mb'), '9.0f')} {fmt(r.get('increase_mb'), '9.0f')} "
+              f"{fmt(r.get('tokens_per_s'), '10.0f')} {fmt(r.get('loss'), '9.4f')}  {r.get('error') or ''}")
+    device = next((r.get("gpu") for r in rows if r.get("gpu")), None) or f"cpu ({os.cpu_count()} cores)"
+    print(json.dumps({"benchmark": "perplexity_memory", "device": device, "shape": args.shape,
+                      "targets": {"memory_ratio": "<= 0.3", "throughput_ratio": ">= 0.9"}, "ratios": ratios}))
+
+
+if __name__ == "__main__":
+    main()
