@@ -1,0 +1,138 @@
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rope_extend import RopeExtendError
+from rope_extend.cli import main
+from rope_extend.evaluation.compare import run_suite
+from rope_extend.evaluation.suite import load_suite, parse_suite
+from tests.evaluation.conftest import make_text
+from tests.tiny import tiny_model, tiny_tokenizer
+
+EVAL = Path(__file__).resolve().parents[2] / "eval"
+SUITES = sorted(EVAL.glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model("llama").save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "docs.jsonl"
+    path.write_text("\n".join(json.dumps({"text": make_text(60, seed=i)}) for i in range(2)))
+    return path
+
+
+def tiny_overrides(suite_path, tiny_dir, data_file):
+    raw = yaml.safe_load(suite_path.read_text())
+    sets = [f"model={tiny_dir}", "dtype=float32", "device=cpu"]
+    for task in ("passkey", "niah", "perplexity"):
+        if task in raw:
+            sets += [f"{task}.lengths=[128, 256]"]
+            sets += [f"{task}.trials=1", f"{task}.max_new_tokens=4"] if task != "perplexity" else []
+            sets += [f"{task}.depths=[0, 1]"] if task == "niah" else []
+            sets += [f"{task}.data={data_file}"] if task != "passkey" else []
+    return sets
+
+
+def test_there_are_suites():
+    assert SUITES, "eval/ should hold at least one suite"
+
+
+@pytest.mark.parametrize("suite_path", SUITES, ids=lambda p: p.name)
+def test_every_suite_loads_and_runs_on_a_tiny_model(suite_path, tiny_dir, data_file, tmp_path):
+    load_suite(suite_path)  # as shipped: keys valid, methods known
+    suite = load_suite(suite_path, tiny_overrides(suite_path, tiny_dir, data_file))
+    result = run_suite(suite, out=tmp_path / "report", progress=False)
+    labels = {r["label"] for r in result["records"]}
+    assert labels == {m.name() for m in suite.methods} and "none" in labels
+    for name in ("results.json", "results.csv", "report.md", "suite.yaml", "records.jsonl"):
+        assert (tmp_path / "report" / name).is_file()
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert all(f"| {m.name()}" in report or f" {m.name()} |" in report for m in suite.methods)
+    n_records = len(result["records"])
+    again = run_suite(suite, out=tmp_path / "report", resume=True, progress=False)
+    assert len(again["records"]) == n_records
+    assert len((tmp_path / "report" / "records.jsonl").read_text().splitlines()) == n_records
+
+
+def test_unknown_keys_name_the_closest_valid_ones():
+    base = {"model": "m", "methods": [{"method": "none"}], "passkey": {"lengths": [128]}}
+    with pytest.raises(RopeExtendError, match=r"unknown key 'passky'.*did you mean 'passkey'.*valid keys"):
+        parse_suite({**base, "passky": {"lengths": [128]}})
+    with pytest.raises(RopeExtendError, match="passkey is missing 'lengths'"):
+        parse_suite({**base, "passkey": {}})
+    with pytest.raises(RopeExtendError, match=r"unknown key 'trails' in the suite: passkey.*'trials'"):
+        parse_suite({**base, "passkey": {"lengths": [128], "trails": 3}})
+    with pytest.raises(RopeExtendError, match=r"methods\[0\].*'factor'"):
+        parse_suite({**base, "methods": [{"method": "yarn", "factr": 2}]})
+    with pytest.raises(RopeExtendError, match="unknown method 'yarm'.*did you mean 'yarn'"):
+        parse_suite({**base, "methods": [{"method": "yarm", "factor": 2}]})
+    with pytest.raises(RopeExtendError, match="positive integer"):
+        parse_suite({**base, "passkey": {"lengths": [0]}})
+    with pytest.raises(RopeExtendError, match="no task"):
+        parse_suite({"model": "m", "methods": [{"method": "none"}]})
+    with pytest.raises(RopeExtendError, match="same label"):
+        parse_suite({**base, "methods": [{"method": "none"}, {"method": "none"}]})
+    suite = parse_suite(base, overrides=["passkey.trials=3", "passkey.depths=grid:3"])
+    assert suite.passkey.trials == 3 and suite.passkey.depths == [0, 0.5, 1]
+
+
+def test_cli_passkey_perplexity_and_errors(tiny_dir, data_file, tmp_path, capsys):
+    out = tmp_path / "pk"
+    args = ["eval", "passkey", "--model", str(tiny_dir), "--lengths", "128,160", "--trials", "2",
+            "--depths", "0,1", "--method", "yarn", "--factor", "2", "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {r["length"] for r in printed["summary"]["passkey"]} == {128, 160}
+    assert {p.name for p in out.iterdir()} >= {"records.jsonl", "results.json", "results.csv", "report.md",
+                                               "passkey.png", "passkey_heatmap_yarn_x2.png"}
+    records = json.loads((out / "results.json").read_text())["records"]
+    assert len(records) == 8 and {r["method"] for r in records} == {"yarn"}
+    before = (out / "records.jsonl").read_text()
+    assert main(args) == 2  # existing results and no --resume: refused, nothing lost
+    assert "already holds results" in capsys.readouterr().err and (out / "records.jsonl").read_text() == before
+    assert main(args + ["--resume"]) == 0 and (out / "records.jsonl").read_text() == before
+
+    assert main(["eval", "perplexity", "--model", str(tiny_dir), "--lengths", "64,128", "--data", str(data_file),
+                 "--stride", "32", "--out", str(tmp_path / "ppl"), "--no-progress"]) == 0
+    assert (tmp_path / "ppl" / "perplexity.png").is_file()
+    capsys.readouterr()
+    assert main(["eval", "passkey", "--model", str(tiny_dir), "--lengths", "128", "--method", "yarm",
+                 "--factor", "2", "--out", str(tmp_path / "x")]) == 2
+    assert "unknown method 'yarm'" in capsys.readouterr().err
+    assert main(["eval", "perplexity", "--model", str(tiny_dir), "--lengths", "100000", "--data", str(data_file),
+                 "--out", str(tmp_path / "y"), "--no-progress"]) == 2
+    assert "cannot be reached" in capsys.readouterr().err
+    assert main(["eval", "passkey", "--model", str(tiny_dir), "--lengths", "1.5", "--out", str(tmp_path / "z")]) == 2
+    assert "positive integer" in capsys.readouterr().err
+
+
+def test_cli_niah_and_compare(tiny_dir, data_file, tmp_path):
+    assert main(["eval", "niah", "--model", str(tiny_dir), "--lengths", "128,256", "--data", str(data_file),
+                 "--depths", "grid:3", "--out", str(tmp_path / "n"), "--no-progress"]) == 0
+    assert (tmp_path / "n" / "niah_heatmap_none.png").is_file()
+    suite = tmp_path / "s.yaml"
+    suite.write_text(yaml.safe_dump({"model": "x", "methods": [{"method": "none"}, {"method": "linear", "factor": 2}],
+                                     "perplexity": {"lengths": [64], "data": data_file.name}}))
+    (tmp_path / data_file.name).write_text(data_file.read_text())  # relative data path: beside the suite
+    assert main(["eval", "compare", str(suite), "--model", str(tiny_dir), "--out", str(tmp_path / "c"),
+                 "--no-progress"]) == 0
+    rows = json.loads((tmp_path / "c" / "results.json").read_text())["summary"]["perplexity"]
+    assert [r["label"] for r in rows] == ["none", "linear x2"]
+    assert rows[0]["perplexity"] != rows[1]["perplexity"]  # the scaling changed the model
+
+
+def test_cli_plot_spectrum(tmp_path, capsys):
+    out = tmp_path / "spectrum.png"
+    assert main(["plot", "spectrum", "--methods", "linear,yarn,longrope", "--factor", "4", "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["methods"] == ["linear", "yarn"] and printed["skipped"] == ["longrope"]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
