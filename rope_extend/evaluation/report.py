@@ -129,13 +129,20 @@ def plot_lines(rows: Sequence[dict], key: str, path: str | Path, *, title: str, 
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     lengths = sorted({r["length"] for r in rows})
-    for label in _labels(rows):
+    for k, label in enumerate(_labels(rows)):
         pts = sorted((r["length"], r[key]) for r in rows if r["label"] == label and r[key] is not None)
         ys = [100 * y for _, y in pts] if key == "accuracy" else [y for _, y in pts]
-        ax.plot([x for x, _ in pts], ys, marker="o", label=label)
+        # distinct markers and dashes: runs with equal numbers still show up as separate lines
+        ax.plot([x for x, _ in pts], ys, marker="osD^v<>p"[k % 8], linestyle=["-", "--", "-.", ":"][k % 4],
+                markersize=7 - min(k, 4), alpha=0.85, label=label)
     _length_axis(ax, lengths)
     if log_y:
+        from matplotlib.ticker import FuncFormatter, LogLocator
+
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_locator(LogLocator(subs=(2, 5)))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     if key == "accuracy":
         ax.set_ylim(-5, 105)
     ax.set_xlabel("context length (tokens)")
@@ -159,7 +166,7 @@ def plot_heatmap(rows: Sequence[dict], path: str | Path, *, title: str) -> Path:
     for i in range(len(depths)):
         for j in range(len(lengths)):
             if grid[i][j] == grid[i][j]:
-                ax.text(j, i, f"{100 * grid[i][j]:.0f}", ha="center", va="center", fontsize=8)
+                ax.text(j, i, f"{100 * grid[i][j]:.0f}%", ha="center", va="center", fontsize=8)
     ax.set_xticks(range(len(lengths)), [_length_name(n) for n in lengths])
     ax.set_yticks(range(len(depths)), [f"{100 * d:.0f}%" for d in depths])
     ax.set_xlabel("context length (tokens)")

@@ -1,0 +1,65 @@
+import json
+
+import pytest
+
+from rope_extend.evaluation.report import markdown, summarize, write_report
+from rope_extend.evaluation.spectrum import spectrum
+
+
+def synthetic_records():
+    """Passkey trials and perplexity documents of two runs with known numbers."""
+    recs = []
+    acc = {"none": {1024: 1.0, 2048: 0.5, 4096: 0.0}, "yarn-4": {1024: 1.0, 2048: 1.0, 4096: 0.75}}
+    for label, table in acc.items():
+        for length, a in table.items():
+            for depth in (0.0, 0.5, 1.0):
+                for trial in range(4):
+                    recs.append({"task": "passkey", "label": label, "method": label.split("-")[0], "length": length,
+                                 "depth": depth, "depth_grid": depth, "trial": trial, "correct": trial < 4 * a})
+    for label, ppls in {"none": [8.0, 60.0, 900.0], "yarn-4": [8.2, 7.5, 7.1]}.items():
+        for length, ppl in zip((1024, 2048, 4096), ppls):
+            for doc, tokens in ((0, 100), (1, 300)):
+                import math
+
+                recs.append({"task": "perplexity", "label": label, "method": "x", "length": length, "doc": doc,
+                             "tokens": tokens, "nll": tokens * math.log(ppl), "params": {"a": 1}})
+    return recs
+
+
+def test_summary_and_markdown_numbers():
+    summary = summarize(synthetic_records())
+    pk = {(r["label"], r["length"]): r["accuracy"] for r in summary["passkey"]}
+    assert pk == {("none", 1024): 1.0, ("none", 2048): 0.5, ("none", 4096): 0.0,
+                  ("yarn-4", 1024): 1.0, ("yarn-4", 2048): 1.0, ("yarn-4", 4096): 0.75}
+    ppl = {(r["label"], r["length"]): r["perplexity"] for r in summary["perplexity"]}
+    assert ppl[("none", 2048)] == pytest.approx(60.0) and ppl[("yarn-4", 4096)] == pytest.approx(7.1)
+    assert len(summary["passkey_depth"]) == 18
+    md = markdown(summary, "T")
+    assert "| length | none | yarn-4 |" in md
+    assert "| 2k | 50% | 100% |" in md and "| 4k | 900.000 | 7.100 |" in md
+    assert "| context (>= 80%) | 1k | 2k |" in md
+
+
+def test_write_report_files(tmp_path):
+    records = synthetic_records()
+    files = write_report(tmp_path, records, title="synthetic")
+    assert set(files) == {"json", "csv", "markdown", "passkey_plot", "perplexity_plot",
+                          "passkey_heatmap_none", "passkey_heatmap_yarn-4"}
+    for name, path in files.items():
+        assert path.is_file() and path.stat().st_size > 0
+        if path.suffix == ".png":
+            assert path.read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((tmp_path / "results.json").read_text())["records"] == records
+    assert len((tmp_path / "results.csv").read_text().splitlines()) == len(records) + 1
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporaries left
+
+
+def test_spectrum_ratios():
+    curves, skipped = spectrum(["linear", "ntk", "yarn", "longrope"], factor=4, head_dim=128, base=10000,
+                               original_length=4096)
+    assert set(skipped) == {"longrope"}
+    assert curves["linear"]["ratio"] == pytest.approx([0.25] * 64)
+    assert curves["ntk"]["ratio"][0] == pytest.approx(1.0) and curves["ntk"]["ratio"][-1] == pytest.approx(0.25, rel=1e-4)
+    yarn = curves["yarn"]["ratio"]  # the YaRN ramp for head_dim 128, L 4096: low=20, high=46
+    assert yarn[:21] == pytest.approx([1.0] * 21) and yarn[46:] == pytest.approx([0.25] * 18)
+    assert curves["yarn"]["attention_scale"] == pytest.approx(1.1386, abs=1e-4)
