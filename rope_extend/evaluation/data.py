@@ -150,9 +150,13 @@ def load_texts(source: str | os.PathLike | Sequence[str], *, text_field: str = "
 
 
 def default_texts() -> list[str]:
-    """The project's bundled corpus (``rope_extend/data/corpus/*.txt``) when it exists; else an error."""
-    folder = Path(__file__).resolve().parent.parent / "data" / "corpus"
-    if folder.is_dir() and any(folder.glob("*.txt")):
-        return load_texts(folder)
+    """The project's bundled held-out corpus (``rope_extend.bundled.eval_texts()``) when installed; else an error."""
+    try:
+        from .. import bundled
+
+        if bundled.EVAL_CORPUS.is_file():
+            return bundled.eval_texts()
+    except ImportError:
+        pass
     raise RopeExtendError("no texts given and no bundled corpus is installed: pass --data (a .txt file, a folder "
                           "of .txt files, a .jsonl or .parquet file, or a hub dataset name when online)")

@@ -56,3 +56,15 @@ def test_missing_or_offline_sources(tmp_path, monkeypatch):
     empty.mkdir()
     with pytest.raises(RopeExtendError, match="without .txt files"):
         load_texts(empty)
+
+
+def test_default_texts_come_from_the_bundled_corpus():
+    from rope_extend import bundled
+    from rope_extend.evaluation.data import default_texts
+
+    if not bundled.EVAL_CORPUS.is_file():
+        with pytest.raises(RopeExtendError, match="pass --data"):
+            default_texts()
+    else:
+        texts = default_texts()
+        assert texts == bundled.eval_texts() and all(len(t) > 1000 for t in texts)
