@@ -46,7 +46,8 @@ class ModelArgs:
 
 @dataclass
 class RopeArgs:
-    """The scaling, as ``rope_extend.patch(model, method, factor, target_length, ...)`` takes it."""
+    """The scaling, as ``rope_extend.patch(model, method, factor, target_length, ...)`` takes it.
+    ``method: none`` trains with the model's rope as it is (pretraining), with no factor."""
 
     method: str = "yarn"
     factor: float | None = None
@@ -71,6 +72,9 @@ class DataArgs:
     #  "mask": positions restart at each document and transformers confines attention to each document
     #          (varlen on flash_attention_2; an L x L block mask on sdpa, so use it for short windows).
     document_boundaries: str = "eos"
+    # false: no packing; each document is its own sequence, cut to max_seq_length and padded (padding is
+    # masked out of attention and loss). For short self-contained examples (TRL's SFTConfig.packing).
+    packing: bool = True
     max_documents: int | None = None  # read at most this many documents (quick runs)
 
 
@@ -142,7 +146,11 @@ class TrainArgs:
         if m.dtype not in ("float32", "bfloat16", "float16"):
             bad("model.dtype", m.dtype, "float32, bfloat16 or float16")
         r = self.rope
-        if (r.factor is None) == (r.target_length is None):
+        if r.method == "none":
+            if r.factor is not None or r.target_length is not None or r.params:
+                bad("rope", {"factor": r.factor, "target_length": r.target_length, "params": r.params},
+                    "no factor, target_length or params with rope.method none (the rope is left as it is)")
+        elif (r.factor is None) == (r.target_length is None):
             bad("rope", {"factor": r.factor, "target_length": r.target_length},
                 "exactly one of rope.factor or rope.target_length")
         if r.factor is not None and r.factor < 1:
@@ -156,6 +164,10 @@ class TrainArgs:
             bad("data.max_seq_length", d.max_seq_length, "at least 2 tokens")
         if d.document_boundaries not in ("eos", "mask"):
             bad("data.document_boundaries", d.document_boundaries, "eos or mask")
+        if self.pose.enabled and not d.packing:
+            bad("data.packing", d.packing, "true with PoSE (PoSE stretches the positions of full windows)")
+        if self.pose.enabled and r.method == "none":
+            bad("rope.method", r.method, "a scaling method with PoSE (PoSE trains for a longer target)")
         if self.pose.enabled:
             if d.document_boundaries != "eos":
                 bad("data.document_boundaries", d.document_boundaries,

@@ -84,6 +84,7 @@ class Packed:
     input_ids: torch.Tensor  # [n, T] int64
     position_ids: torch.Tensor  # [n, T] int64
     restart: bool  # positions restart at documents (attention confined to them)
+    attention_mask: torch.Tensor | None = None  # [n, T]; 0 on padding (unpacked documents only)
 
 
 def pack(docs: list[list[int]], eos_token_id: int, max_seq_length: int, document_boundaries: str = "eos") -> Packed:
@@ -103,6 +104,20 @@ def pack(docs: list[list[int]], eos_token_id: int, max_seq_length: int, document
     else:
         positions = torch.arange(max_seq_length).expand(n, -1).clone()
     return Packed(ids, positions, restart)
+
+
+def pad_documents(docs: list[list[int]], eos_token_id: int, pad_token_id: int, max_seq_length: int) -> Packed:
+    """No packing: one document (plus EOS) per row, cut to ``max_seq_length`` and right-padded."""
+    rows = [(list(ids) + [eos_token_id])[:max_seq_length] for ids in docs if len(ids) > 0]
+    if not rows:
+        raise RecipeError("data: no non-empty documents to train on")
+    ids = torch.full((len(rows), max_seq_length), pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, : len(row)] = 1
+    positions = torch.arange(max_seq_length).expand(len(rows), -1).clone()
+    return Packed(ids, positions, restart=False, attention_mask=mask)
 
 
 def _restart_positions(ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
@@ -185,7 +200,12 @@ class Batches:
             # Do not predict a document's first token from the previous document's EOS.
             targets[:, :-1][pos[:, 1:] == 0] = -100
         batch = {"input_ids": ids, "position_ids": pos, "targets": targets}
-        if not self.packed.restart:
+        if self.packed.attention_mask is not None:  # unpacked documents: padding is neither seen nor scored
+            mask = self.packed.attention_mask[w]
+            targets[mask == 0] = -100
+            targets[:, :-1][mask[:, 1:] == 0] = -100
+            batch["attention_mask"] = mask
+        elif not self.packed.restart:
             batch["attention_mask"] = torch.ones_like(ids)
         return batch
 

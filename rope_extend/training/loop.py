@@ -28,7 +28,7 @@ import rope_extend
 
 from . import checkpoint as ckpt
 from .args import RecipeError, TrainArgs, to_dict
-from .data import Batches, pack, read_documents, tokenize
+from .data import Batches, pack, pad_documents, read_documents, tokenize
 from .loss import model_loss
 from .model import build_model
 from .report import write_loss_curve
@@ -80,8 +80,9 @@ def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> T
         texts = read_documents(args.data)
     model, tokenizer = build_model(args.model, texts, args.seed)
     r = args.rope
-    rope_extend.patch(model, r.method, factor=r.factor, target_length=r.target_length,
-                      original_max_position_embeddings=r.original_max_position_embeddings, **r.params)
+    if r.method != "none":
+        rope_extend.patch(model, r.method, factor=r.factor, target_length=r.target_length,
+                          original_max_position_embeddings=r.original_max_position_embeddings, **r.params)
     scaling = rope_extend.patched(model)
     target = model.config.get_text_config().max_position_embeddings
     if args.gradient_checkpointing:
@@ -114,7 +115,11 @@ def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> T
     P, B, G, T = accelerator.num_processes // cp, args.per_device_train_batch_size, \
         args.gradient_accumulation_steps, args.data.max_seq_length
     rank = accelerator.process_index // cp
-    packed = pack(tokenize(texts, tokenizer), tokenizer.eos_token_id, T, args.data.document_boundaries)
+    if args.data.packing:
+        packed = pack(tokenize(texts, tokenizer), tokenizer.eos_token_id, T, args.data.document_boundaries)
+    else:
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        packed = pad_documents(tokenize(texts, tokenizer), tokenizer.eos_token_id, pad_id, T)
     pose_target = (args.pose.target_length or target) if args.pose.enabled else None
     batches = Batches(packed, seed=args.seed, batch_size=B, accumulation=G, num_processes=P,
                       pose_target_length=pose_target, pose_chunks=args.pose.num_chunks)
@@ -138,7 +143,7 @@ def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> T
         step, history = state["step"], state["history"]
         accelerator.print(f"resumed from {resume_from} at step {step}")
     accelerator.print(
-        f"{scaling.describe()} (max_position_embeddings {target})"
+        f"{scaling.describe() if scaling else 'rope as is'} (max_position_embeddings {target})"
         f" | {packed.input_ids.shape[0]} windows of {T} tokens | {tokens_per_step} tokens/step | "
         f"{n_trainable / 1e6:.2f}M trainable parameters | {P} process(es)")
 

@@ -91,3 +91,15 @@ def test_output_dir_with_another_run_is_refused_unless_overwrite_or_resume(tmp_p
     assert resolve_output_dir(load_args(base, ["resume_from_checkpoint=true"])).name == "checkpoint-12"
     with pytest.raises(RecipeError, match="not both"):
         load_args(base, ["resume_from_checkpoint=true", "overwrite_output_dir=true"])
+
+
+def test_rope_method_none_takes_no_factor():
+    from rope_extend.training.args import RecipeError, TrainArgs
+
+    args = TrainArgs()
+    args.rope.method, args.rope.factor, args.data.path = "none", None, "x.txt"
+    args.model.name_or_path = "some/model"
+    args.validate()
+    args.rope.factor = 2.0
+    with pytest.raises(RecipeError, match="rope.method none"):
+        args.validate()

@@ -129,3 +129,17 @@ def test_pose_batches_are_deterministic_per_sequence_and_keep_an_attention_mask(
     assert batch["position_ids"].max() < 64 and batch["attention_mask"].all()
     jumped = [a.get(s, 0, 0)["position_ids"][0] for s in range(20)]
     assert sum(int(p.max()) > 7 for p in jumped) >= 15  # positions reach past the window (P(no skip) ~ 1/57)
+
+
+def test_unpacked_documents_are_padded_and_masked_out_of_the_loss():
+    from rope_extend.training.data import Batches, pad_documents
+
+    packed = pad_documents([[5, 6, 7], [8] * 10, []], eos_token_id=2, pad_token_id=0, max_seq_length=6)
+    assert packed.input_ids.tolist() == [[5, 6, 7, 2, 0, 0], [8] * 6]
+    assert packed.attention_mask.tolist() == [[1, 1, 1, 1, 0, 0], [1] * 6]
+    batch = Batches(packed, seed=0, batch_size=2, accumulation=1, num_processes=1).get(0, 0, 0)
+    rows = {tuple(r[:3]): (t, m) for r, t, m in zip(batch["input_ids"].tolist(), batch["targets"].tolist(),
+                                                      batch["attention_mask"].tolist())}
+    targets, mask = rows[(5, 6, 7)]
+    assert targets == [6, 7, 2, -100, -100, -100] and mask == [1, 1, 1, 1, 0, 0]
+    assert rows[(8, 8, 8)][0] == [8, 8, 8, 8, 8, -100]
