@@ -14,6 +14,21 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "float16": torch.float16, "fp16": torch.float16, "auto": "auto"}
 
 
+BUNDLED_NAMES = ("bundled", "rope-extend/bundled")
+
+
+def resolve_name(name_or_path: str) -> str:
+    """``"bundled"`` (or ``"rope-extend/bundled"``) names the bundled testbed model's folder; anything else
+    is a local path or hub name, unchanged."""
+    if str(name_or_path) in BUNDLED_NAMES:
+        from .bundled import MODEL_DIR, BundledModelMissing, available
+
+        if not available():
+            raise BundledModelMissing(f"the bundled model is not in {MODEL_DIR}")
+        return str(MODEL_DIR)
+    return name_or_path
+
+
 def parse_dtype(dtype: Any):
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
@@ -29,7 +44,7 @@ def load_model(name_or_path: str, *, dtype: Any = None, device: str | None = Non
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        name_or_path, dtype=parse_dtype(dtype) or torch.float32, trust_remote_code=trust_remote_code,
+        resolve_name(name_or_path), dtype=parse_dtype(dtype) or torch.float32, trust_remote_code=trust_remote_code,
         attn_implementation=attn_implementation, use_safetensors=True, **kwargs,
     )
     if device is not None:
@@ -40,7 +55,7 @@ def load_model(name_or_path: str, *, dtype: Any = None, device: str | None = Non
 def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False, **kwargs):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_name(name_or_path), trust_remote_code=trust_remote_code, **kwargs)
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

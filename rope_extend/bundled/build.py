@@ -25,13 +25,15 @@ def write_jsonl(path: Path, texts: list[str]) -> None:
                 fh.write(json.dumps({"text": text}) + "\n")
 
 
-def write_pretraining_data(out_dir: str | Path, *, seed: int = 0, documents: int = 40000,
-                           vocab_size: int = 1024) -> Path:
-    """``out_dir/train.jsonl`` (``documents`` mixed documents) and ``out_dir/tokenizer``."""
+def write_pretraining_data(out_dir: str | Path, *, seed: int = 0, documents: int = 60000,
+                           vocab_size: int = 1024, context: int = 256) -> Path:
+    """``out_dir/train.jsonl`` (``documents`` mixed documents sized for ``context``) and ``out_dir/tokenizer``
+    (trained on the first documents of the 256-token stream of seed 0, the bundled model's tokenizer)."""
     out_dir = Path(out_dir)
-    texts = training_documents(seed, documents)
+    texts = training_documents(seed, documents, context=context)
     write_jsonl(out_dir / "train.jsonl", texts)
-    tokenizer = train_tokenizer(texts[:TOKENIZER_DOCUMENTS], vocab_size)
+    reference = texts if (seed, context) == (0, 256) else training_documents(0, TOKENIZER_DOCUMENTS)
+    tokenizer = train_tokenizer(reference[:TOKENIZER_DOCUMENTS], vocab_size)
     with atomic_path(out_dir / "tokenizer") as tmp:
         tokenizer.save_pretrained(tmp)
     return out_dir

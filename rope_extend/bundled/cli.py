@@ -14,7 +14,19 @@ def _cmd(args: argparse.Namespace) -> int:
         return 0
     if args.out is None:
         raise SystemExit("rope-extend: bundled-data needs --out DIR")
-    print(write_pretraining_data(args.out, seed=args.seed, documents=args.documents, vocab_size=args.vocab_size))
+    print(write_pretraining_data(args.out, seed=args.seed, documents=args.documents, vocab_size=args.vocab_size,
+                                 context=args.context))
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from . import MODEL_DIR
+    from .export import export
+
+    commands = (args.commands or
+                "rope-extend bundled-data --out runs/bundled-data\n"
+                f"rope-extend train recipes/bundled-pretrain.yaml\nrope-extend bundled-export {args.run}")
+    print(export(args.run, args.out or MODEL_DIR, commands=commands.replace("\\n", "\n")))
     return 0
 
 
@@ -22,7 +34,14 @@ def register(sub) -> None:
     p = sub.add_parser("bundled-data", help="write the bundled model's pretraining data and tokenizer")
     p.add_argument("--out", help="folder for train.jsonl and tokenizer/ (or the corpus file with --eval-corpus)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--documents", type=int, default=40000)
+    p.add_argument("--documents", type=int, default=60000)
     p.add_argument("--vocab-size", type=int, default=1024)
+    p.add_argument("--context", type=int, default=256, help="window the documents are sized for")
     p.add_argument("--eval-corpus", action="store_true", help="rebuild the shipped held-out corpus instead")
     p.set_defaults(func=_cmd)
+
+    p = sub.add_parser("bundled-export", help="copy a finished pretraining run into the package as the bundled model")
+    p.add_argument("run", help="the run's output_dir (holding model/ and loss.csv)")
+    p.add_argument("--out", help="target folder (default: the package's bundled model folder)")
+    p.add_argument("--commands", help="the commands that made it, for the model card")
+    p.set_defaults(func=_cmd_export)

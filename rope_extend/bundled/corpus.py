@@ -143,10 +143,15 @@ def needle_example(rng: random.Random, words: int) -> str:
     return ". ".join(text) + f"\nWhat is the secret word of {town}? The secret word of {town} is {word}."
 
 
-def training_documents(seed: int, n: int, *, max_words: int = 400, passkey_share: float = 0.3,
-                       needle_share: float = 0.1, filler_range: tuple[int, int] = (3, 40)) -> list[str]:
-    """``n`` pretraining documents: chronicles, passkey examples and needle questions, mixed."""
+def training_documents(seed: int, n: int, *, context: int = 256, passkey_share: float = 0.3,
+                       needle_share: float = 0.1) -> list[str]:
+    """``n`` training documents for a ``context``-token window: chronicles of up to ``25/16`` words per
+    token of context (most fill the window; 400 words at 256), passkey examples that fit it (the
+    protocol's fixed parts take ~56 tokens, a filler sentence ~5: up to 40 sentences at 256) and needle
+    questions, mixed."""
     rng = random.Random(seed)
+    max_words = context * 25 // 16
+    filler_range = (3, max(4, (context - 56) // 5))
     docs = []
     for _ in range(n):
         kind = rng.random()
