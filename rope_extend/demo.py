@@ -1,0 +1,134 @@
+"""``rope-extend demo``: every piece of rope-extend on the bundled testbed model, offline.
+
+1. Zero-shot: the bundled model (trained at ``L`` = 256 tokens) under no scaling, linear, ntk, dynamic,
+   yarn and dynamic_yarn (factor 4), at 1x, 2x, 4x and 8x ``L``: passkey accuracy and perplexity on the
+   held-out corpus.
+2. Fine-tune with the tiny recipe (``recipes/bundled-yarn-4x.yaml``: YaRN, 4x) on freshly generated
+   documents sized for 4x ``L``.
+3. The fine-tuned model, evaluated the same way.
+4. One table on the terminal; a report folder with results.json/csv, report.md and the plots.
+
+Deterministic under ``--seed`` (data, trials and training). ``--quick`` runs a smaller version of each
+step in about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+METHODS = ["none", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn"]
+FACTOR = 4.0
+FINETUNED = "yarn x4 fine-tuned"
+
+
+@dataclass
+class Plan:
+    trials: int
+    ppl_docs: int
+    steps: int
+    documents: int
+
+    @staticmethod
+    def of(quick: bool) -> "Plan":
+        return Plan(trials=3, ppl_docs=2, steps=12, documents=150) if quick else \
+            Plan(trials=10, ppl_docs=8, steps=200, documents=3000)
+
+
+def evaluate(model, tokenizer, methods: list[str], lengths: list[int], plan: Plan, out: Path, *, seed: int,
+             labels: dict[str, str] | None = None) -> list[dict]:
+    """Passkey and perplexity of ``model`` under each method, records appended to ``out/records.jsonl``."""
+    from . import bundled
+    from .evaluation.compare import run_suite
+    from .evaluation.suite import MethodSpec, PasskeyTask, PerplexityTask, Suite
+
+    specs = [MethodSpec(method=m, factor=None if m == "none" else FACTOR, label=(labels or {}).get(m))
+             for m in methods]
+    suite = Suite(model="bundled", methods=specs, passkey=PasskeyTask(lengths=lengths, trials=plan.trials, seed=seed),
+                  perplexity=PerplexityTask(lengths=lengths, data=str(bundled.EVAL_CORPUS), max_docs=plan.ppl_docs))
+    return run_suite(suite, out=out, model=model, tokenizer=tokenizer)["records"]
+
+
+def finetune(out: Path, L: int, plan: Plan, seed: int):
+    """Run the tiny recipe on documents generated for 4x ``L``; returns the fine-tuned model folder."""
+    from .bundled.build import write_pretraining_data
+    from .training import load_args, train
+    from .training.cli import find_recipe
+
+    data = write_pretraining_data(out / "data-4x", seed=seed + 1, documents=plan.documents, context=int(FACTOR * L))
+    args = load_args(find_recipe("bundled-yarn-4x"), [
+        f"data.path={data / 'train.jsonl'}", f"output_dir={out / 'finetune'}", "overwrite_output_dir=true",
+        f"max_steps={plan.steps}", f"seed={seed}", f"save_steps={plan.steps}",
+        f"warmup_steps={max(1, plan.steps // 20)}"])
+    return train(args).final_dir
+
+
+def table(summary: dict, lengths: list[int]) -> str:
+    """Method x length: passkey accuracy and perplexity, one line per method."""
+    rows: dict[str, dict] = {}
+    for r in summary.get("passkey", []):
+        rows.setdefault(r["label"], {})[("passkey", r["length"])] = f"{100 * r['accuracy']:.0f}%"
+    for r in summary.get("perplexity", []):
+        rows.setdefault(r["label"], {})[("ppl", r["length"])] = f"{r['perplexity']:.2f}" if r["perplexity"] else "-"
+    head = ["method"] + [f"passkey {n}" for n in lengths] + [f"ppl {n}" for n in lengths]
+    lines = [head] + [[label] + [cells.get(("passkey", n), "-") for n in lengths] +
+                      [cells.get(("ppl", n), "-") for n in lengths] for label, cells in rows.items()]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    text = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+            for line in lines]
+    return "\n".join([text[0], "-" * len(text[0])] + text[1:])
+
+
+def run(out: Path, *, quick: bool, seed: int, overwrite: bool, finetune_too: bool = True) -> dict:
+    import torch
+
+    from . import bundled
+    from .evaluation.report import summarize, write_report
+
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise SystemExit(f"rope-extend: {out} is not empty; pass --overwrite to replace it, or choose --out")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    plan = Plan.of(quick)
+    start = time.perf_counter()
+    model, tokenizer = bundled.load()
+    L = bundled.trained_length()
+    lengths = [L, 2 * L, 4 * L, 8 * L]
+    print(f"[demo] bundled model trained at L={L}; lengths {lengths}; {plan.trials} passkey trials per length",
+          file=sys.stderr)
+    records = evaluate(model, tokenizer, METHODS, lengths, plan, out / "zero-shot", seed=seed)
+    if finetune_too:
+        tuned_dir = finetune(out, L, plan, seed)
+        from .loading import load_model, load_tokenizer
+
+        tuned, tuned_tok = load_model(str(tuned_dir)), load_tokenizer(str(tuned_dir))
+        records += evaluate(tuned, tuned_tok, ["none"], lengths, plan, out / "fine-tuned", seed=seed,
+                            labels={"none": FINETUNED})
+    summary = summarize(records)
+    notes = [f"bundled model trained at {L} tokens; static methods at factor {FACTOR:g}; dynamic ones follow "
+             "the length", f"passkey: {plan.trials} trials per length; perplexity: {plan.ppl_docs} held-out "
+             "documents, one truncated window each", f"`{FINETUNED}`: recipes/bundled-yarn-4x.yaml, "
+             f"{plan.steps} steps", f"seed {seed}; {'quick' if quick else 'full'} run"]
+    files = write_report(out, records, title="rope-extend demo: the bundled model", notes=notes,
+                         extra={"seed": seed, "quick": quick, "lengths": lengths})
+    text = table(summary, lengths)
+    print(text)
+    print(f"\n[demo] report: {files['markdown']} (plots beside it); {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    return {"summary": summary, "files": files, "table": text}
+
+
+def register(sub) -> None:
+    p = sub.add_parser("demo", help="zero-shot and fine-tuned comparison of the methods on the bundled model")
+    p.add_argument("--quick", action="store_true", help="a smaller run of every step (about a minute)")
+    p.add_argument("--out", default="runs/demo", help="report folder (default runs/demo)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--no-finetune", action="store_true", help="zero-shot evaluation only")
+    p.set_defaults(func=lambda a: run(Path(a.out), quick=a.quick, seed=a.seed, overwrite=a.overwrite,
+                                      finetune_too=not a.no_finetune) and 0)
