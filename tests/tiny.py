@@ -62,15 +62,7 @@ TOKENIZER_TEXT = [
 
 @functools.lru_cache(maxsize=1)
 def tiny_tokenizer():
-    """A byte-level BPE tokenizer (vocab 512) with digits split one per token, like Llama's."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """A byte-level BPE tokenizer (vocab 512, pad=0 bos=1 eos=2) with digits split one per token."""
+    from rope_extend.training.data import train_bpe_tokenizer
 
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=["<pad>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(TOKENIZER_TEXT * 4, trainer=trainer)
-    fast = T.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
-    return fast
+    return train_bpe_tokenizer(TOKENIZER_TEXT * 4, 512)

@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 
 from ..io import atomic_path
+from ..training.data import train_bpe_tokenizer
 from .corpus import evaluation_documents, training_documents
-from .tokenizer import train_tokenizer
 
 TOKENIZER_DOCUMENTS = 4000  # the tokenizer is trained on the first documents of the stream
 
@@ -33,7 +33,8 @@ def write_pretraining_data(out_dir: str | Path, *, seed: int = 0, documents: int
     texts = training_documents(seed, documents, context=context)
     write_jsonl(out_dir / "train.jsonl", texts)
     reference = texts if (seed, context) == (0, 256) else training_documents(0, TOKENIZER_DOCUMENTS)
-    tokenizer = train_tokenizer(reference[:TOKENIZER_DOCUMENTS], vocab_size)
+    # min_frequency 2: no merges for one-off strings (a passkey's digits are single tokens anyway)
+    tokenizer = train_bpe_tokenizer(reference[:TOKENIZER_DOCUMENTS], vocab_size, min_frequency=2)
     with atomic_path(out_dir / "tokenizer") as tmp:
         tokenizer.save_pretrained(tmp)
     return out_dir

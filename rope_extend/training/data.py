@@ -211,8 +211,10 @@ class Batches:
 
 
 # ------------------------------------------------------------------------------------------ tokenizer
-def train_bpe_tokenizer(texts: list[str], vocab_size: int):
-    """A byte-level BPE tokenizer (pad=0, bos=1, eos=2) trained on ``texts``: offline, for random models."""
+def train_bpe_tokenizer(texts: list[str], vocab_size: int, *, min_frequency: int = 0):
+    """A byte-level BPE tokenizer (pad=0, bos=1, eos=2) trained on ``texts``: offline, for random models and
+    the bundled one. Digits are split one per token (as Llama's are), so a number is spelled the same way
+    wherever it stands; byte-level, so any text encodes; no BOS is added (documents are joined by EOS)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -221,9 +223,11 @@ def train_bpe_tokenizer(texts: list[str], vocab_size: int):
         pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+                                  min_frequency=min_frequency)
     tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   model_max_length=1 << 20)
 
 
 def tokenize(texts: list[str], tokenizer) -> list[list[int]]:

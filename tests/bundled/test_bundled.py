@@ -1,0 +1,83 @@
+"""The bundled testbed: files and checksums, loading, the data generator, the pretraining recipe."""
+
+import json
+
+import pytest
+import torch
+
+from rope_extend import bundled
+from rope_extend.bundled.corpus import evaluation_documents, training_documents
+
+
+def test_files_match_the_model_card_checksums():
+    listed = bundled.card_checksums()
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(listed)
+    for name, digest in listed.items():
+        assert bundled.sha256(bundled.MODEL_DIR / name) == digest, name
+    total = sum(p.stat().st_size for p in bundled.MODEL_DIR.iterdir()) + bundled.EVAL_CORPUS.stat().st_size
+    assert total < 20 * 2**20
+
+
+def test_load_gives_the_model_at_its_trained_context():
+    model, tokenizer = bundled.load()
+    config = model.config
+    assert config.max_position_embeddings == bundled.trained_length() == 256
+    assert config.rope_parameters == {"rope_type": "default", "rope_theta": 300.0}
+    assert not model.training and model.model.rotary_emb.inv_freq.dtype == torch.float32
+    ids = tokenizer("The pass key is 4821.", return_tensors="pt").input_ids
+    assert tokenizer.convert_ids_to_tokens(ids[0, -5:-1].tolist()) == ["4", "8", "2", "1"]  # one digit per token
+    with torch.no_grad():
+        assert model(ids).logits.isfinite().all()
+
+
+def test_the_shipped_model_retrieves_inside_its_trained_context():
+    from rope_extend.evaluation import passkey
+
+    model, tokenizer = bundled.load()
+    result = passkey(model, tokenizer, [256], trials=6, seed=123, progress=False)
+    assert result.accuracy[256] >= 5 / 6  # the benchmark measures it properly (eval/benchmarks/testbed_quality.py)
+
+
+def test_generator_is_deterministic_under_a_seed():
+    assert training_documents(7, 50) == training_documents(7, 50)
+    assert training_documents(7, 50) != training_documents(8, 50)
+    assert evaluation_documents(5, 2, 300) == evaluation_documents(5, 2, 300)
+
+
+def test_shipped_eval_corpus_is_the_generators_and_long_enough():
+    shipped = bundled.eval_texts()
+    assert shipped == evaluation_documents()
+    _, tokenizer = bundled.load()
+    for text in shipped:
+        assert len(tokenizer(text).input_ids) >= 16 * bundled.trained_length()
+
+
+def test_passkey_training_examples_use_the_protocols_words_and_fit_the_window():
+    from rope_extend.evaluation.prompts import QUESTION, TASK
+
+    _, tokenizer = bundled.load()
+    docs = [d for d in training_documents(3, 300) if d.startswith(TASK)]
+    assert len(docs) > 50
+    for doc in docs:
+        question, answer = doc.rsplit(QUESTION, 1)
+        key = int(answer.strip().rstrip("."))
+        assert f"The pass key is {key}. Remember it. {key} is the pass key." in question
+        assert len(tokenizer(doc).input_ids) <= 256
+
+
+def test_pretraining_recipe_runs_from_scratch(tmp_path):
+    from rope_extend.bundled.build import write_pretraining_data
+    from rope_extend.training import load_args, train
+    from rope_extend.training.cli import find_recipe
+
+    data = write_pretraining_data(tmp_path / "data", documents=120)
+    assert json.loads((data / "train.jsonl").read_text().splitlines()[0])["text"]
+    args = load_args(find_recipe("bundled-pretrain"), [
+        f"data.path={data / 'train.jsonl'}", f"model.tokenizer={data / 'tokenizer'}", f"output_dir={tmp_path / 'run'}",
+        "max_steps=6", "per_device_train_batch_size=4", "warmup_steps=1", "save_steps=6", "logging_steps=1",
+        "learning_rate=3e-3"])
+    result = train(args)
+    losses = [row["loss"] for row in result.history]
+    assert len(losses) == 6 and losses[-1] < losses[0]
+    saved = json.loads((result.final_dir / "config.json").read_text())
+    assert saved["rope_parameters"]["rope_type"] == "default" and saved["max_position_embeddings"] == 256
