@@ -26,13 +26,13 @@ def write_jsonl(path: Path, texts: list[str]) -> None:
 
 
 def write_pretraining_data(out_dir: str | Path, *, seed: int = 0, documents: int = 60000,
-                           vocab_size: int = 1024, context: int = 256) -> Path:
+                           vocab_size: int = 1024, context: int = 256, **shares: float) -> Path:
     """``out_dir/train.jsonl`` (``documents`` mixed documents sized for ``context``) and ``out_dir/tokenizer``
     (trained on the first documents of the 256-token stream of seed 0, the bundled model's tokenizer)."""
     out_dir = Path(out_dir)
-    texts = training_documents(seed, documents, context=context)
+    texts = training_documents(seed, documents, context=context, **shares)
     write_jsonl(out_dir / "train.jsonl", texts)
-    reference = texts if (seed, context) == (0, 256) else training_documents(0, TOKENIZER_DOCUMENTS)
+    reference = texts if (seed, context, shares) == (0, 256, {}) else training_documents(0, TOKENIZER_DOCUMENTS)
     # min_frequency 2: no merges for one-off strings (a passkey's digits are single tokens anyway)
     tokenizer = train_bpe_tokenizer(reference[:TOKENIZER_DOCUMENTS], vocab_size, min_frequency=2)
     with atomic_path(out_dir / "tokenizer") as tmp:

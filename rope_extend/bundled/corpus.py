@@ -12,6 +12,7 @@ Three kinds of document, all made here from word lists and templates:
   retrieve inside its trained context.
 - **Needle questions**: a chronicle with one odd sentence ("The secret word of Oakridge is lantern.")
   and a question about it at the end.
+- **Copy drills**: a list of distinct words, then the list again, to bootstrap induction heads.
 
 ``training_documents(seed, n)`` mixes them for pretraining; ``evaluation_documents(seed, n, words)``
 makes long held-out chronicles (a different seed stream). Same seed, same text, on any machine:
@@ -143,12 +144,24 @@ def needle_example(rng: random.Random, words: int) -> str:
     return ". ".join(text) + f"\nWhat is the secret word of {town}? The secret word of {town} is {word}."
 
 
+VOCABULARY = sorted(set(FIRST + LAST + TOWNS + JOBS + COLOURS + THINGS + PLACES + DAYS + WEATHER + WORDS))
+
+
+def copy_drill(rng: random.Random, items: int) -> str:
+    """A list of distinct words, then the same list again: the plainest long-range copying. It teaches a
+    small model induction (find where the current token stood before and copy what followed) far faster
+    than passkeys do, whose digits repeat: with repeated tokens a one-token look-back is ambiguous."""
+    words = rng.sample(VOCABULARY, min(items, len(VOCABULARY)))
+    return f"Read this list: {' '.join(words)}. Now the list again: {' '.join(words)}."
+
+
 def training_documents(seed: int, n: int, *, context: int = 256, passkey_share: float = 0.3,
-                       needle_share: float = 0.1) -> list[str]:
-    """``n`` training documents for a ``context``-token window: chronicles of up to ``25/16`` words per
-    token of context (most fill the window; 400 words at 256), passkey examples that fit it (the
-    protocol's fixed parts take ~56 tokens, a filler sentence ~5: up to 40 sentences at 256) and needle
-    questions, mixed."""
+                       needle_share: float = 0.1, drill_share: float = 0.3) -> list[str]:
+    """``n`` training documents for a ``context``-token window, mixed: passkey examples that fit it (the
+    protocol's fixed parts take ~56 tokens, a filler sentence ~5: up to 40 sentences at 256), needle
+    questions, copy drills (without them a model this small took over 3600 steps and never learned to
+    copy: passkey digits repeat, so they teach induction poorly), and chronicles of up to ``25/16``
+    words per token of context (most fill the window; 400 words at 256)."""
     rng = random.Random(seed)
     max_words = context * 25 // 16
     filler_range = (3, max(4, (context - 56) // 5))
@@ -159,6 +172,8 @@ def training_documents(seed: int, n: int, *, context: int = 256, passkey_share: 
             docs.append(passkey_example(rng, rng.randint(*filler_range)))
         elif kind < passkey_share + needle_share:
             docs.append(needle_example(rng, rng.randint(40, max_words // 2)))
+        elif kind < passkey_share + needle_share + drill_share:
+            docs.append(copy_drill(rng, rng.randint(5, min(len(VOCABULARY), context // 4))))
         else:
             docs.append(chronicle(rng, rng.randint(60, max_words)))
     return docs

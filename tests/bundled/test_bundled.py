@@ -8,7 +8,10 @@ import torch
 from rope_extend import bundled
 from rope_extend.bundled.corpus import evaluation_documents, training_documents
 
+needs_model = pytest.mark.skipif(not bundled.available(), reason="the bundled model is not built into this checkout")
 
+
+@needs_model
 def test_files_match_the_model_card_checksums():
     listed = bundled.card_checksums()
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(listed)
@@ -18,6 +21,7 @@ def test_files_match_the_model_card_checksums():
     assert total < 20 * 2**20
 
 
+@needs_model
 def test_load_gives_the_model_at_its_trained_context():
     model, tokenizer = bundled.load()
     config = model.config
@@ -30,6 +34,7 @@ def test_load_gives_the_model_at_its_trained_context():
         assert model(ids).logits.isfinite().all()
 
 
+@needs_model
 def test_the_shipped_model_retrieves_inside_its_trained_context():
     from rope_extend.evaluation import passkey
 
@@ -44,6 +49,7 @@ def test_generator_is_deterministic_under_a_seed():
     assert evaluation_documents(5, 2, 300) == evaluation_documents(5, 2, 300)
 
 
+@needs_model
 def test_shipped_eval_corpus_is_the_generators_and_long_enough():
     shipped = bundled.eval_texts()
     assert shipped == evaluation_documents()
@@ -52,6 +58,7 @@ def test_shipped_eval_corpus_is_the_generators_and_long_enough():
         assert len(tokenizer(text).input_ids) >= 16 * bundled.trained_length()
 
 
+@needs_model
 def test_passkey_training_examples_use_the_protocols_words_and_fit_the_window():
     from rope_extend.evaluation.prompts import QUESTION, TASK
 
