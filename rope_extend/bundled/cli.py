@@ -23,12 +23,10 @@ def _cmd(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from . import MODEL_DIR
-    from .export import export
+    from .export import COMMANDS, export
 
-    commands = (args.commands or
-                "rope-extend bundled-data --out runs/bundled-data\n"
-                f"rope-extend train recipes/bundled-pretrain.yaml\nrope-extend bundled-export {args.run}")
-    print(export(args.run, args.out or MODEL_DIR, commands=commands.replace("\\n", "\n")))
+    commands = args.commands.replace("\\n", "\n") if args.commands else COMMANDS
+    print(export(args.run, args.out or MODEL_DIR, commands=commands))
     return 0
 
 
