@@ -132,16 +132,15 @@ class RotaryRuntime:
             return _raw_forward(type(self.module))(self.module, x, position_ids, *args, **kwargs)
 
     def _update(self, layer_type, entry: _Entry, position_ids: torch.Tensor, device) -> None:
-        buffer = self.module._buffers.get(_buffer_name(layer_type))
+        stale = _stale(self.module._buffers.get(_buffer_name(layer_type)))
         if not entry.scaling.method.dynamic:
-            if buffer is None or buffer.dtype != torch.float32 or buffer.device.type == "meta":
+            if stale:
                 set_frequencies(self.module, layer_type, entry.static[0], device)
             return
         # One host sync for both ends; positions starting at 0 mean a new sequence.
         low, high = torch.stack([position_ids.min(), position_ids.max()]).tolist()
         length = int(high) + 1
         seen = length if low == 0 or entry.seen is None else max(entry.seen, length)
-        stale = buffer is None or buffer.dtype != torch.float32 or buffer.device.type == "meta"
         if seen != entry.seen or stale:
             freqs, scale = entry.scaling.compute(entry.dim, entry.base, seen)
             set_frequencies(self.module, layer_type, freqs, device)
@@ -181,10 +180,15 @@ def _install(module: nn.Module, entries: dict[str | None, _Entry]) -> None:
     module._apply = runtime.apply
 
 
+def _stale(buffer: torch.Tensor | None) -> bool:
+    """A frequency buffer that must be rewritten: missing, cast away from float32, or still on meta."""
+    return buffer is None or buffer.dtype != torch.float32 or buffer.device.type == "meta"
+
+
 def _keep_float32(module: nn.Module, layer_type: str | None, entry: _Entry) -> None:
     buffer = module._buffers.get(_buffer_name(layer_type))
     if buffer is None or buffer.dtype == torch.float32 or buffer.device.type == "meta":
-        return
+        return  # nothing cast; a missing or meta buffer is filled at the first forward
     if entry.static is not None:
         freqs = entry.static[0]
     else:  # recompute at the length in use rather than upcast rounded values
