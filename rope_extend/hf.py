@@ -278,3 +278,57 @@ def own_rope_type(rope_type: Any) -> bool:
     method = M.by_rope_type(rope_type) if isinstance(rope_type, str) else None
     return method is not None and not method.in_transformers
 
+
+
+# ------------------------------------------------------------------------------------ sliding windows
+SLIDING_WINDOW_MODES = ("auto", "full", "keep")
+
+
+def sliding_window(config) -> int | None:
+    """The attention window of a model's sliding-window layers, or None when every layer attends fully
+    (Qwen2's ``use_sliding_window: false`` counts as none)."""
+    config = text_config(config)
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return None
+    if getattr(config, "use_sliding_window", True) is False:
+        return None
+    types = getattr(config, "layer_types", None)
+    if types is not None and not any(t in LOCAL_LAYER_TYPES for t in types):
+        return None
+    return window
+
+
+def widen_sliding_window(model, length: int, mode: str = "auto") -> list[tuple[Any, str, Any]]:
+    """Make sliding-window attention see ``length`` tokens, for measuring long context (evaluation.md:
+    "disable a model's sliding-window attention"). Returns what to give to ``restore_attributes``.
+
+    ``mode``: ``"full"`` widens every sliding window; ``"keep"`` leaves the model alone; ``"auto"`` widens a
+    window that every layer uses (Mistral, Phi-3: there the window saves memory and the long-context
+    versions of these models drop it) and keeps windows interleaved with full-attention layers (Gemma 2
+    and 3: local layers by design, which keep their own rotary and were never meant to see further).
+    """
+    if mode not in SLIDING_WINDOW_MODES:
+        raise RopeExtendError(f"sliding_window must be one of {', '.join(SLIDING_WINDOW_MODES)}; got {mode!r}")
+    config = text_config(model.config)
+    window = sliding_window(config)
+    if mode == "keep" or window is None or window >= length:
+        return []
+    types = list(getattr(config, "layer_types", None) or ())
+    if mode == "auto" and types and not all(t in LOCAL_LAYER_TYPES for t in types):
+        logger.info("keeping the %d-token sliding window of the interleaved local layers", window)
+        return []
+    saved = [(config, "sliding_window", window)]
+    for module in model.modules():  # attention modules that copied the window at construction
+        value = getattr(module, "sliding_window", None)
+        if module is not config and isinstance(value, int) and not isinstance(value, bool):
+            saved.append((module, "sliding_window", value))
+    for obj, name, _ in saved:
+        setattr(obj, name, length)
+    logger.info("sliding-window attention (%d tokens) widened to %d tokens for this evaluation", window, length)
+    return saved
+
+
+def restore_attributes(saved: list[tuple[Any, str, Any]]) -> None:
+    for obj, name, value in reversed(saved):
+        setattr(obj, name, value)

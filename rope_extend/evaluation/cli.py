@@ -95,7 +95,8 @@ def _cmd_perplexity(args) -> int:
 
     model, tokenizer, records, texts = _prepare(args)
     result = perplexity(model, tokenizer, texts, args.lengths, stride=args.stride, chunk_size=args.chunk_size,
-                        records=records, resume=True, progress=args.progress, run=_run(args))
+                        records=records, resume=True, progress=args.progress, run=_run(args),
+                        sliding_window=args.sliding_window)
     return _finish(args, result.records, f"Perplexity: {args.model}")
 
 
@@ -156,6 +157,9 @@ def register(subparsers) -> None:
     _common(p, data=True)
     p.add_argument("--stride", type=int, help="sliding-window step (default: one truncated window per document)")
     p.add_argument("--chunk-size", type=int, help="positions per LM-head chunk (default: 16M logits / vocab)")
+    p.add_argument("--sliding-window", choices=("auto", "full", "keep"), default="auto",
+                   help="auto: widen a window every layer uses (Mistral, Phi-3), keep interleaved local layers "
+                        "(Gemma 2/3); full: widen all; keep: none")
     p.set_defaults(func=_cmd_perplexity)
 
     p = sub.add_parser("compare", help="run a YAML suite: one model under several methods, one report")

@@ -76,7 +76,7 @@ def run_suite(suite: Suite, *, out: str | Path | None = None, resume: bool = Fal
             if suite.perplexity:
                 t = suite.perplexity
                 records += perplexity(model, tokenizer, texts["perplexity"], t.lengths, stride=t.stride,
-                                      chunk_size=t.chunk_size, run=run, **common).records
+                                      chunk_size=t.chunk_size, sliding_window=t.sliding_window, run=run, **common).records
     finally:
         if rope_extend.patched(model) is not None:
             rope_extend.unpatch(model)

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
+from .. import hf
 from ..errors import RopeExtendError
 from .data import parse_lengths
 from .records import RecordLog, run_info, setting_id
@@ -135,14 +136,20 @@ class PerplexityResult:
 def perplexity(model, tokenizer, texts: Sequence[str] | Iterable[str], lengths: str | Iterable[Any], *,
                stride: int | None = None, max_docs: int | None = None, chunk_size: int | None = None,
                records: str | os.PathLike | None = None, resume: bool = False, progress: bool = True,
-               run: dict[str, Any] | None = None) -> PerplexityResult:
+               run: dict[str, Any] | None = None, sliding_window: str = "auto") -> PerplexityResult:
     """Perplexity of ``model`` on ``texts`` at each of ``lengths`` (see the module docstring for the protocol).
 
     Documents are tokenized with the tokenizer's special tokens (a BOS where it adds one). A document shorter
     than a length is left out at that length (counted in ``.skipped``); a length no document reaches is an error.
-    """
-    from tqdm.auto import tqdm
 
+    ``sliding_window``: ``"auto"`` (default) widens a sliding window that every layer uses (Mistral, Phi-3) to
+    the longest length for the evaluation, so long context is really measured, and keeps windows that
+    alternate with full-attention layers (Gemma 2 and 3); ``"full"`` widens every window; ``"keep"`` none.
+    The model is restored afterwards.
+    """
+    if sliding_window not in hf.SLIDING_WINDOW_MODES:
+        raise RopeExtendError(f"sliding_window must be one of {', '.join(hf.SLIDING_WINDOW_MODES)}; "
+                              f"got {sliding_window!r}")
     lengths = parse_lengths(lengths)
     if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int) or stride < 1):
         raise RopeExtendError(f"stride must be a positive integer or None (one window per document), got {stride!r}")
@@ -168,8 +175,22 @@ def perplexity(model, tokenizer, texts: Sequence[str] | Iterable[str], lengths: 
         logging.getLogger("rope_extend").warning(
             "the model uses eager attention (L x L scores in memory); load it with attn_implementation='sdpa'")
 
+    widened = hf.widen_sliding_window(model, max(lengths), sliding_window)
+    try:
+        return _measure(model, parts, docs, lengths, stride=stride, chunk_size=chunk_size, records=records,
+                        resume=resume, progress=progress, run=run, widened=bool(widened))
+    finally:
+        hf.restore_attributes(widened)
+
+
+def _measure(model, parts: LMParts, docs: list[list[int]], lengths: list[int], *, stride, chunk_size, records,
+             resume, progress, run, widened: bool) -> PerplexityResult:
+    from tqdm.auto import tqdm
+
     info = run_info(model, run)
     setting = {**info, "task": "perplexity", "stride": stride, "docs": len(docs)}
+    if widened:
+        setting["sliding_window"] = "widened"  # a different measurement: records must not be mixed
     sid = setting_id(setting)
     log = RecordLog(records, resume=resume)
     device = next(model.parameters()).device

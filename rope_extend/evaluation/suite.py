@@ -85,6 +85,7 @@ class PerplexityTask:
     max_docs: int | None = None
     stride: int | None = None  # None: one truncated window per document
     chunk_size: int | None = None
+    sliding_window: str = "auto"  # auto | full | keep (see rope_extend.evaluation.perplexity)
 
 
 @dataclass

@@ -130,3 +130,33 @@ def test_head_never_sees_more_than_a_chunk(llama, tok, texts, monkeypatch):
     monkeypatch.setattr(module, "lm_parts", lambda m: type(parts)(parts.decoder, spy, parts.vocab_size))
     perplexity(llama, tok, texts, [200], chunk_size=32, progress=False)
     assert max(seen[1:]) == 32 and sum(seen[1:]) == 3 * 199  # seen[0]: the 16-token head check
+
+
+def _windows(model):
+    return [model.config.sliding_window] + [m.sliding_window for m in model.modules()
+                                            if isinstance(getattr(m, "sliding_window", None), int)]
+
+
+def test_a_window_every_layer_uses_is_widened(tok, texts):
+    """Mistral-style windows are a memory saving: by default the evaluation widens them (evaluation.md),
+    so perplexity equals that of the same weights without a window, and the model is restored."""
+    windowed, plain = tiny_model("mistral", sliding_window=8), tiny_model("mistral")
+    before = _windows(windowed)
+    auto = perplexity(windowed, tok, texts, [48], progress=False).perplexity[48]
+    reference = perplexity(plain, tok, texts, [48], progress=False).perplexity[48]
+    kept = perplexity(windowed, tok, texts, [48], sliding_window="keep", progress=False).perplexity[48]
+    assert auto == pytest.approx(reference, rel=1e-6)
+    assert abs(kept - reference) > 1e-3 * reference  # the window really changes the measurement
+    assert _windows(windowed) == before == [8]
+
+
+def test_interleaved_local_layers_are_kept_unless_full(tok, texts):
+    gemma2 = tiny_model("gemma2", sliding_window=8)
+    before = _windows(gemma2)
+    ppl = {mode: perplexity(gemma2, tok, texts, [48], sliding_window=mode, progress=False).perplexity[48]
+           for mode in ("auto", "keep", "full")}
+    assert ppl["auto"] == ppl["keep"]
+    assert abs(ppl["full"] - ppl["keep"]) > 1e-3 * ppl["keep"]
+    assert _windows(gemma2) == before
+    with pytest.raises(RopeExtendError, match="sliding_window must be one of auto, full, keep"):
+        perplexity(gemma2, tok, texts, [48], sliding_window="off", progress=False)
