@@ -109,3 +109,26 @@ def test_pretraining_recipe_runs_from_scratch(tmp_path):
     assert len(losses) == 6 and losses[-1] < losses[0]
     saved = json.loads((result.final_dir / "config.json").read_text())
     assert saved["rope_parameters"]["rope_type"] == "default" and saved["max_position_embeddings"] == 256
+
+
+@needs_model
+def test_induction_probe_measures_the_shipped_model(tmp_path):
+    """The diagnostic the model card cites runs and gives numbers in range (a smoke test of the script)."""
+    import importlib.util
+    import types
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "eval" / "benchmarks" / "induction_probe.py"
+    spec = importlib.util.spec_from_file_location("induction_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    args = types.SimpleNamespace(sequences=2, length=20, trials=4, seed=0)
+    result = probe.probe("bundled", args)
+    assert len(result["heads"]) == 4 and all(len(h["induction"]) == 4 for h in result["heads"])
+    assert 0 <= result["max_induction"] <= 1 and 0 <= result["max_prev_token"] <= 1
+    assert result["loss_first_copy"] > 1  # random words are surprising
+    assert len(result["passkey_digit_accuracy"]) == 5
+    assert all(0 <= a <= 1 for a in result["passkey_digit_accuracy"])
+    run = probe.formation(types.SimpleNamespace(seed=0, lr=1e-3, batch=2, seq=40, vocab=50, train_steps=2,
+                                                log_every=1))
+    assert [row["step"] for row in run["log"]] == [1, 2] and run["formed_at"] is None
