@@ -16,6 +16,7 @@ second ``configure`` on the same config reads the same ``L`` and never compounds
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from typing import Any
@@ -299,36 +300,43 @@ def sliding_window(config) -> int | None:
     return window
 
 
-def widen_sliding_window(model, length: int, mode: str = "auto") -> list[tuple[Any, str, Any]]:
-    """Make sliding-window attention see ``length`` tokens, for measuring long context (evaluation.md:
-    "disable a model's sliding-window attention"). Returns what to give to ``restore_attributes``.
+def check_sliding_window_mode(mode: Any, where: str = "sliding_window") -> str:
+    if mode not in SLIDING_WINDOW_MODES:
+        raise RopeExtendError(f"{where} must be one of {', '.join(SLIDING_WINDOW_MODES)}; got {mode!r}")
+    return mode
+
+
+@contextlib.contextmanager
+def sliding_window_widened(model, length: int, mode: str = "auto"):
+    """Inside the block, sliding-window attention sees ``length`` tokens, for measuring long context
+    (evaluation.md: "disable a model's sliding-window attention"); yields whether anything was widened and
+    puts every window back on leaving.
 
     ``mode``: ``"full"`` widens every sliding window; ``"keep"`` leaves the model alone; ``"auto"`` widens a
     window that every layer uses (Mistral, Phi-3: there the window saves memory and the long-context
     versions of these models drop it) and keeps windows interleaved with full-attention layers (Gemma 2
     and 3: local layers by design, which keep their own rotary and were never meant to see further).
     """
-    if mode not in SLIDING_WINDOW_MODES:
-        raise RopeExtendError(f"sliding_window must be one of {', '.join(SLIDING_WINDOW_MODES)}; got {mode!r}")
+    check_sliding_window_mode(mode)
     config = text_config(model.config)
     window = sliding_window(config)
-    if mode == "keep" or window is None or window >= length:
-        return []
+    saved: list[tuple[Any, int]] = []
     types = list(getattr(config, "layer_types", None) or ())
-    if mode == "auto" and types and not all(t in LOCAL_LAYER_TYPES for t in types):
+    if mode == "keep" or window is None or window >= length:
+        pass
+    elif mode == "auto" and types and not all(t in LOCAL_LAYER_TYPES for t in types):
         logger.info("keeping the %d-token sliding window of the interleaved local layers", window)
-        return []
-    saved = [(config, "sliding_window", window)]
-    for module in model.modules():  # attention modules that copied the window at construction
-        value = getattr(module, "sliding_window", None)
-        if module is not config and isinstance(value, int) and not isinstance(value, bool):
-            saved.append((module, "sliding_window", value))
-    for obj, name, _ in saved:
-        setattr(obj, name, length)
-    logger.info("sliding-window attention (%d tokens) widened to %d tokens for this evaluation", window, length)
-    return saved
-
-
-def restore_attributes(saved: list[tuple[Any, str, Any]]) -> None:
-    for obj, name, value in reversed(saved):
-        setattr(obj, name, value)
+    else:
+        saved.append((config, window))
+        for module in model.modules():  # attention modules that copied the window at construction
+            value = getattr(module, "sliding_window", None)
+            if isinstance(value, int) and not isinstance(value, bool):
+                saved.append((module, value))
+        for obj, _ in saved:
+            obj.sliding_window = length
+        logger.info("sliding-window attention (%d tokens) widened to %d tokens for this evaluation", window, length)
+    try:
+        yield bool(saved)
+    finally:
+        for obj, value in reversed(saved):
+            obj.sliding_window = value

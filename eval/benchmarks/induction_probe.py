@@ -89,7 +89,7 @@ def passkey_digits(model, tokenizer, *, length: int, trials: int, seed: int) -> 
     from rope_extend.bundled.corpus import passkey_example
 
     rng = random.Random(seed)
-    hits, counts = [0] * 5, [0] * 5
+    hits = [0] * 5
     done = 0
     while done < trials:
         text = passkey_example(rng, rng.randint(3, 60), max_key=99999)
@@ -98,28 +98,26 @@ def passkey_digits(model, tokenizer, *, length: int, trials: int, seed: int) -> 
         if len(ids) > length or len(answer) != 5:
             continue
         digits = tokenizer(answer, add_special_tokens=False)["input_ids"]
+        if len(digits) != 5:
+            raise SystemExit(f"the passkey-digit probe needs one token per digit; this tokenizer splits "
+                             f"{answer} into {len(digits)} tokens")
         start = len(ids) - 1 - len(digits)  # ids end with the digits, then "."
         if ids[start:start + len(digits)] != digits:
             continue
         with torch.no_grad():
             pred = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1)
-        for k in range(min(5, len(digits))):
+        for k in range(5):
             hits[k] += int(pred[start + k - 1].item() == digits[k])
-            counts[k] += 1
         done += 1
-    return [h / max(c, 1) for h, c in zip(hits, counts)]
+    return [h / trials for h in hits]
 
 
 def probe(name: str, args) -> dict:
-    from transformers import AutoModelForCausalLM
+    from rope_extend.loading import load_model, load_tokenizer
 
-    from rope_extend import bundled
-    from rope_extend.loading import load_tokenizer, resolve_name
-
-    path = resolve_name(name)
-    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
-    tokenizer = load_tokenizer(path)
-    L = getattr(model.config, "max_position_embeddings", 256) if name != "bundled" else bundled.trained_length()
+    model = load_model(name, attn_implementation="eager")  # attention weights are read
+    tokenizer = load_tokenizer(name)
+    L = model.config.max_position_embeddings  # the trained context (the bundled model's trained_length())
     result = {"model": name}
     result.update(repeated_words(model, tokenizer, sequences=args.sequences, length=args.length, seed=args.seed))
     result["passkey_digit_accuracy"] = passkey_digits(model, tokenizer, length=L, trials=args.trials,

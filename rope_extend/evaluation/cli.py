@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from .. import hf
+
 
 def _common(p: argparse.ArgumentParser, *, data: bool = False) -> None:
     from ..cli import add_method_arguments
@@ -157,7 +159,7 @@ def register(subparsers) -> None:
     _common(p, data=True)
     p.add_argument("--stride", type=int, help="sliding-window step (default: one truncated window per document)")
     p.add_argument("--chunk-size", type=int, help="positions per LM-head chunk (default: 16M logits / vocab)")
-    p.add_argument("--sliding-window", choices=("auto", "full", "keep"), default="auto",
+    p.add_argument("--sliding-window", choices=hf.SLIDING_WINDOW_MODES, default="auto",
                    help="auto: widen a window every layer uses (Mistral, Phi-3), keep interleaved local layers "
                         "(Gemma 2/3); full: widen all; keep: none")
     p.set_defaults(func=_cmd_perplexity)

@@ -147,9 +147,9 @@ def perplexity(model, tokenizer, texts: Sequence[str] | Iterable[str], lengths: 
     alternate with full-attention layers (Gemma 2 and 3); ``"full"`` widens every window; ``"keep"`` none.
     The model is restored afterwards.
     """
-    if sliding_window not in hf.SLIDING_WINDOW_MODES:
-        raise RopeExtendError(f"sliding_window must be one of {', '.join(hf.SLIDING_WINDOW_MODES)}; "
-                              f"got {sliding_window!r}")
+    from tqdm.auto import tqdm
+
+    hf.check_sliding_window_mode(sliding_window)
     lengths = parse_lengths(lengths)
     if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int) or stride < 1):
         raise RopeExtendError(f"stride must be a positive integer or None (one window per document), got {stride!r}")
@@ -175,42 +175,31 @@ def perplexity(model, tokenizer, texts: Sequence[str] | Iterable[str], lengths: 
         logging.getLogger("rope_extend").warning(
             "the model uses eager attention (L x L scores in memory); load it with attn_implementation='sdpa'")
 
-    widened = hf.widen_sliding_window(model, max(lengths), sliding_window)
-    try:
-        return _measure(model, parts, docs, lengths, stride=stride, chunk_size=chunk_size, records=records,
-                        resume=resume, progress=progress, run=run, widened=bool(widened))
-    finally:
-        hf.restore_attributes(widened)
-
-
-def _measure(model, parts: LMParts, docs: list[list[int]], lengths: list[int], *, stride, chunk_size, records,
-             resume, progress, run, widened: bool) -> PerplexityResult:
-    from tqdm.auto import tqdm
-
-    info = run_info(model, run)
-    setting = {**info, "task": "perplexity", "stride": stride, "docs": len(docs)}
-    if widened:
-        setting["sliding_window"] = "widened"  # a different measurement: records must not be mixed
-    sid = setting_id(setting)
-    log = RecordLog(records, resume=resume)
-    device = next(model.parameters()).device
-    jobs = [(n, i) for n in lengths for i, d in enumerate(docs) if len(d) >= n]
-    done: list[dict] = []
-    bar = tqdm(jobs, desc=f"perplexity {info.get('label') or info['method']}", unit="doc", disable=not progress)
-    for length, index in bar:
-        bar.set_postfix(length=length)
-        found = log.find({"setting": sid, "length": length, "doc": index})
-        if found is not None:
-            done.append(found)
-            continue
-        ids = torch.tensor(docs[index], device=device)
-        nll, count = 0.0, 0
-        for begin, end, score_from in windows(len(ids), length, stride):
-            w_nll, w_count = window_nll(parts, ids[begin:end], score_from - begin, chunk_size)
-            nll, count = nll + w_nll, count + w_count
-        done.append(log.add({"task": "perplexity", **info, "setting": sid, "length": length, "doc": index,
-                             "stride": stride, "tokens": count, "nll": nll,
-                             "perplexity": math.exp(nll / count) if count else float("nan")}))
+    with hf.sliding_window_widened(model, max(lengths), sliding_window) as widened:
+        info = run_info(model, run)
+        setting = {**info, "task": "perplexity", "stride": stride, "docs": len(docs)}
+        if widened:
+            setting["sliding_window"] = "widened"  # a different measurement: records must not be mixed
+        sid = setting_id(setting)
+        log = RecordLog(records, resume=resume)
+        device = next(model.parameters()).device
+        jobs = [(n, i) for n in lengths for i, d in enumerate(docs) if len(d) >= n]
+        done: list[dict] = []
+        bar = tqdm(jobs, desc=f"perplexity {info.get('label') or info['method']}", unit="doc", disable=not progress)
+        for length, index in bar:
+            bar.set_postfix(length=length)
+            found = log.find({"setting": sid, "length": length, "doc": index})
+            if found is not None:
+                done.append(found)
+                continue
+            ids = torch.tensor(docs[index], device=device)
+            nll, count = 0.0, 0
+            for begin, end, score_from in windows(len(ids), length, stride):
+                w_nll, w_count = window_nll(parts, ids[begin:end], score_from - begin, chunk_size)
+                nll, count = nll + w_nll, count + w_count
+            done.append(log.add({"task": "perplexity", **info, "setting": sid, "length": length, "doc": index,
+                                 "stride": stride, "tokens": count, "nll": nll,
+                                 "perplexity": math.exp(nll / count) if count else float("nan")}))
     ppl, tokens = {}, {}
     for length in lengths:
         rows = [r for r in done if r["length"] == length]

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import yaml
 
+from .. import hf
 from ..errors import RopeExtendError
 from .data import parse_depths, parse_lengths
 
@@ -168,6 +169,8 @@ def parse_suite(data: Any, *, path: str | Path | None = None, overrides: Sequenc
                      "niah": _task(NiahTask, data.get("niah"), f"{where}: niah"),
                      "perplexity": _task(PerplexityTask, data.get("perplexity"), f"{where}: perplexity")},
                   path=str(path) if path else None)
+    if suite.perplexity:  # checked now, not after the other tasks have run
+        hf.check_sliding_window_mode(suite.perplexity.sliding_window, f"{where}: perplexity.sliding_window")
     if not (suite.passkey or suite.niah or suite.perplexity):
         raise RopeExtendError(f"{where}: no task: give at least one of passkey, niah, perplexity")
     return suite

@@ -81,6 +81,8 @@ def test_unknown_keys_name_the_closest_valid_ones():
         parse_suite({"model": "m", "methods": [{"method": "none"}]})
     with pytest.raises(RopeExtendError, match="same label"):
         parse_suite({**base, "methods": [{"method": "none"}, {"method": "none"}]})
+    with pytest.raises(RopeExtendError, match="perplexity.sliding_window must be one of auto, full, keep; got 'off'"):
+        parse_suite({**base, "perplexity": {"lengths": [128], "sliding_window": "off"}})
     suite = parse_suite(base, overrides=["passkey.trials=3", "passkey.depths=grid:3"])
     assert suite.passkey.trials == 3 and suite.passkey.depths == [0, 0.5, 1]
 
