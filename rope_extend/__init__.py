@@ -3,14 +3,23 @@
     import rope_extend
     rope_extend.patch(model, "yarn", factor=4)
 
-Importing the package registers rope-extend's rope types with transformers, so a config with
-``rope_parameters={"rope_type": "ntk_by_parts", ...}`` validates, builds, saves and reloads.
+What ``import rope_extend`` does to transformers (``rope_extend.hf.register``), and nothing more:
+
+- adds the rope types transformers lacks (``ntk``, ``dynamic_ntk``, ``ntk_by_parts``, ``dynamic_yarn``) to
+  ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS``, with config validators that raise on a bad
+  parameter, so ``rope_parameters={"rope_type": "ntk_by_parts", ...}`` validates, builds, saves and reloads;
+  it never replaces a type transformers already has;
+- wraps ``PreTrainedModel.post_init`` so that a model built from a config naming one of those types gets
+  rope-extend's rotary runtime (dynamic frequencies, float32 ``inv_freq``). Other models are untouched.
+
+Nothing is patched until ``patch`` is called; ``unpatch`` undoes it bit for bit.
 """
 
 from __future__ import annotations
 
 from .errors import NotPatchedError, RopeExtendError, UnsupportedModelError
-from .hf import configure, register as _register, rope_parameters
+from .hf.config import configure, rope_parameters
+from .hf.register import register as _register
 from .methods import get as get_method, inv_freq, names as methods
 from .patch import patch, patched, unpatch
 
@@ -19,6 +28,6 @@ __version__ = "0.1.0"
 _register()
 
 __all__ = [
-    "NotPatchedError", "RopeExtendError", "UnsupportedModelError", "configure", "get_method", "inv_freq",
-    "methods", "patch", "patched", "rope_parameters", "unpatch", "__version__",
+    "NotPatchedError", "RopeExtendError", "UnsupportedModelError", "__version__", "configure", "get_method",
+    "inv_freq", "methods", "patch", "patched", "rope_parameters", "unpatch",
 ]

@@ -1,54 +1,27 @@
 """The ``rope-extend`` command.
 
-Core subcommands live here (``methods``, ``configure``); the evaluation, training and demo packages
-add theirs through a ``register(subparsers)`` function in their own ``cli`` module, so each part of the
+Core subcommands live here (``methods``, ``configure``); the evaluation, training, bundled-model and demo
+parts add theirs through a ``register(subparsers)`` function in their own module, so each part of the
 project owns its commands.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
 
-import yaml
+from . import demo
+from .arguments import add_method_arguments, method_kwargs, parse_params
+from .bundled import cli as bundled_cli
+from .evaluation import cli as evaluation_cli
+from .training import cli as training_cli
 
-# Modules that add subcommands: each has register(subparsers). Missing ones are skipped.
-PLUGINS = ("rope_extend.evaluation.cli", "rope_extend.training.cli", "rope_extend.bundled.cli", "rope_extend.demo")
+SUBCOMMANDS = (evaluation_cli, training_cli, bundled_cli, demo)
 
-
-def parse_params(items: list[str] | None) -> dict[str, Any]:
-    """``["beta_fast=32", "finetuned=true"]`` -> ``{"beta_fast": 32, "finetuned": True}`` (YAML scalars/lists)."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"rope-extend: --param expects key=value, got {item!r}")
-        out[key.strip()] = yaml.safe_load(value)
-    return out
-
-
-def add_method_arguments(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
-    """``--method/--factor/--target-length/--original-length/--param``, shared by every subcommand."""
-    parser.add_argument("--method", required=required, help="scaling method (see `rope-extend methods`)")
-    parser.add_argument("--factor", type=float, help="scale factor s = target / original length")
-    parser.add_argument("--target-length", type=int, help="target context length (instead of --factor)")
-    parser.add_argument("--original-length", type=int, dest="original_max_position_embeddings",
-                        help="override the original pretraining length L")
-    parser.add_argument("--param", action="append", metavar="KEY=VALUE",
-                        help="method parameter, e.g. --param beta_fast=32 (repeatable)")
-
-
-def method_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments for ``rope_extend.patch``/``configure`` from parsed method arguments."""
-    kwargs = dict(factor=args.factor, target_length=args.target_length,
-                  original_max_position_embeddings=args.original_max_position_embeddings)
-    kwargs.update(parse_params(args.param))
-    return kwargs
+__all__ = ["add_method_arguments", "build_parser", "main", "method_kwargs", "parse_params"]
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:
@@ -67,7 +40,7 @@ def _cmd_configure(args: argparse.Namespace) -> int:
     """Copy a saved model folder with its config rewritten for a scaling; the weights are not loaded."""
     from transformers import AutoConfig
 
-    from . import configure
+    from .hf.config import configure
     from .io import atomic_path
 
     source, out = Path(args.model), Path(args.out)
@@ -85,12 +58,38 @@ def _cmd_configure(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_recipes(args: argparse.Namespace) -> int:
+    """List the shipped recipes, launcher configs and suites, or print one's path (for accelerate's --config_file)."""
+    from . import resources
+    from .errors import RopeExtendError
+
+    if args.name:
+        for folder in (resources.RECIPES, resources.SUITES):
+            for candidate in (folder / args.name, folder / f"{args.name}.yaml"):
+                if candidate.is_file():
+                    print(candidate)
+                    return 0
+        raise RopeExtendError(f"{args.name!r} is not a shipped recipe, launcher config or suite; "
+                              "`rope-extend recipes` lists them")
+    for title, folder in (("recipes", resources.RECIPES), ("launcher configs", resources.RECIPES / "accelerate"),
+                          ("suites", resources.SUITES)):
+        prefix = "accelerate/" if folder.name == "accelerate" else ""
+        print(f"{title} ({folder}):")
+        for name in resources.names(folder):
+            print(f"  {prefix}{name}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rope-extend", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("methods", help="list the scaling methods")
     p.set_defaults(func=_cmd_methods)
+
+    p = sub.add_parser("recipes", help="list the shipped recipes, launcher configs and suites, or print one's path")
+    p.add_argument("name", nargs="?", help="e.g. tiny-cpu or accelerate/fsdp2: print its path")
+    p.set_defaults(func=_cmd_recipes)
 
     p = sub.add_parser("configure", help="write a scaling into a saved model's config (copies the folder)")
     p.add_argument("model", help="saved model folder")
@@ -100,20 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_method_arguments(p, required=True)
     p.set_defaults(func=_cmd_configure)
 
-    for name in PLUGINS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and name.startswith(exc.name):
-                continue  # that part of the project is not there (yet)
-            raise
+    for module in SUBCOMMANDS:
         module.register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    import rope_extend  # noqa: F401  (registers the rope types)
-
     from .errors import NotPatchedError, RopeExtendError, UnsupportedModelError
 
     args = build_parser().parse_args(argv)

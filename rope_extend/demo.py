@@ -3,7 +3,7 @@
 1. Zero-shot: the bundled model (trained at ``L`` = 256 tokens) under no scaling, linear, ntk, dynamic,
    yarn and dynamic_yarn (factor 4), at 1x, 2x, 4x and 8x ``L``: passkey accuracy and perplexity on the
    held-out corpus.
-2. Fine-tune with the tiny recipe (``recipes/bundled-yarn-4x.yaml``: YaRN, 4x) on freshly generated
+2. Fine-tune with the tiny recipe (``bundled-yarn-4x``: YaRN, 4x) on freshly generated
    documents sized for 4x ``L``.
 3. The fine-tuned model, evaluated the same way.
 4. One table on the terminal; a report folder with results.json/csv, report.md and the plots.
@@ -57,10 +57,9 @@ def finetune(out: Path, L: int, plan: Plan, seed: int):
     """Run the tiny recipe on documents generated for 4x ``L``; returns the fine-tuned model folder."""
     from .bundled.build import write_pretraining_data
     from .training import load_args, train
-    from .training.cli import find_recipe
 
     data = write_pretraining_data(out / "data-4x", seed=seed + 1, documents=plan.documents, context=int(FACTOR * L))
-    args = load_args(find_recipe("bundled-yarn-4x"), [
+    args = load_args("bundled-yarn-4x", [
         f"data.path={data / 'train.jsonl'}", f"output_dir={out / 'finetune'}", "overwrite_output_dir=true",
         f"max_steps={plan.steps}", f"seed={seed}", f"save_steps={plan.steps}",
         f"warmup_steps={max(1, plan.steps // 20)}"])
@@ -113,7 +112,7 @@ def run(out: Path, *, quick: bool, seed: int, overwrite: bool, finetune_too: boo
     summary = summarize(records)
     notes = [f"bundled model trained at {L} tokens; static methods at factor {FACTOR:g}; dynamic ones follow "
              "the length", f"passkey: {plan.trials} trials per length; perplexity: {plan.ppl_docs} held-out "
-             "documents, one truncated window each", f"`{FINETUNED}`: recipes/bundled-yarn-4x.yaml, "
+             "documents, one truncated window each", f"`{FINETUNED}`: recipe bundled-yarn-4x, "
              f"{plan.steps} steps", f"seed {seed}; {'quick' if quick else 'full'} run"]
     files = write_report(out, records, title="rope-extend demo: the bundled model", notes=notes,
                          extra={"seed": seed, "quick": quick, "lengths": lengths})

@@ -18,7 +18,12 @@ class NotPatchedError(RuntimeError):
     """`unpatch` was called on a model that `patch` never touched."""
 
 
-def closest(name: str, allowed) -> str:
+def close_matches(name, allowed, cutoff: float = 0.6) -> list[str]:
+    """Up to three of ``allowed`` that look like a misspelt ``name``."""
+    return difflib.get_close_matches(str(name), [str(a) for a in allowed], n=3, cutoff=cutoff)
+
+
+def closest(name, allowed) -> str:
     """A ' (did you mean ...?)' hint for a misspelt name, or ''."""
-    near = difflib.get_close_matches(str(name), [str(a) for a in allowed], n=3, cutoff=0.6)
+    near = close_matches(name, allowed)
     return f" (did you mean {', '.join(repr(n) for n in near)}?)" if near else ""

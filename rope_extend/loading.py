@@ -1,7 +1,8 @@
-"""Loading a model and tokenizer by local path or hub name, with safe defaults.
+"""Loading a model and tokenizer by local path, by a name rope-extend ships, or by hub name, safely.
 
 ``trust_remote_code`` stays off unless the caller passes it; weights are read as safetensors only
 (``use_safetensors=True``); attention defaults to SDPA (never eager L x L attention at long context).
+Names: ``bundled`` (or ``rope-extend/bundled``) is the bundled testbed model.
 """
 
 from __future__ import annotations
@@ -10,23 +11,32 @@ from typing import Any
 
 import torch
 
+from . import resources
+from .errors import RopeExtendError
+
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16, "auto": "auto"}
-
 
 BUNDLED_NAMES = ("bundled", "rope-extend/bundled")
 
 
-def resolve_name(name_or_path: str) -> str:
-    """``"bundled"`` (or ``"rope-extend/bundled"``) names the bundled testbed model's folder; anything else
-    is a local path or hub name, unchanged."""
-    if str(name_or_path) in BUNDLED_NAMES:
-        from .bundled import MODEL_DIR, BundledModelMissing, available
+class BundledModelMissing(FileNotFoundError):
+    """The bundled model files are not in this installation."""
 
-        if not available():
-            raise BundledModelMissing(f"the bundled model is not in {MODEL_DIR}")
-        return str(MODEL_DIR)
-    return name_or_path
+
+def bundled_available() -> bool:
+    return (resources.BUNDLED_MODEL / "config.json").is_file() and \
+        (resources.BUNDLED_MODEL / "model.safetensors").is_file()
+
+
+def resolve_name(name_or_path: str) -> str:
+    """A name rope-extend ships (``bundled``) as its folder; anything else (a local path or hub name) unchanged."""
+    if str(name_or_path) in BUNDLED_NAMES:
+        if not bundled_available():
+            raise BundledModelMissing(f"the bundled model is not in {resources.BUNDLED_MODEL}; build it with the "
+                                      "pretraining recipes (see its model card) or reinstall rope-extend")
+        return str(resources.BUNDLED_MODEL)
+    return str(name_or_path)
 
 
 def parse_dtype(dtype: Any):
@@ -35,7 +45,7 @@ def parse_dtype(dtype: Any):
     try:
         return DTYPES[str(dtype)]
     except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}") from None
+        raise RopeExtendError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}") from None
 
 
 def load_model(name_or_path: str, *, dtype: Any = None, device: str | None = None, trust_remote_code: bool = False,

@@ -5,6 +5,7 @@ import json
 import pytest
 import transformers as T
 
+from rope_extend import RopeExtendError
 from rope_extend.cli import main, parse_params
 from tests.tiny import tiny_model
 
@@ -45,5 +46,5 @@ def test_configure_reports_bad_arguments(tmp_path, capsys):
 
 def test_parse_params():
     assert parse_params(["a=1", "b=true", "c=[1, 2.5]", "d=x"]) == {"a": 1, "b": True, "c": [1, 2.5], "d": "x"}
-    with pytest.raises(SystemExit, match="key=value"):
+    with pytest.raises(RopeExtendError, match="key=value"):
         parse_params(["oops"])

@@ -17,18 +17,16 @@ import json
 import re
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-MODEL_DIR = HERE / "model"
-DATA_DIR = HERE / "data"
-EVAL_CORPUS = DATA_DIR / "eval.jsonl"
+from .. import resources
+from ..documents import read_documents
+from ..loading import BundledModelMissing, bundled_available as available, load_model, load_tokenizer
 
+MODEL_DIR = resources.BUNDLED_MODEL
+DATA_DIR = resources.BUNDLED_EVAL_CORPUS.parent
+EVAL_CORPUS = resources.BUNDLED_EVAL_CORPUS
 
-class BundledModelMissing(FileNotFoundError):
-    """The bundled model files are not in this installation."""
-
-
-def available() -> bool:
-    return (MODEL_DIR / "config.json").is_file() and (MODEL_DIR / "model.safetensors").is_file()
+__all__ = ["DATA_DIR", "EVAL_CORPUS", "MODEL_DIR", "BundledModelMissing", "available", "card_checksums", "eval_texts",
+           "load", "sha256", "trained_length"]
 
 
 def sha256(path: Path) -> str:
@@ -47,14 +45,7 @@ def card_checksums() -> dict[str, str]:
 
 def load(*, device: str | None = None, dtype=None):
     """``(model, tokenizer)`` of the bundled model, in eval mode, with SDPA attention."""
-    if not available():
-        raise BundledModelMissing(
-            f"the bundled model is not in {MODEL_DIR}; build it with the pretraining recipe "
-            "(see rope_extend/bundled/README in the repository) or reinstall rope-extend"
-        )
-    from ..loading import load_model, load_tokenizer
-
-    return load_model(str(MODEL_DIR), dtype=dtype, device=device), load_tokenizer(str(MODEL_DIR))
+    return load_model("bundled", dtype=dtype, device=device), load_tokenizer("bundled")
 
 
 def trained_length() -> int:
@@ -64,5 +55,4 @@ def trained_length() -> int:
 
 def eval_texts() -> list[str]:
     """The held-out evaluation corpus: long synthetic chronicles, one string each."""
-    with open(EVAL_CORPUS, encoding="utf-8") as fh:
-        return [json.loads(line)["text"] for line in fh if line.strip()]
+    return read_documents(EVAL_CORPUS)

@@ -20,11 +20,11 @@ from . import MODEL_DIR, sha256
 COMMANDS = """\
 # stage 1: the text, from scratch at a 256-token context
 rope-extend bundled-data --out runs/bundled-data
-rope-extend train recipes/bundled-pretrain.yaml
+rope-extend train bundled-pretrain
 # stage 2: copying and retrieval, continuing from stage 1
 rope-extend bundled-data --out runs/bundled-data-retrieval --seed 2 --documents 20000 \\
     --passkey-share 0.35 --needle-share 0.05 --drill-share 0.55
-rope-extend train recipes/bundled-retrieval.yaml
+rope-extend train bundled-retrieval
 rope-extend bundled-export runs/bundled-retrieval"""
 
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")

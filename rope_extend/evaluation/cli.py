@@ -6,12 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
-from .. import hf
+from ..arguments import add_method_arguments, method_kwargs
+from ..hf.window import SLIDING_WINDOW_MODES
 
 
 def _common(p: argparse.ArgumentParser, *, data: bool = False) -> None:
-    from ..cli import add_method_arguments
-
     p.add_argument("--model", required=True, help="saved model folder or hub name (a causal LM)")
     p.add_argument("--tokenizer", help="tokenizer folder or name (default: the model's)")
     p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default)")
@@ -23,24 +22,29 @@ def _common(p: argparse.ArgumentParser, *, data: bool = False) -> None:
     p.add_argument("--out", required=True, help="output folder (records.jsonl, results.json/.csv, report.md, PNGs)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out, reusing its finished records")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+    p.add_argument("--sliding-window", choices=SLIDING_WINDOW_MODES, default="auto",
+                   help="auto: widen a window every layer uses (Mistral, Phi-3), keep interleaved local layers "
+                        "(Gemma 2/3); full: widen all; keep: none")
     if data:
         p.add_argument("--data", help="a .txt file, a folder of .txt files, .jsonl, .parquet, or a hub dataset name")
         p.add_argument("--text-field", default="text", help="column holding the text (JSONL, Parquet, datasets)")
         p.add_argument("--split", default="train", help="dataset split (hub datasets)")
         p.add_argument("--max-docs", type=int, help="use at most this many documents")
+        p.add_argument("--sample-by", choices=("document", "paragraph", "line"), default="document",
+                       help="a text file is one document (default), or split by paragraph or line")
 
 
 def _prepare(args):
     """Check cheap arguments, then load (and patch) the model; returns (model, tokenizer, records path)."""
-    import rope_extend
-    from ..cli import method_kwargs
     from ..loading import load_model, load_tokenizer
     from ..methods import registry
+    from ..patch import patch
     from .data import parse_lengths
     from .records import RecordLog
 
     args.lengths = parse_lengths(args.lengths)
     method = args.method or "none"
+    kwargs = method_kwargs(args)  # a factor without a method is refused here
     if method != "none":
         registry.get(method)  # an unknown method fails before a model is loaded
     records = Path(args.out) / "records.jsonl"
@@ -49,12 +53,12 @@ def _prepare(args):
     if getattr(args, "data", "absent") != "absent":
         from .data import default_texts, load_texts
 
-        texts = load_texts(args.data, text_field=args.text_field, split=args.split, max_docs=args.max_docs) \
-            if args.data else default_texts()
+        texts = load_texts(args.data, text_field=args.text_field, split=args.split, max_docs=args.max_docs,
+                           sample_by=args.sample_by) if args.data else default_texts()
     model = load_model(args.model, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code)
     tokenizer = load_tokenizer(args.tokenizer or args.model, trust_remote_code=args.trust_remote_code)
     if method != "none":
-        rope_extend.patch(model, method, **method_kwargs(args))
+        patch(model, method, **kwargs)
     return model, tokenizer, records, texts
 
 
@@ -77,7 +81,7 @@ def _cmd_passkey(args) -> int:
     model, tokenizer, records, _ = _prepare(args)
     result = passkey(model, tokenizer, args.lengths, depths=args.depths, trials=args.trials, seed=args.seed,
                      key_range=tuple(args.key_range), max_new_tokens=args.max_new_tokens, records=records,
-                     resume=True, progress=args.progress, run=_run(args))
+                     resume=True, progress=args.progress, run=_run(args), sliding_window=args.sliding_window)
     return _finish(args, result.records, f"Passkey retrieval: {args.model}")
 
 
@@ -88,7 +92,7 @@ def _cmd_niah(args) -> int:
     extra = {k: getattr(args, k) for k in ("needle", "question", "answer") if getattr(args, k)}
     result = niah(model, tokenizer, texts, args.lengths, depths=args.depths, trials=args.trials, seed=args.seed,
                   max_new_tokens=args.max_new_tokens, records=records, resume=True, progress=args.progress,
-                  run=_run(args), **extra)
+                  run=_run(args), sliding_window=args.sliding_window, **extra)
     return _finish(args, result.records, f"Needle in a haystack: {args.model}")
 
 
@@ -159,15 +163,12 @@ def register(subparsers) -> None:
     _common(p, data=True)
     p.add_argument("--stride", type=int, help="sliding-window step (default: one truncated window per document)")
     p.add_argument("--chunk-size", type=int, help="positions per LM-head chunk (default: 16M logits / vocab)")
-    p.add_argument("--sliding-window", choices=hf.SLIDING_WINDOW_MODES, default="auto",
-                   help="auto: widen a window every layer uses (Mistral, Phi-3), keep interleaved local layers "
-                        "(Gemma 2/3); full: widen all; keep: none")
     p.set_defaults(func=_cmd_perplexity)
 
     p = sub.add_parser("compare", help="run a YAML suite: one model under several methods, one report")
-    p.add_argument("suite", help="suite YAML file (see eval/)")
+    p.add_argument("suite", help="suite YAML file, or the name of a shipped suite (smoke, llama2-7b-yarn)")
     p.add_argument("--model", help="override the suite's model")
-    p.add_argument("--out", help="report folder (default: the suite's out, else reports/<suite> beside it)")
+    p.add_argument("--out", help="report folder (default: the suite's out, else runs/<suite name>)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a suite key, e.g. passkey.trials=2")
     p.add_argument("--resume", action="store_true", help="continue a run in the report folder")
     p.add_argument("--no-progress", dest="progress", action="store_false")

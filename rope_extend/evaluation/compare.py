@@ -7,57 +7,63 @@ task runs with its records appended to ``OUT/records.jsonl``, and the model is u
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from .. import schema
 from ..errors import RopeExtendError
+from ..hf import config as hf
 from ..io import write_text
+from ..loading import load_model, load_tokenizer
+from ..patch import patch, patched, unpatch
+from .data import default_texts, load_texts
+from .niah import niah
+from .passkey import passkey
+from .perplexity import perplexity
 from .records import RecordLog
+from .report import write_report
 from .suite import Suite, default_out, resolve_path
 
 
 def _texts(suite: Suite, task) -> list[str]:
-    from .data import default_texts, load_texts
-
     source = resolve_path(suite, task.data)
     if source is None:
         return default_texts()
-    return load_texts(source, text_field=task.text_field, split=task.split, max_docs=task.max_docs)
+    return load_texts(source, text_field=task.text_field, split=task.split, max_docs=task.max_docs,
+                      sample_by=task.sample_by)
 
 
 def apply(model, spec) -> None:
     """Put ``model`` under ``spec``'s scaling (undoing any earlier rope-extend patch first)."""
-    import rope_extend
-
-    if rope_extend.patched(model) is not None:
-        rope_extend.unpatch(model)
+    if patched(model) is not None:
+        unpatch(model)
     if spec.method != "none":
-        rope_extend.patch(model, spec.method, **spec.patch_kwargs())
+        patch(model, spec.method, **spec.patch_kwargs())
+
+
+def check_methods(model, suite: Suite) -> None:
+    """Every method of the suite against the model's config, before the first one runs."""
+    config = hf.text_config(model.config)
+    for spec in suite.methods:
+        if spec.method != "none":
+            hf.plan(config, spec.method, **spec.patch_kwargs())
 
 
 def run_suite(suite: Suite, *, out: str | Path | None = None, resume: bool = False, progress: bool = True,
               model=None, tokenizer=None) -> dict[str, Any]:
     """Run every method x task of ``suite``; returns ``{"records": [...], "files": {...}, "out": path}``."""
-    import rope_extend
-    from .niah import niah
-    from .passkey import passkey
-    from .perplexity import perplexity
-    from .report import write_report
-
     out = Path(out) if out is not None else default_out(suite)
     records_path = out / "records.jsonl"
     RecordLog(records_path, resume=resume)  # refuses to touch earlier results unless resuming
     texts = {name: _texts(suite, task) for name, task in (("niah", suite.niah), ("perplexity", suite.perplexity))
              if task is not None}  # bad data fails before the model is loaded
     if model is None:
-        from ..loading import load_model, load_tokenizer
-
         name = resolve_path(suite, suite.model)
         model = load_model(name, dtype=suite.dtype, device=suite.device, trust_remote_code=suite.trust_remote_code)
         tokenizer = load_tokenizer(resolve_path(suite, suite.tokenizer) or name, trust_remote_code=suite.trust_remote_code)
     elif tokenizer is None:
         raise RopeExtendError("run_suite: give the tokenizer with the model")
+    check_methods(model, suite)
     records: list[dict] = []
     common = dict(records=records_path, resume=True, progress=progress)
     try:
@@ -67,22 +73,24 @@ def run_suite(suite: Suite, *, out: str | Path | None = None, resume: bool = Fal
             if suite.passkey:
                 t = suite.passkey
                 records += passkey(model, tokenizer, t.lengths, depths=t.depths, trials=t.trials, seed=t.seed,
-                                   key_range=tuple(t.key_range), max_new_tokens=t.max_new_tokens, run=run, **common).records
+                                   key_range=tuple(t.key_range), max_new_tokens=t.max_new_tokens, run=run,
+                                   sliding_window=t.sliding_window, **common).records
             if suite.niah:
                 t = suite.niah
                 extra = {k: getattr(t, k) for k in ("needle", "question", "answer") if getattr(t, k) is not None}
                 records += niah(model, tokenizer, texts["niah"], t.lengths, depths=t.depths, trials=t.trials, seed=t.seed,
-                                max_new_tokens=t.max_new_tokens, run=run, **extra, **common).records
+                                max_new_tokens=t.max_new_tokens, run=run, sliding_window=t.sliding_window,
+                                **extra, **common).records
             if suite.perplexity:
                 t = suite.perplexity
                 records += perplexity(model, tokenizer, texts["perplexity"], t.lengths, stride=t.stride,
                                       chunk_size=t.chunk_size, sliding_window=t.sliding_window, run=run, **common).records
     finally:
-        if rope_extend.patched(model) is not None:
-            rope_extend.unpatch(model)
+        if patched(model) is not None:
+            unpatch(model)
     title = suite.title or f"{Path(suite.path).stem if suite.path else 'suite'}: {suite.model}"
     notes = [f"model: `{suite.model}`", "methods: " + ", ".join(f"`{m.name()}`" for m in suite.methods)]
-    files = write_report(out, records, title=title, notes=notes, extra={"suite": asdict(suite)})
+    files = write_report(out, records, title=title, notes=notes, extra={"suite": schema.to_dict(suite)})
     if suite.path:
         write_text(out / "suite.yaml", Path(suite.path).read_text(encoding="utf-8"))
     return {"records": records, "files": files, "out": out}

@@ -1,16 +1,13 @@
-"""Inputs of the harnesses: context lengths and texts (local files, a folder, JSONL, Parquet, or a hub dataset).
-
-Nothing here downloads anything unless the caller names a hub dataset and a hub is reachable; offline, a
-name that is not a local path is an error that says so.
-"""
+"""Inputs of the harnesses: context lengths, needle depths, and texts (through the one document reader)."""
 
 from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from .. import resources
+from ..documents import SampleBy, read_documents
 from ..errors import RopeExtendError
 
 _LENGTH = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
@@ -82,81 +79,21 @@ def parse_depths(values: str | float | Iterable[Any] | None) -> list[float] | No
 
 
 # ------------------------------------------------------------------------------------------ texts
-def _from_dataset(kind: str, files: str | list[str], text_field: str, split: str) -> list[str]:
-    import datasets
-
-    ds = datasets.load_dataset(kind, data_files=files, split=split)
-    if text_field not in ds.column_names:
-        raise RopeExtendError(
-            f"{files}: no column {text_field!r}; its columns are {', '.join(ds.column_names)} (choose one with --text-field)"
-        )
-    return [str(t) for t in ds[text_field] if t]
-
-
-def _hub_offline() -> bool:
-    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-
-
 def load_texts(source: str | os.PathLike | Sequence[str], *, text_field: str = "text", split: str = "train",
-               max_docs: int | None = None) -> list[str]:
-    """Documents from ``source``, in a stable order.
-
-    - a list of strings: used as is;
-    - a ``.txt`` (or any plain text) file: one document;
-    - a folder: every ``*.txt`` file in it (sorted by name), one document each;
-    - ``.jsonl``/``.json``/``.parquet``: through ``datasets``, the ``text_field`` column;
-    - anything else: a hub dataset name (``datasets.load_dataset(name, split=split)``), only when a hub is
-      reachable; offline that is an error.
-    """
-    if not isinstance(source, (str, os.PathLike)):
-        texts = [str(t) for t in source]
-    else:
-        path = Path(source)
-        suffix = path.suffix.lower()
-        if path.is_dir():
-            files = sorted(path.rglob("*.txt"))
-            if not files:
-                raise RopeExtendError(f"{path} is a folder without .txt files; give .txt files, JSONL or Parquet")
-            texts = [f.read_text(encoding="utf-8", errors="replace") for f in files]
-        elif path.is_file() and suffix in (".jsonl", ".json"):
-            texts = _from_dataset("json", str(path), text_field, "train")
-        elif path.is_file() and suffix == ".parquet":
-            texts = _from_dataset("parquet", str(path), text_field, "train")
-        elif path.is_file():
-            texts = [path.read_text(encoding="utf-8", errors="replace")]
-        elif _hub_offline() or path.suffix or os.sep in str(source):
-            raise RopeExtendError(
-                f"data {str(source)!r} is not a local file or folder"
-                + (" and the hub is offline (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE)" if _hub_offline() else "")
-                + "; give a .txt file, a folder of .txt files, a .jsonl or a .parquet file"
-            )
-        else:
-            import datasets
-
-            try:
-                ds = datasets.load_dataset(str(source), split=split)
-            except Exception as exc:  # network, missing dataset, auth: say what was tried
-                raise RopeExtendError(
-                    f"could not load dataset {str(source)!r} (split {split!r}) from the hub: {exc}; "
-                    "give a local .txt file, folder, .jsonl or .parquet file instead"
-                ) from exc
-            if text_field not in ds.column_names:
-                raise RopeExtendError(f"dataset {source!r} has no column {text_field!r}; columns: {', '.join(ds.column_names)}")
-            texts = [str(t) for t in ds[text_field] if t]
-    texts = [t for t in texts if t.strip()]
+               max_docs: int | None = None, sample_by: SampleBy = "document") -> list[str]:
+    """Documents from ``source`` through the one reader (``rope_extend.documents.read_documents``: a file, a
+    folder, JSONL, Parquet or a hub dataset; a ``.txt`` file is one document), or a list of strings as is."""
+    if isinstance(source, (str, os.PathLike)):
+        return read_documents(source, text_field=text_field, split=split, sample_by=sample_by, max_docs=max_docs)
+    texts = [str(t) for t in source if str(t).strip()]
     if not texts:
-        raise RopeExtendError(f"{source!r} holds no non-empty text")
+        raise RopeExtendError("the list of texts holds no non-empty text")
     return texts[:max_docs] if max_docs else texts
 
 
 def default_texts() -> list[str]:
-    """The project's bundled held-out corpus (``rope_extend.bundled.eval_texts()``) when installed; else an error."""
-    try:
-        from .. import bundled
-
-        if bundled.EVAL_CORPUS.is_file():
-            return bundled.eval_texts()
-    except ImportError:
-        pass
-    raise RopeExtendError("no texts given and no bundled corpus is installed: pass --data (a .txt file, a folder "
-                          "of .txt files, a .jsonl or .parquet file, or a hub dataset name when online)")
+    """The bundled held-out corpus (long synthetic chronicles) when installed; else an error."""
+    if not resources.BUNDLED_EVAL_CORPUS.is_file():
+        raise RopeExtendError("no texts given and no bundled corpus is installed: pass --data (a .txt file, a folder "
+                              "of .txt files, a .jsonl or .parquet file, or a hub dataset name when online)")
+    return read_documents(resources.BUNDLED_EVAL_CORPUS)

@@ -30,7 +30,8 @@ def score(output: str, answer: str) -> tuple[str, bool]:
 def niah(model, tokenizer, haystack: Sequence[str], lengths: str | Iterable[Any], *, needle: str = NEEDLE,
          question: str = QUESTION, answer: str = ANSWER, depths: str | Iterable[Any] | None = None,
          trials: int = 1, seed: int = 0, max_new_tokens: int = 32, records: str | os.PathLike | None = None,
-         resume: bool = False, progress: bool = True, run: dict[str, Any] | None = None) -> RetrievalResult:
+         resume: bool = False, progress: bool = True, run: dict[str, Any] | None = None,
+         sliding_window: str = "auto") -> RetrievalResult:
     """Needle retrieval accuracy over ``lengths`` x ``depths`` (default 0, 25, 50, 75, 100%).
 
     ``haystack`` is a list of texts (see ``data.load_texts``), joined by blank lines; it must reach the
@@ -62,4 +63,4 @@ def niah(model, tokenizer, haystack: Sequence[str], lengths: str | Iterable[Any]
                     setting={"needle": needle, "question": question, "answer": answer, "depths": grid,
                              "trials": trials, "haystack_docs": len(texts)},
                     make_trial=make_trial, score=score, max_new_tokens=max_new_tokens, records=records,
-                    resume=resume, progress=progress, run=run)
+                    resume=resume, progress=progress, run=run, sliding_window=sliding_window)

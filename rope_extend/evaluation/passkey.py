@@ -41,13 +41,14 @@ def trial_rng(seed: int, task: str, length: int, depth: float | None, trial: int
 def passkey(model, tokenizer, lengths: str | Iterable[Any], *, depths: str | Iterable[Any] | None = None,
             trials: int = 10, seed: int = 0, key_range: tuple[int, int] = (1, 50000), max_new_tokens: int = 10,
             records: str | os.PathLike | None = None, resume: bool = False, progress: bool = True,
-            run: dict[str, Any] | None = None) -> RetrievalResult:
+            run: dict[str, Any] | None = None, sliding_window: str = "auto") -> RetrievalResult:
     """Passkey accuracy of ``model`` at each of ``lengths`` (token counts, e.g. ``"1k,2k,4k"``).
 
     ``depths=None`` draws a uniform random depth per trial; a list (``[0, 0.5, 1]`` or ``"grid:5"``) runs
     ``trials`` trials at each depth, and ``.accuracy`` is then keyed by ``(length, depth)``. ``key_range`` is
     inclusive (published runs use 1..50000). ``records`` is a JSONL file each trial is appended to; with
     ``resume=True`` the trials already in it are not run again. ``run`` adds fields (e.g. a label) to records.
+    ``sliding_window`` is the runner's policy (``"auto"``, ``"full"``, ``"keep"``; see ``evaluation.runner``).
     """
     lengths = parse_lengths(lengths)
     grid = parse_depths(depths)
@@ -64,4 +65,4 @@ def passkey(model, tokenizer, lengths: str | Iterable[Any], *, depths: str | Ite
     return run_grid(model, tokenizer, task="passkey", lengths=lengths, depths=grid, trials=trials, seed=seed,
                     setting={"key_range": [low, high], "depths": grid, "trials": trials}, make_trial=make_trial,
                     score=score, max_new_tokens=max_new_tokens, records=records, resume=resume, progress=progress,
-                    run=run)
+                    run=run, sliding_window=sliding_window)

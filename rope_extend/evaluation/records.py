@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RopeExtendError
+from ..patch import patched
 
 
 def setting_id(setting: dict[str, Any]) -> str:
@@ -24,8 +25,6 @@ def setting_id(setting: dict[str, Any]) -> str:
 
 def run_info(model, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """What identifies the model under test: its name and the rope-extend scaling applied (or ``none``)."""
-    from ..patch import patched
-
     scaling = patched(model)
     info: dict[str, Any] = {"model": str(getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__)}
     if scaling is None:

@@ -10,8 +10,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ..errors import RopeExtendError
+from . import runner
 from .prompts import Prompt
-from .records import RecordLog, run_info, setting_id
 
 
 def check_can_generate(model) -> None:
@@ -87,44 +87,33 @@ def accuracy_tables(records: list[dict], grid: bool) -> tuple[dict, dict]:
 def run_grid(model, tokenizer, *, task: str, lengths: list[int], depths: list[float] | None, trials: int,
              seed: int, setting: dict[str, Any], make_trial: Callable[[int, float | None, int], tuple[Prompt, Any]],
              score: Callable[[str, Any], tuple[Any, bool]], max_new_tokens: int, records: str | os.PathLike | None,
-             resume: bool, progress: bool, run: dict[str, Any] | None = None) -> RetrievalResult:
-    """Run ``trials`` trials per (length, depth) and score them; one record per trial, appended at once.
+             resume: bool, progress: bool, run: dict[str, Any] | None = None,
+             sliding_window: str = "auto") -> RetrievalResult:
+    """Run ``trials`` trials per (length, depth) and score them, through the evaluation runner.
 
     ``make_trial(length, depth_or_None, trial) -> (prompt, answer)`` must be deterministic in its arguments
     (it seeds its own RNG from them), so a resumed run asks exactly the same questions.
     """
-    from tqdm.auto import tqdm
-
     check_can_generate(model)
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise RopeExtendError(f"trials must be a positive integer, got {trials!r}")
     for length in {min(lengths), max(lengths)}:  # a length the tokenizer or data cannot reach fails before any work
         make_trial(length, depths[0] if depths else 0.5, 0)
-    info = run_info(model, run)
-    setting = {**info, **setting, "task": task, "seed": seed, "max_new_tokens": max_new_tokens}
-    sid = setting_id(setting)
-    log = RecordLog(records, resume=resume)
-    cells = [(n, d, t) for n in lengths for d in (depths if depths is not None else [None]) for t in range(trials)]
-    done: list[dict] = []
-    label = info.get("label") or info["method"]
-    bar = tqdm(cells, desc=f"{task} {label}", unit="trial", disable=not progress)
-    for length, depth, trial in bar:
-        bar.set_postfix(length=length)
-        key = {"setting": sid, "length": length, "depth_grid": depth, "trial": trial}
-        found = log.find(key)
-        if found is not None:
-            done.append(found)
-            continue
-        prompt, answer = make_trial(length, depth, trial)
-        if len(prompt) != length:  # guaranteed by prompts.build; a wrong length would make the table a lie
-            raise RopeExtendError(f"internal error: built a {len(prompt)}-token prompt for length {length}")
+    jobs = [{"length": n, "depth_grid": d, "trial": t}
+            for n in lengths for d in (depths if depths is not None else [None]) for t in range(trials)]
+
+    def measure(job: dict) -> dict:
+        prompt, answer = make_trial(job["length"], job["depth_grid"], job["trial"])
+        if len(prompt) != job["length"]:  # guaranteed by prompts.build; a wrong length would make the table a lie
+            raise RopeExtendError(f"internal error: built a {len(prompt)}-token prompt for length {job['length']}")
         output = greedy(model, tokenizer, prompt.input_ids, max_new_tokens)
         prediction, correct = score(output, answer)
-        done.append(log.add({
-            "task": task, **{k: info[k] for k in info}, "setting": sid, "length": length,
-            "depth": depth if depth is not None else round(prompt.depth, 4), "depth_grid": depth,
-            "actual_depth": round(prompt.actual_depth, 4), "trial": trial, "answer": answer,
-            "prediction": prediction, "output": output, "correct": bool(correct),
-        }))
+        depth = job["depth_grid"] if job["depth_grid"] is not None else round(prompt.depth, 4)
+        return {"depth": depth, "actual_depth": round(prompt.actual_depth, 4), "answer": answer,
+                "prediction": prediction, "output": output, "correct": bool(correct)}
+
+    done = runner.run(model, task=task, setting={**setting, "seed": seed, "max_new_tokens": max_new_tokens},
+                      jobs=jobs, measure=measure, longest=max(lengths) + max_new_tokens, records=records,
+                      resume=resume, progress=progress, run=run, sliding_window=sliding_window, cache=True)
     accuracy, per_len = accuracy_tables(done, grid=depths is not None)
     return RetrievalResult(done, accuracy, per_len)

@@ -1,8 +1,9 @@
 """Evaluation suites: one model under several scalings (``method: none`` included), several tasks, one report.
 
-A suite is a YAML file whose keys map one to one onto the dataclasses below (as trl's TrlParser does);
-an unknown key is an error naming it, its closest valid keys and all valid keys. Command-line overrides
-(``--set passkey.trials=2``) are applied to the YAML before it is checked, and win.
+A suite is a YAML file read by the one strict loader (``rope_extend.schema``) onto the dataclasses below:
+an unknown key names its closest valid ones, a wrong value names what is allowed, and command-line
+overrides (``--set passkey.trials=2``) win. Shipped suites (``rope_extend/suites/``) can be named
+(``rope-extend eval compare smoke``); relative paths in a suite file are relative to it when they exist there.
 
     model: meta-llama/Llama-2-7b-hf
     methods:
@@ -14,29 +15,49 @@ an unknown key is an error naming it, its closest valid keys and all valid keys.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
-import yaml
-
-from .. import hf
+from .. import resources, schema
+from ..documents import SampleBy
 from ..errors import RopeExtendError
+from ..hf.window import SlidingWindowMode
+from ..methods import registry as M
+from ..schema import option
 from .data import parse_depths, parse_lengths
+
+WINDOW_HELP = "sliding-window attention: auto widens a window every layer uses, keeps interleaved local layers; " \
+              "full widens all; keep none"
 
 
 @dataclass
 class MethodSpec:
     """One scaling to compare. ``method: none`` is the model as loaded."""
 
-    method: str = "none"
-    factor: float | None = None
-    target_length: int | None = None
-    original_length: int | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-    label: str | None = None
+    method: str = option("none", help="scaling method (rope-extend methods), or none for the model as loaded")
+    factor: float | None = option(None, help="scale factor s = target / original length L")
+    target_length: int | None = option(None, help="target context in tokens (instead of factor)")
+    original_length: int | None = option(None, help="override the original pretraining length L")
+    params: dict[str, Any] = option(help="method parameters, e.g. {beta_fast: 32}", factory=dict)
+    label: str | None = option(None, help="name in tables and plots (default: method and factor)")
+
+    def __post_init__(self):
+        if self.method == "none":
+            if self.factor is not None or self.target_length is not None or self.params:
+                raise RopeExtendError(
+                    f"method none takes no factor, target_length or params (got factor={self.factor}, "
+                    f"target_length={self.target_length}, params={self.params}): name a method to scale the model")
+            return
+        method = M.get(self.method)  # an unknown name raises, listing the known ones
+        if (self.factor is None) == (self.target_length is None):
+            raise RopeExtendError(f"method {self.method}: give exactly one of factor and target_length, got "
+                                  f"factor={self.factor}, target_length={self.target_length}")
+        if self.factor is not None:
+            M.check_factor(self.factor)
+        else:
+            M.check_int("target_length", self.target_length)
+        method.make_params(self.params)  # the rest is checked against the model's config before any run
 
     def name(self) -> str:
         if self.label:
@@ -51,149 +72,109 @@ class MethodSpec:
                     original_max_position_embeddings=self.original_length, **self.params)
 
 
+def _task_lengths(task) -> None:
+    task.lengths = parse_lengths(task.lengths)
+    if getattr(task, "depths", None) is not None:
+        task.depths = parse_depths(task.depths)
+
+
 @dataclass
 class PasskeyTask:
-    lengths: list[Any]
-    depths: Any = None  # None: a random depth per trial; a list or "grid:N": a heatmap
-    trials: int = 10
-    seed: int = 0
-    key_range: list[int] = field(default_factory=lambda: [1, 50000])
-    max_new_tokens: int = 10
+    lengths: list[Any] = option(help="prompt lengths in tokens, e.g. [4k, 8k] (1k = 1024)")
+    depths: Any = option(None, help="null: a random depth per trial; a list or grid:N: a depth x length heatmap")
+    trials: int = option(10, help="trials per length (per cell with depths)")
+    seed: int = option(0, help="seed of the keys and depths")
+    key_range: list[int] = option(help="inclusive range of the keys", factory=lambda: [1, 50000])
+    max_new_tokens: int = option(10, help="tokens generated for the answer")
+    sliding_window: SlidingWindowMode = option("auto", help=WINDOW_HELP)
+
+    __post_init__ = _task_lengths
 
 
 @dataclass
 class NiahTask:
-    lengths: list[Any]
-    data: str | None = None  # haystack texts: .txt file, folder, .jsonl, .parquet or a hub dataset
-    text_field: str = "text"
-    split: str = "train"
-    max_docs: int | None = None
-    needle: str | None = None
-    question: str | None = None
-    answer: str | None = None
-    depths: Any = None
-    trials: int = 1
-    seed: int = 0
-    max_new_tokens: int = 32
+    lengths: list[Any] = option(help="prompt lengths in tokens")
+    data: str | None = option(None, help="haystack texts: a .txt file, folder, .jsonl, .parquet or a hub dataset")
+    text_field: str = option("text", help="column holding the text (JSONL, Parquet, datasets)")
+    split: str = option("train", help="dataset split (hub datasets)")
+    sample_by: SampleBy = option("document", help="a text file is one document, or split by paragraph or line")
+    max_docs: int | None = option(None, help="use at most this many documents")
+    needle: str | None = option(None, help="the sentence to hide (default: the San Francisco needle)")
+    question: str | None = option(None, help="the question asked at the end")
+    answer: str | None = option(None, help="the substring a correct answer contains")
+    depths: Any = option(None, help="depth grid (default 0, 25, 50, 75, 100%)")
+    trials: int = option(1, help="trials per cell (each from another haystack document)")
+    seed: int = option(0, help="seed")
+    max_new_tokens: int = option(32, help="tokens generated for the answer")
+    sliding_window: SlidingWindowMode = option("auto", help=WINDOW_HELP)
+
+    __post_init__ = _task_lengths
 
 
 @dataclass
 class PerplexityTask:
-    lengths: list[Any]
-    data: str | None = None
-    text_field: str = "text"
-    split: str = "train"
-    max_docs: int | None = None
-    stride: int | None = None  # None: one truncated window per document
-    chunk_size: int | None = None
-    sliding_window: str = "auto"  # auto | full | keep (see rope_extend.evaluation.perplexity)
+    lengths: list[Any] = option(help="window lengths in tokens")
+    data: str | None = option(None, help="texts: a .txt file, folder, .jsonl, .parquet or a hub dataset "
+                                         "(default: the bundled held-out corpus)")
+    text_field: str = option("text", help="column holding the text (JSONL, Parquet, datasets)")
+    split: str = option("train", help="dataset split (hub datasets)")
+    sample_by: SampleBy = option("document", help="a text file is one document, or split by paragraph or line")
+    max_docs: int | None = option(None, help="use at most this many documents")
+    stride: int | None = option(None, help="sliding-window step; null: one truncated window per document")
+    chunk_size: int | None = option(None, help="positions per LM-head chunk (default: 16M logits / vocab)")
+    sliding_window: SlidingWindowMode = option("auto", help=WINDOW_HELP)
+
+    __post_init__ = _task_lengths
 
 
 @dataclass
 class Suite:
-    model: str
-    methods: list[MethodSpec]
-    tokenizer: str | None = None
-    dtype: str = "auto"
-    device: str | None = None
-    trust_remote_code: bool = False
-    title: str | None = None
-    out: str | None = None  # default: reports/<suite name> beside the suite file
-    passkey: PasskeyTask | None = None
-    niah: NiahTask | None = None
-    perplexity: PerplexityTask | None = None
-    path: str | None = field(default=None, metadata={"internal": True})
+    model: str = option(help="saved model folder, a name rope-extend ships (bundled), or a hub name")
+    methods: list[MethodSpec] = option(help="the scalings to compare, e.g. [{method: none}, {method: yarn, factor: 4}]")
+    tokenizer: str | None = option(None, help="tokenizer folder or name (default: the model's)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = option("auto", help="weights dtype")
+    device: str | None = option(None, help="e.g. cuda, cuda:1, cpu (default: where the model loads)")
+    trust_remote_code: bool = option(False, help="run the model repository's own code (off by default)")
+    title: str | None = option(None, help="report title")
+    out: str | None = option(None, help="report folder (default: runs/<suite name>)")
+    passkey: PasskeyTask | None = option(None, help="passkey retrieval")
+    niah: NiahTask | None = option(None, help="needle in a haystack")
+    perplexity: PerplexityTask | None = option(None, help="perplexity")
+    path: str | None = option(None, help="the suite file", internal=True)
 
-
-def _check_keys(cls, data: Any, where: str) -> dict:
-    if not isinstance(data, dict):
-        raise RopeExtendError(f"{where} must be a mapping of {cls.__name__} fields, got {type(data).__name__}")
-    allowed = [f.name for f in dataclasses.fields(cls) if not f.metadata.get("internal")]
-    for key in data:
-        if key not in allowed:
-            near = difflib.get_close_matches(str(key), allowed, n=3, cutoff=0.5)
-            hint = f" (did you mean {', '.join(repr(n) for n in near)}?)" if near else ""
-            raise RopeExtendError(f"unknown key {key!r} in {where}{hint}; valid keys: {', '.join(allowed)}")
-    missing = [f.name for f in dataclasses.fields(cls)
-               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in data]
-    if missing:
-        raise RopeExtendError(f"{where} is missing {', '.join(repr(m) for m in missing)}")
-    return data
-
-
-def _task(cls, data: Any, where: str):
-    if data is None:
-        return None
-    obj = cls(**_check_keys(cls, data, where))
-    obj.lengths = parse_lengths(obj.lengths)
-    if getattr(obj, "depths", None) is not None:
-        obj.depths = parse_depths(obj.depths)
-    return obj
-
-
-def _override(data: dict, assignment: str) -> None:
-    """``a.b=value`` (value read as YAML) into the nested dict ``data``."""
-    key, sep, value = assignment.partition("=")
-    if not sep or not key.strip():
-        raise RopeExtendError(f"an override is key=value (e.g. passkey.trials=2), got {assignment!r}")
-    node = data
-    parts = key.strip().split(".")
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise RopeExtendError(f"cannot set {key!r}: {part!r} is not a mapping")
-    node[parts[-1]] = yaml.safe_load(value)
+    def __post_init__(self):
+        if not self.methods:
+            raise RopeExtendError("methods must list at least one method (e.g. [{method: none}])")
+        names = [m.name() for m in self.methods]
+        if len(set(names)) != len(names):
+            raise RopeExtendError(f"two methods have the same label ({names}); give them distinct `label`s")
+        if not (self.passkey or self.niah or self.perplexity):
+            raise RopeExtendError("no task: give at least one of passkey, niah, perplexity")
 
 
 def parse_suite(data: Any, *, path: str | Path | None = None, overrides: Sequence[str] = ()) -> Suite:
     """Check a suite mapping (after ``overrides``) and build the ``Suite``."""
     where = str(path) if path else "the suite"
-    data = dict(data or {}) if isinstance(data, dict) or data is None else data
-    for assignment in overrides:
-        _override(data, assignment)
-    _check_keys(Suite, data, where)
-    if not data.get("methods"):
-        raise RopeExtendError(f"{where}: methods must list at least one method (e.g. [{{method: none}}])")
-    methods = []
-    for i, m in enumerate(data["methods"]):
-        spec = MethodSpec(**_check_keys(MethodSpec, m, f"{where}: methods[{i}]"))
-        if spec.method != "none":
-            from ..methods import registry
-
-            registry.get(spec.method)  # an unknown name raises now, listing the known ones
-        methods.append(spec)
-    names = [m.name() for m in methods]
-    if len(set(names)) != len(names):
-        raise RopeExtendError(f"{where}: two methods have the same label ({names}); give them distinct `label`s")
-    suite = Suite(**{**data, "methods": methods, "passkey": _task(PasskeyTask, data.get("passkey"), f"{where}: passkey"),
-                     "niah": _task(NiahTask, data.get("niah"), f"{where}: niah"),
-                     "perplexity": _task(PerplexityTask, data.get("perplexity"), f"{where}: perplexity")},
-                  path=str(path) if path else None)
-    if suite.perplexity:  # checked now, not after the other tasks have run
-        hf.check_sliding_window_mode(suite.perplexity.sliding_window, f"{where}: perplexity.sliding_window")
-    if not (suite.passkey or suite.niah or suite.perplexity):
-        raise RopeExtendError(f"{where}: no task: give at least one of passkey, niah, perplexity")
+    data = {} if data is None else data
+    if isinstance(data, dict):
+        data = schema.merge(data, schema.parse_overrides(list(overrides)))
+    suite = schema.build(Suite, data, where=where)
+    suite.path = str(path) if path else None
     return suite
 
 
 def load_suite(path: str | Path, overrides: Sequence[str] = ()) -> Suite:
-    path = Path(path)
-    if not path.is_file():
-        raise RopeExtendError(f"suite {str(path)!r} not found (suites are YAML files, e.g. eval/smoke.yaml)")
-    with path.open(encoding="utf-8") as f:
-        return parse_suite(yaml.safe_load(f), path=path, overrides=overrides)
+    """A suite file, or the name of a shipped suite (``smoke``)."""
+    path = resources.find_suite(path)
+    return parse_suite(schema.read_yaml(path, what="suite"), path=path, overrides=overrides)
 
 
 def resolve_path(suite: Suite, value: str | None) -> str | None:
     """A relative path in a suite is relative to the suite file when it exists there (else left as is)."""
-    if value is None or suite.path is None or Path(value).is_absolute():
-        return value
-    beside = Path(suite.path).parent / value
-    return str(beside) if beside.exists() else value
+    return resources.beside(suite.path, value)
 
 
 def default_out(suite: Suite) -> Path:
     if suite.out:
         return Path(suite.out)
-    base = Path(suite.path).parent if suite.path else Path(".")
-    return base / "reports" / (Path(suite.path).stem if suite.path else "suite")
+    return Path("runs") / (Path(suite.path).stem if suite.path else "suite")

@@ -1,139 +1,145 @@
-"""Training arguments: dataclasses that a YAML recipe maps onto 1:1.
+"""Training arguments: dataclasses that a YAML recipe maps onto 1:1, through the one loader (``schema``).
 
 A recipe is a YAML mapping whose top-level keys are the fields of ``TrainArgs``; the sections ``model``,
 ``rope``, ``data``, ``pose`` and ``lora`` are mappings onto their own dataclasses. Key names follow
 transformers' ``TrainingArguments`` (``max_steps``, ``learning_rate``, ``output_dir``, ...) and PEFT's
 ``LoraConfig`` (``r``, ``lora_alpha``, ``target_modules``, ``modules_to_save``). Command-line overrides
-``key=value`` (values parsed as YAML scalars; dotted keys for sections: ``rope.factor=8``) win over the
-file. An unknown or mistyped key, or a value of the wrong type, raises ``RecipeError`` naming the key and
-what was expected (with the closest valid keys).
+``key=value`` (values read as YAML; dotted keys for sections: ``rope.factor=8``) win over the file. An
+unknown key, a value of the wrong type or outside its allowed values, or a combination the run cannot do
+raises ``RecipeError`` naming the key and what is allowed. A relative path in a recipe file (data, model,
+tokenizer) is relative to the recipe when it exists there, so shipped recipes run from any directory.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import types
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import yaml
+from transformers import SchedulerType
 
+from .. import resources, schema
+from ..documents import SampleBy
 from ..errors import RopeExtendError
+from ..methods import registry as M
+from ..schema import option
 
 
 class RecipeError(RopeExtendError):
     """A recipe that does not parse or validate."""
 
 
+Scheduler = Literal[tuple(s.value for s in SchedulerType)]  # transformers.get_scheduler names
+
+
 @dataclass
 class ModelArgs:
-    """Where the model comes from: a saved folder or hub name, or a config to build random weights from."""
+    """Where the model comes from: a saved folder, a shipped name or hub name, or a config for random weights."""
 
-    name_or_path: str | None = None
-    # Build a random-weight model from this config instead (``model_type`` plus config fields); for the
-    # tiny CPU recipe and tests. Exactly one of name_or_path / config.
-    config: dict[str, Any] | None = None
-    # Tokenizer folder or hub name; default: name_or_path. With ``config`` and no tokenizer, a byte-level
-    # BPE of the config's vocab_size is trained on the training text (offline, seconds).
-    tokenizer: str | None = None
-    dtype: str = "float32"  # weights as loaded: float32 | bfloat16 | float16
-    attn_implementation: str = "sdpa"
-    trust_remote_code: bool = False
+    name_or_path: str | None = option(None, help="saved model folder, a name rope-extend ships (bundled), or a hub "
+                                                  "name; exactly one of name_or_path and config")
+    config: dict[str, Any] | None = option(None, help="build a random-weight model from this config (model_type "
+                                                      "plus config fields) instead; for tiny runs and tests")
+    tokenizer: str | None = option(None, help="tokenizer folder or name (default: name_or_path; with config, a "
+                                              "byte-level BPE of vocab_size trained on the data)")
+    dtype: Literal["float32", "bfloat16", "float16"] = option("float32", help="weights as loaded")
+    attn_implementation: str = option("sdpa", help="transformers attention implementation (sdpa, "
+                                                   "flash_attention_2, ...)")
+    trust_remote_code: bool = option(False, help="run the model repository's own code (off by default)")
 
 
 @dataclass
 class RopeArgs:
-    """The scaling, as ``rope_extend.patch(model, method, factor, target_length, ...)`` takes it.
-    ``method: none`` trains with the model's rope as it is (pretraining), with no factor."""
+    """The scaling, as ``rope_extend.patch(model, method, factor, target_length, ...)`` takes it."""
 
-    method: str = "yarn"
-    factor: float | None = None
-    target_length: int | None = None
-    original_max_position_embeddings: int | None = None
-    params: dict[str, Any] = field(default_factory=dict)  # method parameters, e.g. {beta_fast: 32}
+    method: str = option("yarn", help="scaling method (rope-extend methods); none trains the rope as it is")
+    factor: float | None = option(None, help="scale factor s = target / original length L")
+    target_length: int | None = option(None, help="target context in tokens (instead of factor)")
+    original_max_position_embeddings: int | None = option(None, help="override the original pretraining length L")
+    params: dict[str, Any] = option(help="method parameters, e.g. {beta_fast: 32}", factory=dict)
 
 
 @dataclass
 class DataArgs:
-    """Training text: local files (txt/jsonl/json/parquet) or a dataset name, packed into fixed windows."""
+    """Training text, read by the one document reader and packed into fixed windows."""
 
-    path: str | list[str] | None = None  # file, glob, folder or list of files; or a hub dataset name
-    name: str | None = None  # dataset configuration name (hub datasets)
-    split: str = "train"
-    text_field: str = "text"
-    max_seq_length: int = 1024  # tokens per packed sequence (the training window)
-    # How packed documents are kept apart (EOS always separates them):
-    #  "eos":  positions run on across documents, attention crosses them (YaRN/LongLoRA on PG19). Every
-    #          attention kernel stays on its fast path and the model sees long distances even when the
-    #          documents are shorter than the window.
-    #  "mask": positions restart at each document and transformers confines attention to each document
-    #          (varlen on flash_attention_2; an L x L block mask on sdpa, so use it for short windows).
-    document_boundaries: str = "eos"
-    # false: no packing; each document is its own sequence, cut to max_seq_length and padded (padding is
-    # masked out of attention and loss). For short self-contained examples (TRL's SFTConfig.packing).
-    packing: bool = True
-    max_documents: int | None = None  # read at most this many documents (quick runs)
+    path: str | list[str] | None = option(None, help="a file, folder, glob or list of files (.txt, .jsonl, "
+                                                     ".parquet), or a hub dataset name")
+    name: str | None = option(None, help="dataset configuration name (hub datasets)")
+    split: str = option("train", help="dataset split (hub datasets)")
+    text_field: str = option("text", help="column holding the text (JSONL, Parquet, datasets)")
+    sample_by: SampleBy = option("document", help="a text file is one document, or split by paragraph or line")
+    max_docs: int | None = option(None, help="read at most this many documents (quick runs)")
+    max_seq_length: int = option(1024, help="tokens per training sequence (the training window)")
+    document_boundaries: Literal["eos", "mask"] = option(
+        "eos", help="packed documents (EOS always between them): eos keeps positions running and attention "
+                    "crossing them (YaRN, LongLoRA on PG19); mask restarts positions per document and confines "
+                    "attention to it (varlen on flash_attention_2, an L x L block mask on sdpa)")
+    packing: bool = option(True, help="false: one document per sequence, cut to max_seq_length and padded "
+                                      "(padding masked out of attention and loss)")
 
 
 @dataclass
 class PoseArgs:
-    """PoSE (Zhu et al. 2024): train in a window of ``data.max_seq_length`` tokens with position ids
-    that jump, so the model sees relative distances up to ``target_length`` (default: the rope target)."""
+    """PoSE (Zhu et al. 2024): train in a window of ``data.max_seq_length`` tokens with position ids that
+    jump, so the model sees relative distances up to ``target_length`` (default: the rope target)."""
 
-    enabled: bool = False
-    target_length: int | None = None
-    num_chunks: int = 2
+    enabled: bool = option(False, help="stretch the window's positions to the target length")
+    target_length: int | None = option(None, help="distances to cover (default: the rope target length)")
+    num_chunks: int = option(2, help="chunks per window, each with its own skip")
 
 
 @dataclass
 class LoraArgs:
-    """PEFT ``LoraConfig`` fields. ``modules_to_save`` trains and saves whole modules with the adapter:
-    LongLoRA's "embed, norm" is ``[embed_tokens, norm]`` (``norm`` matches every ``*norm`` module)."""
+    """PEFT ``LoraConfig`` fields."""
 
-    r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    target_modules: list[str] | str = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    modules_to_save: list[str] | None = field(default_factory=lambda: ["embed_tokens", "norm"])
-    bias: str = "none"
+    r: int = option(8, help="LoRA rank")
+    lora_alpha: int = option(16, help="LoRA scaling numerator (scale = lora_alpha / r)")
+    lora_dropout: float = option(0.0, help="dropout on the LoRA input")
+    target_modules: list[str] | str = option(help="modules that get adapters",
+                                             factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    modules_to_save: list[str] | None = option(
+        help="modules trained and saved whole with the adapter: LongLoRA's trainable embeddings and norms are "
+             "[embed_tokens, norm] (norm matches every *norm module)", factory=lambda: ["embed_tokens", "norm"])
+    bias: Literal["none", "all", "lora_only"] = option("none", help="which biases train")
 
 
 @dataclass
 class TrainArgs:
-    model: ModelArgs = field(default_factory=ModelArgs)
-    rope: RopeArgs = field(default_factory=RopeArgs)
-    data: DataArgs = field(default_factory=DataArgs)
-    pose: PoseArgs = field(default_factory=PoseArgs)
-    lora: LoraArgs | None = field(default_factory=LoraArgs)  # null: full fine-tuning
-    output_dir: str = "runs/rope-extend"
-    overwrite_output_dir: bool = False
-    resume_from_checkpoint: bool | str = False  # true: the latest checkpoint in output_dir; or a folder
-    seed: int = 42
-    max_steps: int = 400
-    per_device_train_batch_size: int = 1
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 2e-5
-    lr_scheduler_type: str = "constant_with_warmup"  # transformers.get_scheduler names: linear, cosine, ...
-    warmup_steps: int = 20
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    adam_epsilon: float = 1e-8
-    max_grad_norm: float = 1.0  # 0: no clipping
-    bf16: bool = False  # autocast in bfloat16 (accelerate mixed_precision="bf16")
-    fp16: bool = False
-    gradient_checkpointing: bool = True
-    loss_chunk_size: int = 1024  # tokens per LM-head chunk; logits never exist for more at once
-    logging_steps: int = 1
-    save_steps: int = 100
-    save_total_limit: int | None = 2
-    report_to: list[str] | str = "none"  # accelerate trackers: tensorboard, wandb, ... or none
-    merge_adapter: bool = True  # LoRA: also write the merged model
+    model: ModelArgs = option(help="the model", factory=ModelArgs)
+    rope: RopeArgs = option(help="the rope scaling to train for", factory=RopeArgs)
+    data: DataArgs = option(help="the training text", factory=DataArgs)
+    pose: PoseArgs = option(help="PoSE positional skip-wise training", factory=PoseArgs)
+    lora: LoraArgs | None = option(help="LoRA adapters; null: full fine-tuning", factory=LoraArgs)
+    output_dir: str = option("runs/rope-extend", help="the run folder (checkpoints, loss curve, final model)")
+    overwrite_output_dir: bool = option(False, help="replace an earlier run in output_dir")
+    resume_from_checkpoint: bool | str = option(False, help="true: the latest checkpoint in output_dir; or a "
+                                                            "checkpoint folder")
+    seed: int = option(42, help="seed of the data order, PoSE, dropout and random weights")
+    max_steps: int = option(400, help="optimizer steps")
+    per_device_train_batch_size: int = option(1, help="sequences per process per micro-batch")
+    gradient_accumulation_steps: int = option(1, help="micro-batches per optimizer step")
+    learning_rate: float = option(2e-5, help="peak learning rate")
+    lr_scheduler_type: Scheduler = option("constant_with_warmup", help="transformers' get_scheduler name")
+    warmup_steps: int = option(20, help="linear warm-up steps")
+    weight_decay: float = option(0.0, help="AdamW weight decay (matrices only)")
+    adam_beta1: float = option(0.9, help="AdamW beta1")
+    adam_beta2: float = option(0.95, help="AdamW beta2")
+    adam_epsilon: float = option(1e-8, help="AdamW epsilon")
+    max_grad_norm: float = option(1.0, help="gradient clipping norm; 0: no clipping")
+    bf16: bool = option(False, help="autocast in bfloat16 (accelerate mixed_precision=bf16)")
+    fp16: bool = option(False, help="autocast in float16")
+    gradient_checkpointing: bool = option(True, help="recompute activations in backward (less memory)")
+    loss_chunk_size: int = option(1024, help="tokens per LM-head chunk; logits never exist for more at once")
+    logging_steps: int = option(1, help="log every this many steps")
+    save_steps: int = option(100, help="checkpoint every this many steps")
+    save_total_limit: int | None = option(2, help="keep this many newest checkpoints (null: all)")
+    report_to: list[str] | str = option("none", help="accelerate trackers: tensorboard, wandb, ... or none")
+    merge_adapter: bool = option(True, help="LoRA: also write the merged model")
 
-    def validate(self) -> "TrainArgs":
+    def validate(self) -> TrainArgs:
+        """Checks across fields, and the rope method with its parameters (through the method's own dataclass)."""
+
         def bad(key, value, allowed):
             raise RecipeError(f"{key}: got {value!r}; expected {allowed}")
 
@@ -143,32 +149,39 @@ class TrainArgs:
                 "exactly one of model.name_or_path or model.config")
         if m.config is not None and "model_type" not in m.config:
             bad("model.config", m.config, "a mapping with model_type (e.g. llama) and config fields")
-        if m.dtype not in ("float32", "bfloat16", "float16"):
-            bad("model.dtype", m.dtype, "float32, bfloat16 or float16")
         r = self.rope
         if r.method == "none":
             if r.factor is not None or r.target_length is not None or r.params:
                 bad("rope", {"factor": r.factor, "target_length": r.target_length, "params": r.params},
                     "no factor, target_length or params with rope.method none (the rope is left as it is)")
-        elif (r.factor is None) == (r.target_length is None):
-            bad("rope", {"factor": r.factor, "target_length": r.target_length},
-                "exactly one of rope.factor or rope.target_length")
-        if r.factor is not None and r.factor < 1:
-            bad("rope.factor", r.factor, "a number >= 1 (target length / original length)")
-        if r.target_length is not None and r.target_length < 1:
-            bad("rope.target_length", r.target_length, "a positive number of tokens")
+        else:
+            try:
+                method = M.get(r.method)
+            except RopeExtendError as exc:
+                raise RecipeError(f"rope.method: {exc}") from None
+            if (r.factor is None) == (r.target_length is None):
+                bad("rope", {"factor": r.factor, "target_length": r.target_length},
+                    "exactly one of rope.factor or rope.target_length")
+            if r.factor is not None and r.factor < 1:
+                bad("rope.factor", r.factor, "a number >= 1 (target length / original length)")
+            if r.target_length is not None and r.target_length < 1:
+                bad("rope.target_length", r.target_length, "a positive number of tokens")
+            try:
+                method.make_params(r.params)
+            except RopeExtendError as exc:
+                raise RecipeError(f"rope.params: {exc}") from None
         d = self.data
         if d.path is None:
             bad("data.path", None, "a text/JSONL/Parquet file, folder, glob, list of files, or dataset name")
         if d.max_seq_length < 2:
             bad("data.max_seq_length", d.max_seq_length, "at least 2 tokens")
-        if d.document_boundaries not in ("eos", "mask"):
-            bad("data.document_boundaries", d.document_boundaries, "eos or mask")
-        if self.pose.enabled and not d.packing:
-            bad("data.packing", d.packing, "true with PoSE (PoSE stretches the positions of full windows)")
-        if self.pose.enabled and r.method == "none":
-            bad("rope.method", r.method, "a scaling method with PoSE (PoSE trains for a longer target)")
+        if d.max_docs is not None and d.max_docs < 1:
+            bad("data.max_docs", d.max_docs, "a positive number of documents, or null")
         if self.pose.enabled:
+            if not d.packing:
+                bad("data.packing", d.packing, "true with PoSE (PoSE stretches the positions of full windows)")
+            if r.method == "none":
+                bad("rope.method", r.method, "a scaling method with PoSE (PoSE trains for a longer target)")
             if d.document_boundaries != "eos":
                 bad("data.document_boundaries", d.document_boundaries,
                     "eos with PoSE (PoSE sets the position ids; restarting them per document would undo it)")
@@ -176,152 +189,58 @@ class TrainArgs:
                 bad("pose.num_chunks", self.pose.num_chunks, f"1 .. data.max_seq_length ({d.max_seq_length})")
             if self.pose.target_length is not None and self.pose.target_length < d.max_seq_length:
                 bad("pose.target_length", self.pose.target_length, f">= data.max_seq_length ({d.max_seq_length})")
-        if self.lora is not None:
-            if self.lora.r < 1:
-                bad("lora.r", self.lora.r, "a positive rank")
-            if self.lora.bias not in ("none", "all", "lora_only"):
-                bad("lora.bias", self.lora.bias, "none, all or lora_only")
+        if self.lora is not None and self.lora.r < 1:
+            bad("lora.r", self.lora.r, "a positive rank")
         for key in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps",
                     "save_steps", "loss_chunk_size"):
             if getattr(self, key) < 1:
                 bad(key, getattr(self, key), "a positive integer")
-        if self.warmup_steps < 0 or self.learning_rate <= 0 or self.max_grad_norm < 0:
-            bad("warmup_steps/learning_rate/max_grad_norm",
-                (self.warmup_steps, self.learning_rate, self.max_grad_norm), "warmup >= 0, lr > 0, norm >= 0")
+        if self.save_total_limit is not None and self.save_total_limit < 1:
+            bad("save_total_limit", self.save_total_limit, "a positive number of checkpoints, or null for all")
+        if self.warmup_steps < 0:
+            bad("warmup_steps", self.warmup_steps, "a number of steps >= 0")
+        if self.learning_rate <= 0:
+            bad("learning_rate", self.learning_rate, "a number > 0")
+        if self.max_grad_norm < 0:
+            bad("max_grad_norm", self.max_grad_norm, "a number >= 0 (0: no clipping)")
         if self.bf16 and self.fp16:
             bad("bf16/fp16", (self.bf16, self.fp16), "at most one of them true")
         if self.resume_from_checkpoint and self.overwrite_output_dir:
             bad("resume_from_checkpoint/overwrite_output_dir", (self.resume_from_checkpoint, True),
                 "not both: overwriting discards the run you asked to resume")
-        from transformers import SchedulerType
-
-        allowed = [s.value for s in SchedulerType]
-        if self.lr_scheduler_type not in allowed:
-            bad("lr_scheduler_type", self.lr_scheduler_type, ", ".join(allowed))
         return self
 
 
 # ------------------------------------------------------------------------------------------ loading
-def _type_ok(value: Any, hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if hint is Any:
-        return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(value, h) for h in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if origin is list:
-        (item,) = typing.get_args(hint)
-        return isinstance(value, list) and all(_type_ok(v, item) for v in value)
-    if origin is dict:
-        return isinstance(value, dict)
-    if dataclasses.is_dataclass(hint):
-        return isinstance(value, dict)
-    return isinstance(value, hint)
-
-
-def _describe(hint: Any) -> str:
-    if isinstance(hint, type):
-        return {"str": "a string", "bool": "true/false"}.get(hint.__name__, hint.__name__)
-    return str(hint).replace("typing.", "").replace("NoneType", "null")
-
-
-def _build(cls, data: dict, prefix: str):
-    if not isinstance(data, dict):
-        raise RecipeError(f"{prefix.rstrip('.') or 'recipe'}: expected a mapping of keys, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in data.items():
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=3, cutoff=0.5)
-            hint = f"; did you mean {', '.join(prefix + c for c in close)}?" if close else ""
-            raise RecipeError(f"unknown key {prefix}{key}{hint} (valid keys: {', '.join(names)})")
-        hint = hints[key]
-        nested = [h for h in (typing.get_args(hint) or (hint,)) if dataclasses.is_dataclass(h)]
-        if nested and isinstance(value, dict):
-            kwargs[key] = _build(nested[0], value, f"{prefix}{key}.")
-            continue
-        if isinstance(value, float) and value.is_integer() and _type_ok(int(value), hint) and not _type_ok(value, hint):
-            value = int(value)
-        if hint in (float, float | None):
-            if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
-                try:
-                    value = float(value)
-                except ValueError:
-                    pass
-            elif isinstance(value, int) and not isinstance(value, bool):
-                value = float(value)
-        if not _type_ok(value, hint):
-            raise RecipeError(f"{prefix}{key}: got {value!r} ({type(value).__name__}); expected {_describe(hint)}")
-        kwargs[key] = value
-    return cls(**kwargs)
-
-
-def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    node = tree
-    for part in parents:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise RecipeError(f"override {dotted}: {part} is not a section")
-        node = child
-    node[last] = value
-
-
 def parse_overrides(items: list[str] | None) -> dict[str, Any]:
-    """``["max_steps=10", "rope.factor=8"]`` -> nested dict (values parsed as YAML)."""
-    tree: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise RecipeError(f"override {item!r}: expected key=value (dotted keys for sections: rope.factor=8)")
-        try:
-            parsed = yaml.safe_load(value)
-        except yaml.YAMLError as exc:
-            raise RecipeError(f"override {key}: cannot parse {value!r} as YAML: {exc}") from None
-        _set_dotted(tree, key.strip(), parsed)
-    return tree
+    """``["max_steps=10", "rope.factor=8"]`` -> nested dict (values read as YAML)."""
+    return schema.parse_overrides(items, RecipeError)
 
 
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def read_recipe(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise RecipeError(f"recipe {path}: no such file")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"recipe {path} is not valid YAML: {exc}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise RecipeError(f"recipe {path}: expected a mapping of keys at the top, got {type(data).__name__}")
+def _beside_recipe(data: dict, recipe: Path) -> dict:
+    """Relative data, model and tokenizer paths of a recipe file, resolved against the recipe's folder."""
+    data = schema.merge(data, {})
+    for section, key in (("data", "path"), ("model", "name_or_path"), ("model", "tokenizer")):
+        node = data.get(section)
+        if isinstance(node, dict) and isinstance(node.get(key), str):
+            node[key] = resources.beside(recipe, node[key])
+        elif isinstance(node, dict) and isinstance(node.get(key), list):
+            node[key] = [resources.beside(recipe, v) if isinstance(v, str) else v for v in node[key]]
     return data
 
 
 def load_args(recipe: str | Path | dict | None = None, overrides: list[str] | dict | None = None) -> TrainArgs:
-    """Recipe file (or dict) + overrides -> validated ``TrainArgs``. Relative data paths in a recipe file
-    stay relative to the working directory (recipes are run from the repository root)."""
-    data = read_recipe(recipe) if isinstance(recipe, (str, Path)) else dict(recipe or {})
+    """A recipe (a file, the name of a shipped recipe such as ``tiny-cpu``, or a dict) plus overrides ->
+    validated ``TrainArgs``."""
+    if isinstance(recipe, (str, Path)):
+        path = resources.find_recipe(recipe, RecipeError)
+        data = _beside_recipe(schema.read_yaml(path, what="recipe", error=RecipeError), path)
+        where = f"recipe {path.name}"
+    else:
+        data, where = dict(recipe or {}), "recipe"
     over = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
-    return _build(TrainArgs, _merge(data, over), "").validate()
+    return schema.build(TrainArgs, schema.merge(data, over), where=where, error=RecipeError).validate()
 
 
 def to_dict(args: TrainArgs) -> dict[str, Any]:
-    return dataclasses.asdict(args)
+    return schema.to_dict(args)

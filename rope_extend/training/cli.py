@@ -1,4 +1,4 @@
-"""``rope-extend train RECIPE.yaml [key=value ...]`` (also ``accelerate launch -m rope_extend train ...``)."""
+"""``rope-extend train RECIPE [key=value ...]`` (also ``accelerate launch -m rope_extend train ...``)."""
 
 from __future__ import annotations
 
@@ -6,35 +6,29 @@ import argparse
 import json
 from pathlib import Path
 
-RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+from .. import resources
 
 
-def find_recipe(name: str) -> Path:
-    """A recipe file, or a recipe's name in the checkout's recipes/ folder (``tiny-cpu``)."""
-    path = Path(name)
-    if path.is_file():
-        return path
-    for candidate in (RECIPES / name, RECIPES / f"{name}.yaml"):
-        if candidate.is_file():
-            return candidate
+def find_recipe(name: str | Path) -> Path:
+    """A recipe file, or the name of a shipped recipe (``tiny-cpu``)."""
     from .args import RecipeError
 
-    known = sorted(p.stem for p in RECIPES.glob("*.yaml")) if RECIPES.is_dir() else []
-    raise RecipeError(f"recipe {name}: no such file, and not a recipe name ({', '.join(known) or 'none found'})")
+    return resources.find_recipe(name, RecipeError)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .args import load_args, to_dict
+    from .. import schema
+    from .args import load_args
 
-    train_args = load_args(find_recipe(args.recipe), args.overrides)
+    train_args = load_args(args.recipe, args.overrides)
     if args.check:
-        print(json.dumps(to_dict(train_args), indent=1, default=str))
+        print(f"# {args.recipe}: valid; resolved with defaults and overrides\n{schema.annotated(train_args)}")
         return 0
+    from accelerate import PartialState
+
     from .loop import train
 
     result = train(train_args)
-    from accelerate import PartialState
-
     if result.history and PartialState().is_main_process:
         last = result.history[-1]
         print(json.dumps({"output_dir": str(result.output_dir), "final_dir": str(result.final_dir),
@@ -44,10 +38,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
+    shipped = ", ".join(resources.names(resources.RECIPES))
     p = subparsers.add_parser("train", help="fine-tune a model for a longer context from a YAML recipe",
                               description="Fine-tune from a YAML recipe. Overrides: key=value, dotted keys for "
-                                          "sections (rope.factor=8 lora.r=16 max_steps=10).")
-    p.add_argument("recipe", help="recipe YAML file, or a name from recipes/ (e.g. tiny-cpu)")
+                                          f"sections (rope.factor=8 lora.r=16 max_steps=10). Shipped: {shipped}.")
+    p.add_argument("recipe", help="recipe YAML file, or the name of a shipped recipe (e.g. tiny-cpu)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides; these win")
-    p.add_argument("--check", action="store_true", help="validate the recipe, print it resolved, and exit")
+    p.add_argument("--check", action="store_true",
+                   help="validate the recipe as the run would, print it resolved with each key's help, and exit")
     p.set_defaults(func=_cmd_train)

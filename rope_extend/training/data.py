@@ -1,4 +1,4 @@
-"""Training data: read documents, tokenize, pack into fixed-length windows; PoSE position ids.
+"""Training data: read documents (the one reader), tokenize, pack into fixed-length windows; PoSE positions.
 
 Packing: documents are tokenized, each followed by EOS, concatenated, and cut into windows of
 ``max_seq_length`` tokens (the tail that does not fill a window is dropped). ``document_boundaries``
@@ -16,64 +16,26 @@ step ``s`` needs nothing but ``s``. PoSE offsets are drawn from a generator seed
 
 from __future__ import annotations
 
-import glob
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from .. import documents
+from ..errors import RopeExtendError
 from .args import DataArgs, RecipeError
-
-FORMATS = {".txt": "text", ".text": "text", ".md": "text", ".jsonl": "json", ".json": "json",
-           ".parquet": "parquet"}
 
 
 # ------------------------------------------------------------------------------------------ reading
-def _local_files(path: str | list[str]) -> list[str] | None:
-    """The local files ``path`` names, or None when it names none (then it is a dataset name)."""
-    items = [path] if isinstance(path, str) else list(path)
-    files: list[str] = []
-    for item in items:
-        if os.path.isdir(item):
-            files += sorted(str(p) for p in Path(item).rglob("*") if p.suffix in FORMATS)
-        elif any(ch in item for ch in "*?["):
-            files += sorted(glob.glob(item))
-        elif os.path.isfile(item):
-            files.append(item)
-        elif isinstance(path, list) or os.sep in item or Path(item).suffix in FORMATS:
-            raise RecipeError(f"data.path: {item} does not exist")
-    if isinstance(path, str) and not files and not os.path.exists(path) and not any(c in path for c in "*?["):
-        return None
-    if not files:
-        raise RecipeError(f"data.path: {path!r} names no .txt/.jsonl/.json/.parquet files")
-    return files
-
-
 def read_documents(args: DataArgs) -> list[str]:
-    """The documents' text. Text files: one document per blank-line-separated paragraph."""
-    import datasets
-
-    files = _local_files(args.path)
-    if files is None:  # a dataset name, where the hub is reachable
-        ds = datasets.load_dataset(args.path, args.name, split=args.split)
-    else:
-        kinds = {FORMATS.get(Path(f).suffix) for f in files}
-        if None in kinds or len(kinds) != 1:
-            raise RecipeError(f"data.path: files must all be one of .txt/.jsonl/.json/.parquet, got {files}")
-        kind = kinds.pop()
-        extra = {"sample_by": "paragraph"} if kind == "text" else {}
-        ds = datasets.load_dataset(kind, data_files=files, split="train", **extra)
-    if args.text_field not in ds.column_names:
-        raise RecipeError(f"data.text_field: the dataset {args.path} has no field {args.text_field!r}; "
-                          f"its fields are {ds.column_names}")
-    if args.max_documents is not None:
-        ds = ds.select(range(min(args.max_documents, len(ds))))
-    texts = [t.strip() for t in ds[args.text_field] if isinstance(t, str) and t.strip()]
-    if not texts:
-        raise RecipeError(f"data.path: {args.path} has no non-empty {args.text_field!r} texts")
-    return texts
+    """The documents of ``data``, through the one reader (``rope_extend.documents``); errors name data.path."""
+    try:
+        return documents.read_documents(args.path, text_field=args.text_field, split=args.split, name=args.name,
+                                        sample_by=args.sample_by, max_docs=args.max_docs)
+    except RecipeError:
+        raise
+    except RopeExtendError as exc:
+        raise RecipeError(f"data.path: {exc}") from None
 
 
 # ------------------------------------------------------------------------------------------ packing

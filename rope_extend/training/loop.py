@@ -1,7 +1,9 @@
-"""The training loop: one function, accelerate for devices and processes, PEFT for LoRA.
+"""The training runner: ``setup`` builds everything a run needs, ``train`` is the one loop, ``finish`` saves.
 
-    read documents -> tokenizer + model -> rope_extend.patch -> gradient checkpointing -> LoRA
-    -> pack windows -> AdamW + schedule -> [resume] -> steps -> checkpoints -> adapter + merged model
+    setup:  accelerator -> output folder -> documents -> model (+ rope patch, checkpointing, LoRA)
+            -> windows and batches -> LM head (checked) -> AdamW + schedule -> accelerate.prepare -> [resume]
+    train:  steps of G micro-batches -> clip -> step -> log -> checkpoint
+    finish: the adapter and the merged model (LoRA), or the model (full), with the tokenizer
 
 Loss normalization: every optimizer step averages the token loss over all target tokens of the global
 batch (all micro-batches of all processes), counted before the step; each process backpropagates
@@ -12,7 +14,6 @@ depend on how a global batch is split into processes and accumulation steps.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import shutil
@@ -24,8 +25,10 @@ from typing import Any, Callable
 import torch
 import yaml
 
-import rope_extend
-
+from ..hf import checkpointing
+from ..hf.head import LMHead, check, lm_head
+from ..io import atomic_path
+from ..patch import patch, patched
 from . import checkpoint as ckpt
 from .args import RecipeError, TrainArgs, to_dict
 from .data import Batches, pack, pad_documents, read_documents, tokenize
@@ -46,24 +49,40 @@ class TrainResult:
     adapter_dir: Path | None = None
 
 
-def _trainable_groups(model, weight_decay: float):
-    decay, no_decay = [], []
-    for _, p in model.named_parameters():
-        if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+@dataclass
+class Run:
+    """Everything ``setup`` builds for the loop."""
+
+    args: TrainArgs
+    accelerator: Any
+    model: Any
+    tokenizer: Any
+    head: LMHead
+    optimizer: Any
+    scheduler: Any
+    batches: Batches
+    out: Path
+    rank: int  # data-parallel rank (context-parallel groups share one)
+    cp: int  # context-parallel group size
+    tokens_per_step: int
+    trackers: list[str]
+    step: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
 
 
-def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> TrainResult:
-    """Run ``args`` to ``max_steps``. ``on_step(step)`` is called after every step (and its checkpoint)."""
+# ------------------------------------------------------------------------------------------ setup
+def _setup_accelerator(args: TrainArgs):
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
-    from transformers import get_scheduler
 
     trackers = [] if args.report_to in ("none", [], ["none"]) else args.report_to
     accelerator = Accelerator(mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no",
                               log_with=trackers or None, project_dir=args.output_dir)
+    return accelerator, list(trackers) if isinstance(trackers, list) else [trackers]
+
+
+def _setup_output(args: TrainArgs, accelerator) -> Path | None:
+    """Check the output folder against overwrite/resume (every process), prepare it (the main one); returns the
+    checkpoint to resume from."""
     out = Path(args.output_dir)
     resume_from = ckpt.resolve_output_dir(args)
     accelerator.wait_for_everyone()
@@ -72,25 +91,20 @@ def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> T
             shutil.rmtree(out)
         out.mkdir(parents=True, exist_ok=True)
         (out / ckpt.RUN_FILE).write_text(yaml.safe_dump(to_dict(args), sort_keys=False))
-    set_seed(args.seed)
+    return resume_from
 
-    # Model: build, scale the rope, then wrap. The patch writes the scaling into model.config, so the
-    # saved and merged config.json carry it.
-    with accelerator.main_process_first():
-        texts = read_documents(args.data)
+
+def _setup_model(args: TrainArgs, texts: list[str]):
+    """The model with its rope scaled (the patch writes it into model.config, so the saved and merged
+    config.json carry it), activation checkpointing, and LoRA or full training."""
     model, tokenizer = build_model(args.model, texts, args.seed)
     r = args.rope
     if r.method != "none":
-        rope_extend.patch(model, r.method, factor=r.factor, target_length=r.target_length,
-                          original_max_position_embeddings=r.original_max_position_embeddings, **r.params)
-    scaling = rope_extend.patched(model)
-    target = model.config.get_text_config().max_position_embeddings
+        patch(model, r.method, factor=r.factor, target_length=r.target_length,
+              original_max_position_embeddings=r.original_max_position_embeddings, **r.params)
+    scaling = patched(model)
     if args.gradient_checkpointing:
-        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.x name
-        if enable is not None:
-            enable({"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpointing.enable(model)
     model.config.use_cache = False
     if args.lora is not None:
         from peft import LoraConfig, get_peft_model
@@ -101,10 +115,51 @@ def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> T
             target_modules=lora.target_modules, modules_to_save=lora.modules_to_save, task_type="CAUSAL_LM"))
     else:
         model.requires_grad_(True)
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return model, tokenizer, scaling
 
-    # Data: windows of max_seq_length tokens; PoSE stretches their positions to the target length.
+
+def _setup_data(args: TrainArgs, texts: list[str], tokenizer, target: int, processes: int) -> Batches:
+    """Windows of max_seq_length tokens (packed, or one padded document each); PoSE stretches their positions."""
+    if args.data.packing:
+        packed = pack(tokenize(texts, tokenizer), tokenizer.eos_token_id, args.data.max_seq_length,
+                      args.data.document_boundaries)
+    else:
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        packed = pad_documents(tokenize(texts, tokenizer), tokenizer.eos_token_id, pad_id, args.data.max_seq_length)
+    pose_target = (args.pose.target_length or target) if args.pose.enabled else None
+    return Batches(packed, seed=args.seed, batch_size=args.per_device_train_batch_size,
+                   accumulation=args.gradient_accumulation_steps, num_processes=processes,
+                   pose_target_length=pose_target, pose_chunks=args.pose.num_chunks)
+
+
+def _setup_optimizer(args: TrainArgs, model):
+    """AdamW (decay on matrices only) and the schedule, which is not prepared: accelerate would step a
+    prepared scheduler once per process."""
+    from transformers import get_scheduler
+
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
+                                  eps=args.adam_epsilon)
+    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps,
+                              num_training_steps=args.max_steps)
+    return optimizer, scheduler
+
+
+def setup(args: TrainArgs) -> Run:
+    from accelerate.utils import set_seed
+
+    accelerator, trackers = _setup_accelerator(args)
+    resume_from = _setup_output(args, accelerator)
+    set_seed(args.seed)
+    with accelerator.main_process_first():
+        texts = read_documents(args.data)
+    model, tokenizer, scaling = _setup_model(args, texts)
+    target = model.config.get_text_config().max_position_embeddings
+
     # Context parallelism (accelerate ParallelismConfig cp_size, FSDP2): the cp_size processes of a group
     # share one batch and each holds a slice of its sequence; cp is the innermost mesh dimension.
     pc = getattr(accelerator, "parallelism_config", None)
@@ -112,90 +167,93 @@ def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> T
     if cp > 1 and args.pose.enabled:
         raise RecipeError("pose.enabled with context parallelism (cp_size > 1) is not supported: the sharded "
                           "PoSE position ids would be read as packed sequences")
-    P, B, G, T = accelerator.num_processes // cp, args.per_device_train_batch_size, \
-        args.gradient_accumulation_steps, args.data.max_seq_length
-    rank = accelerator.process_index // cp
-    if args.data.packing:
-        packed = pack(tokenize(texts, tokenizer), tokenizer.eos_token_id, T, args.data.document_boundaries)
-    else:
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        packed = pad_documents(tokenize(texts, tokenizer), tokenizer.eos_token_id, pad_id, T)
-    pose_target = (args.pose.target_length or target) if args.pose.enabled else None
-    batches = Batches(packed, seed=args.seed, batch_size=B, accumulation=G, num_processes=P,
-                      pose_target_length=pose_target, pose_chunks=args.pose.num_chunks)
-    tokens_per_step = B * G * P * T  # e.g. 1 x 8 x 1 x 65536 = 524k tokens per step
+    processes = accelerator.num_processes // cp
+    batches = _setup_data(args, texts, tokenizer, target, processes)
+    # The loss applies the LM head itself (chunked): it must compute the logits the model computes.
+    check(model, lm_head(model), batches.packed.input_ids[0].tolist())
 
-    optimizer = torch.optim.AdamW(_trainable_groups(model, args.weight_decay), lr=args.learning_rate,
-                                  betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
-    # Not prepared: accelerate would step a prepared scheduler once per process.
-    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps,
-                              num_training_steps=args.max_steps)
+    optimizer, scheduler = _setup_optimizer(args, model)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.register_for_checkpointing(scheduler)
     if args.lora is not None:
         accelerator.register_save_state_pre_hook(ckpt.trainable_only_hook(trainable))
+    out = Path(args.output_dir)
     if trackers:
         accelerator.init_trackers(out.name, config={k: str(v) for k, v in to_dict(args).items()})
-
-    step, history = 0, []
+    T = args.data.max_seq_length
+    run = Run(args, accelerator, model, tokenizer, lm_head(model), optimizer, scheduler, batches, out,
+              rank=accelerator.process_index // cp, cp=cp, trackers=trackers,
+              tokens_per_step=args.per_device_train_batch_size * args.gradient_accumulation_steps * processes * T)
     if resume_from is not None:
         state = ckpt.load(accelerator, resume_from)
-        step, history = state["step"], state["history"]
-        accelerator.print(f"resumed from {resume_from} at step {step}")
+        run.step, run.history = state["step"], state["history"]
+        accelerator.print(f"resumed from {resume_from} at step {run.step}")
     accelerator.print(
         f"{scaling.describe() if scaling else 'rope as is'} (max_position_embeddings {target})"
-        f" | {packed.input_ids.shape[0]} windows of {T} tokens | {tokens_per_step} tokens/step | "
-        f"{n_trainable / 1e6:.2f}M trainable parameters | {P} process(es)")
+        f" | {batches.windows} windows of {T} tokens | {run.tokens_per_step} tokens/step | "
+        f"{n_trainable / 1e6:.2f}M trainable parameters | {processes} process(es)")
+    return run
 
+
+# ------------------------------------------------------------------------------------------ the loop
+def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> TrainResult:
+    """Run ``args`` to ``max_steps``. ``on_step(step)`` is called after every step (and its checkpoint)."""
+    from tqdm.auto import tqdm
+
+    run = setup(args)
+    acc, model, G = run.accelerator, run.model, args.gradient_accumulation_steps
     model.train()
-    bar = tqdm(total=args.max_steps, initial=step, disable=not accelerator.is_local_main_process,
-               desc="train", dynamic_ncols=True)
+    bar = tqdm(total=args.max_steps, initial=run.step, disable=not acc.is_local_main_process, desc="train",
+               dynamic_ncols=True)
     clock, clock_tokens = time.perf_counter(), 0
-    while step < args.max_steps:
-        micro = [batches.get(step, m, rank) for m in range(G)]
-        local = torch.tensor(sum(int((b["targets"] != -100).sum()) for b in micro), device=accelerator.device)
-        tokens = (accelerator.reduce(local, reduction="sum") // cp).clamp_min(1)
-        loss_sum = torch.zeros((), device=accelerator.device)
+    while run.step < args.max_steps:
+        micro = [run.batches.get(run.step, m, run.rank) for m in range(G)]
+        # the whole global batch's target tokens, counted first: each micro-batch's loss is divided by it
+        local = torch.tensor(sum(int((b["targets"] != -100).sum()) for b in micro), device=acc.device)
+        tokens = (acc.reduce(local, reduction="sum") // run.cp).clamp_min(1)
+        loss_sum = torch.zeros((), device=acc.device)
         for m, batch in enumerate(micro):
-            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-            sync = contextlib.nullcontext() if m == G - 1 else accelerator.no_sync(model)
-            with sync, _context_parallel(accelerator, batch, cp):
-                loss, _ = model_loss(model, batch, args.loss_chunk_size)
-                # gradients are averaged over all processes; each CP rank holds part of the loss sum
-                accelerator.backward(loss * accelerator.num_processes / tokens)
+            batch = {k: v.to(acc.device) for k, v in batch.items()}
+            sync = contextlib.nullcontext() if m == G - 1 else acc.no_sync(model)  # all-reduce once per step
+            with sync, _context_parallel(acc, batch, run.cp):
+                loss, _ = model_loss(model, batch, args.loss_chunk_size, run.head)
+                # DDP averages gradients over processes, and each CP rank holds part of the loss sum
+                acc.backward(loss * acc.num_processes / tokens)
             loss_sum += loss.detach()
-        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm) \
+        grad_norm = acc.clip_grad_norm_(model.parameters(), args.max_grad_norm) \
             if args.max_grad_norm > 0 else torch.tensor(float("nan"))
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        clock_tokens += tokens_per_step
+        lr = run.scheduler.get_last_lr()[0]  # the rate this step used
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        run.step += 1
+        clock_tokens += run.tokens_per_step
 
-        if step % args.logging_steps == 0 or step == args.max_steps:
-            loss_value = float(accelerator.reduce(loss_sum, reduction="sum") / tokens)
+        if run.step % args.logging_steps == 0 or run.step == args.max_steps:
+            loss_value = float(acc.reduce(loss_sum, reduction="sum") / tokens)
             elapsed = time.perf_counter() - clock
-            row = {"step": step, "loss": loss_value, "learning_rate": lr, "grad_norm": float(grad_norm),
-                   "tokens": step * tokens_per_step, "tokens_per_s": clock_tokens / max(elapsed, 1e-9)}
-            history.append(row)
+            row = {"step": run.step, "loss": loss_value, "learning_rate": lr, "grad_norm": float(grad_norm),
+                   "tokens": run.step * run.tokens_per_step, "tokens_per_s": clock_tokens / max(elapsed, 1e-9)}
+            run.history.append(row)
             clock, clock_tokens = time.perf_counter(), 0
             bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{row['tokens_per_s']:.0f}", lr=f"{lr:.2e}")
-            if trackers:
-                accelerator.log({k: v for k, v in row.items() if k != "step"}, step=step)
+            if run.trackers:
+                acc.log({k: v for k, v in row.items() if k != "step"}, step=run.step)
             if not math.isfinite(loss_value):
-                raise FloatingPointError(f"loss is {loss_value} at step {step}; lower learning_rate or check data")
+                raise FloatingPointError(f"loss is {loss_value} at step {run.step}; lower learning_rate or check data")
         bar.update(1)
-        if step % args.save_steps == 0 or step == args.max_steps:
-            ckpt.save(accelerator, out, step, {"step": step, "history": history}, args.save_total_limit)
-            if accelerator.is_main_process:
-                write_loss_curve(history, out)
+        if run.step % args.save_steps == 0 or run.step == args.max_steps:
+            ckpt.save(acc, run.out, run.step, {"step": run.step, "history": run.history}, args.save_total_limit)
+            if acc.is_main_process:
+                write_loss_curve(run.history, run.out)
         if on_step is not None:
-            on_step(step)
+            on_step(run.step)
     bar.close()
-    result = _finish(args, accelerator, model, tokenizer, history, out)
-    if trackers:
-        accelerator.end_training()
+    result = finish(run)
+    if run.trackers:
+        acc.end_training()
     return result
 
 
@@ -209,14 +267,14 @@ def _context_parallel(accelerator, batch: dict, cp: int):
                                               no_restore_buffers=set(buffers))
 
 
-def _finish(args, accelerator, model, tokenizer, history, out: Path) -> TrainResult:
+# ------------------------------------------------------------------------------------------ finish
+def finish(run: Run) -> TrainResult:
     """Write the adapter and the merged model (LoRA) or the model (full), with the tokenizer."""
-    from ..io import atomic_path
-
+    args, accelerator, out = run.args, run.accelerator, run.out
     accelerator.wait_for_everyone()
-    state_dict = accelerator.get_state_dict(model)  # gathers FSDP shards (every process must call it)
-    unwrapped = accelerator.unwrap_model(model)
-    result = TrainResult(model=unwrapped, tokenizer=tokenizer, history=history, output_dir=out)
+    state_dict = accelerator.get_state_dict(run.model)  # gathers FSDP shards (every process must call it)
+    unwrapped = accelerator.unwrap_model(run.model)
+    result = TrainResult(model=unwrapped, tokenizer=run.tokenizer, history=run.history, output_dir=out)
     if not accelerator.is_main_process:
         accelerator.wait_for_everyone()
         return result
@@ -226,27 +284,22 @@ def _finish(args, accelerator, model, tokenizer, history, out: Path) -> TrainRes
             base = unwrapped.get_base_model().config.get_text_config()
             (tmp / "rope_parameters.json").write_text(yaml.safe_dump({  # the patched base's rope settings
                 "rope_parameters": base.rope_parameters, "max_position_embeddings": base.max_position_embeddings}))
-            tokenizer.save_pretrained(tmp)
+            run.tokenizer.save_pretrained(tmp)
         result.adapter_dir = out / "adapter"
         if args.merge_adapter:
             merged = unwrapped.merge_and_unload()
-            _save_model(merged, tokenizer, out / "merged")
+            _save_model(merged, run.tokenizer, out / "merged")
             result.model, result.final_dir = merged, out / "merged"
     else:
-        _save_model(unwrapped, tokenizer, out / "model", state_dict)
+        _save_model(unwrapped, run.tokenizer, out / "model", state_dict)
         result.final_dir = out / "model"
     accelerator.wait_for_everyone()
     return result
 
 
 def _save_model(model, tokenizer, path: Path, state_dict=None) -> None:
-    from ..io import atomic_path
-
     model.eval()
-    if hasattr(model, "activation_checkpointing_disable"):
-        model.activation_checkpointing_disable()
-    elif getattr(model, "is_gradient_checkpointing", False):
-        model.gradient_checkpointing_disable()
+    checkpointing.disable(model)
     model.config.use_cache = True
     with atomic_path(path) as tmp:
         kwargs = {"state_dict": state_dict} if state_dict is not None else {}

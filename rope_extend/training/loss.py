@@ -8,7 +8,8 @@ cross-entropy run ``chunk_size`` tokens at a time:
   by chunk, the loss and already its gradients with respect to the hidden states (and the head's weight
   and bias if they are trained); backward only scales them. No recomputation, so it costs the same
   matmuls as ``model(labels=...)``; peak extra memory is a few ``chunk_size x V`` float32 blocks plus one
-  ``T x H`` gradient. Logit soft-capping (Gemma 2) is applied and differentiated.
+  ``T x H`` gradient. The family's logit transform (``hf.head``: Cohere's scale, Granite's divisor,
+  Gemma's soft cap) is applied and differentiated.
 - any other head (a LoRA- or modules_to_save-wrapped ``lm_head``): a loop of checkpointed chunks, each
   recomputed in backward.
 
@@ -27,14 +28,17 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..hf.head import LMHead, lm_head, unwrap
+
 IGNORE = -100
 
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
-    """Sum over tokens of ``cross_entropy(softcap(hidden @ weight.T + bias), targets)``; targets -100 skipped."""
+    """Sum over tokens of ``cross_entropy(softcap(m * (hidden @ weight.T + bias)), targets)``; targets -100
+    skipped; ``m`` is the family's logit multiplier (1 for most)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, chunk_size: int, softcap: float | None):
+    def forward(ctx, hidden, weight, bias, targets, chunk_size: int, softcap: float | None, multiplier: float = 1.0):
         shape = hidden.shape
         h = hidden.reshape(-1, shape[-1])
         t = targets.reshape(-1)
@@ -53,6 +57,8 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             raw = (hc @ w.T).float()
             if bias is not None:
                 raw = raw + bias.float()
+            if multiplier != 1.0:
+                raw = raw * multiplier
             if softcap:
                 capped = torch.tanh(raw / softcap)
                 logits = capped * softcap
@@ -70,6 +76,8 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             if softcap:
                 g.mul_(1 - capped * capped)
                 del capped
+            if multiplier != 1.0:
+                g.mul_(multiplier)
             if grad_h is not None:
                 grad_h[start:start + chunk_size] = (g.to(w.dtype) @ w).to(h.dtype)
             if grad_w is not None:
@@ -88,22 +96,25 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         gh = (grad_h * grad_out.to(grad_h.dtype)).view(ctx.shape) if grad_h is not None else None
         gw = (grad_w * grad_out).to(ctx.dtypes[0]) if grad_w is not None else None
         gb = (grad_b * grad_out).to(ctx.dtypes[1]) if grad_b is not None else None
-        return gh, gw, gb, None, None, None
+        return gh, gw, gb, None, None, None, None
 
 
-def chunked_loss(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, chunk_size: int = 1024,
+def chunked_loss(hidden: torch.Tensor, head: nn.Module | LMHead, targets: torch.Tensor, chunk_size: int = 1024,
                  softcap: float | None = None, head_forward=None) -> torch.Tensor:
-    """Summed token cross-entropy of ``head(hidden)`` against ``targets``, never all logits at once."""
-    if type(head) is nn.Linear:
-        return ChunkedLinearCrossEntropy.apply(hidden, head.weight, head.bias, targets, chunk_size, softcap)
-    forward = head_forward or head.forward
+    """Summed token cross-entropy of ``head(hidden)`` against ``targets``, never all logits at once.
+
+    ``head`` is an ``LMHead`` (its logit transform applied) or a bare output module (with ``softcap``)."""
+    lm = head if isinstance(head, LMHead) else LMHead(head, softcap=softcap)
+    module = lm.output
+    if type(module) is nn.Linear:
+        return ChunkedLinearCrossEntropy.apply(hidden, module.weight, module.bias, targets, chunk_size, lm.softcap,
+                                               lm.multiplier)
+    forward = head_forward or module.forward
     h = hidden.reshape(-1, hidden.shape[-1])
     t = targets.reshape(-1)
 
     def piece(hc, tc):
-        logits = forward(hc).float()
-        if softcap:
-            logits = torch.tanh(logits / softcap) * softcap
+        logits = lm.transform(forward(hc)).float()
         return F.cross_entropy(logits, tc, ignore_index=IGNORE, reduction="sum")
 
     total = hidden.new_zeros((), dtype=torch.float32)
@@ -114,24 +125,14 @@ def chunked_loss(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, c
     return total
 
 
-def output_head(model: nn.Module) -> nn.Module:
-    """The LM head of a (DDP/FSDP/PEFT-wrapped) causal LM."""
-    inner = model
-    while hasattr(inner, "module") and isinstance(inner.module, nn.Module):  # DDP and friends
-        inner = inner.module
-    head = inner.get_output_embeddings()
-    if head is None:
-        raise ValueError(f"{type(inner).__name__} has no output embeddings (LM head)")
-    return head
-
-
 @contextlib.contextmanager
-def _loss_head(head: nn.Module, targets, chunk_size: int, softcap: float | None, slot: dict):
+def _loss_head(lm: LMHead, targets, chunk_size: int, slot: dict):
+    head = lm.output
     original = head.__dict__.get("forward")
     bound = head.forward
 
     def forward(hidden):
-        slot["loss"] = chunked_loss(hidden, head, targets, chunk_size, softcap, head_forward=bound)
+        slot["loss"] = chunked_loss(hidden, lm, targets, chunk_size, head_forward=bound)
         return hidden.new_empty(*hidden.shape[:-1], 0)
 
     head.forward = forward
@@ -144,16 +145,17 @@ def _loss_head(head: nn.Module, targets, chunk_size: int, softcap: float | None,
             head.forward = original
 
 
-def model_loss(model: nn.Module, batch: dict[str, torch.Tensor], chunk_size: int = 1024) -> tuple[torch.Tensor, int]:
-    """``(summed token loss, number of target tokens)`` for one batch, through the model's own forward."""
-    head = output_head(model)
-    inner = model.module if hasattr(model, "module") else model
-    config = getattr(inner, "config", None)
-    softcap = getattr(config.get_text_config() if config is not None else None, "final_logit_softcapping", None)
+def model_loss(model: nn.Module, batch: dict[str, torch.Tensor], chunk_size: int = 1024,
+               head: LMHead | None = None) -> tuple[torch.Tensor, int]:
+    """``(summed token loss, number of target tokens)`` for one batch, through the model's own forward.
+
+    ``head`` is the model's ``LMHead`` (found once, and checked with ``hf.head.check``, by the caller that
+    trains; looked up here when not given)."""
+    lm = head if head is not None else lm_head(model)
     slot: dict = {}
     inputs = {k: v for k, v in batch.items() if k != "targets"}
-    with _loss_head(head, batch["targets"], chunk_size, softcap, slot):
+    with _loss_head(lm, batch["targets"], chunk_size, slot):
         model(**inputs, use_cache=False)
     if "loss" not in slot:
-        raise RuntimeError(f"{type(inner).__name__}'s forward did not call its LM head; cannot compute the loss")
+        raise RuntimeError(f"{type(unwrap(model)).__name__}'s forward did not call its LM head; cannot compute the loss")
     return slot["loss"], int((batch["targets"] != IGNORE).sum())

@@ -1,4 +1,3 @@
-import importlib
 import math
 
 import pytest
@@ -7,7 +6,8 @@ from hypothesis import given, strategies as st
 
 from rope_extend import RopeExtendError
 from rope_extend.evaluation import perplexity
-from rope_extend.evaluation.perplexity import lm_parts, windows
+from rope_extend.evaluation.perplexity import windows
+from rope_extend.hf import head as H
 from tests.evaluation.conftest import make_text
 from tests.tiny import FAMILIES, tiny_model
 
@@ -107,7 +107,7 @@ def test_unknown_logit_transform_is_caught(tok, texts):
     model = tiny_model("llama")
     original = model.forward
 
-    def forward(*args, **kwargs):  # a family that scales its logits in a way lm_parts does not know
+    def forward(*args, **kwargs):  # a family that scales its logits in a way hf.head does not know
         out = original(*args, **kwargs)
         out.logits = out.logits * 2
         return out
@@ -118,16 +118,14 @@ def test_unknown_logit_transform_is_caught(tok, texts):
 
 
 def test_head_never_sees_more_than_a_chunk(llama, tok, texts, monkeypatch):
-    parts = lm_parts(llama)
     seen = []
-    head = parts.head
+    logits = H.LMHead.logits
 
-    def spy(h):
+    def spy(self, h):
         seen.append(h.shape[0])
-        return head(h)
+        return logits(self, h)
 
-    module = importlib.import_module("rope_extend.evaluation.perplexity")  # the attribute is the function
-    monkeypatch.setattr(module, "lm_parts", lambda m: type(parts)(parts.decoder, spy, parts.vocab_size))
+    monkeypatch.setattr(H.LMHead, "logits", spy)
     perplexity(llama, tok, texts, [200], chunk_size=32, progress=False)
     assert max(seen[1:]) == 32 and sum(seen[1:]) == 3 * 199  # seen[0]: the 16-token head check
 

@@ -2,12 +2,12 @@ from pathlib import Path
 
 import pytest
 
+from rope_extend import resources
 from rope_extend.training.args import RecipeError, TrainArgs, load_args, parse_overrides
 from rope_extend.training.checkpoint import resolve_output_dir
 
-ROOT = Path(__file__).resolve().parents[2]
-RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
-LAUNCHERS = sorted((ROOT / "recipes" / "accelerate").glob("*.yaml"))
+RECIPES = sorted(resources.RECIPES.glob("*.yaml"))
+LAUNCHERS = sorted((resources.RECIPES / "accelerate").glob("*.yaml"))
 
 
 def test_there_are_recipes_and_launchers():
@@ -41,16 +41,16 @@ def test_every_accelerate_launcher_config_loads(path):
 
 
 def test_overrides_win_and_dotted_keys_reach_sections():
-    args = load_args(ROOT / "recipes/tiny-cpu.yaml", ["max_steps=7", "rope.factor=2", "lora.r=4", "lora=null"])
+    args = load_args("tiny-cpu", ["max_steps=7", "rope.factor=2", "lora.r=4", "lora=null"])
     assert (args.max_steps, args.rope.factor, args.lora) == (7, 2.0, None)
-    args = load_args(ROOT / "recipes/tiny-cpu.yaml", ["lora.r=4", "learning_rate=1e-4"])
+    args = load_args("tiny-cpu", ["lora.r=4", "learning_rate=1e-4"])
     assert args.lora.r == 4 and args.lora.lora_alpha == 16 and args.learning_rate == 1e-4
     assert parse_overrides(["a.b.c=[1, 2]"]) == {"a": {"b": {"c": [1, 2]}}}
 
 
 @pytest.mark.parametrize("override,message", [
-    ("learnig_rate=1", r"unknown key learnig_rate; did you mean learning_rate"),
-    ("rope.factr=2", r"unknown key rope\.factr; did you mean rope\.factor"),
+    ("learnig_rate=1", r"unknown key 'learnig_rate'; did you mean 'learning_rate'"),
+    ("rope.factr=2", r"unknown key 'rope\.factr'; did you mean 'rope\.factor'"),
     ("lora.lora_alfa=8", r"lora\.lora_alpha"),
     ("max_steps=ten", r"max_steps: got 'ten' \(str\); expected int"),
     ("rope.factor=0.5", r"rope\.factor: got 0\.5; expected a number >= 1"),
@@ -61,7 +61,7 @@ def test_overrides_win_and_dotted_keys_reach_sections():
 ])
 def test_bad_keys_and_values_name_the_key(override, message):
     with pytest.raises(RecipeError, match=message):
-        load_args(ROOT / "recipes/tiny-cpu.yaml", [override])
+        load_args("tiny-cpu", [override])
 
 
 def test_recipe_that_does_not_parse(tmp_path):

@@ -61,19 +61,21 @@ def test_a_step_sees_the_same_sequences_however_it_is_split():
 def test_read_documents_names_missing_text_field(tmp_path):
     f = tmp_path / "d.jsonl"
     f.write_text('{"body": "hello there"}\n{"body": "more text"}\n')
-    with pytest.raises(RecipeError, match=r"no field 'text'.*\['body'\]"):
+    with pytest.raises(RecipeError, match=r"no column 'text'.*body"):
         read_documents(DataArgs(path=str(f)))
     assert read_documents(DataArgs(path=str(f), text_field="body")) == ["hello there", "more text"]
 
 
 def test_read_documents_text_paragraphs_and_parquet(tmp_path):
     (tmp_path / "a.txt").write_text("first doc\nline two\n\nsecond doc\n")
-    assert read_documents(DataArgs(path=str(tmp_path / "a.txt"))) == ["first doc\nline two", "second doc"]
+    assert read_documents(DataArgs(path=str(tmp_path / "a.txt"), sample_by="paragraph")) == \
+        ["first doc\nline two", "second doc"]
+    assert read_documents(DataArgs(path=str(tmp_path / "a.txt"))) == ["first doc\nline two\n\nsecond doc"]
     import datasets
 
     datasets.Dataset.from_dict({"text": ["x y", "z"]}).to_parquet(str(tmp_path / "b.parquet"))
     assert read_documents(DataArgs(path=str(tmp_path / "b.parquet"))) == ["x y", "z"]
-    with pytest.raises(RecipeError, match="does not exist"):
+    with pytest.raises(RecipeError, match="data.path: .*missing.jsonl is not a local file"):
         read_documents(DataArgs(path=str(tmp_path / "missing.jsonl")))
 
 

@@ -10,17 +10,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rope_extend import resources
 from rope_extend.training import load_args, train
 
 ROOT = Path(__file__).resolve().parents[2]
-RECIPE = ROOT / "recipes" / "tiny-cpu.yaml"
+RECIPE = resources.RECIPES / "tiny-cpu.yaml"
 # Short windows keep each step well under a second on 2 cores.
 FAST = ["data.max_seq_length=256", "per_device_train_batch_size=2", "gradient_accumulation_steps=2",
-        "loss_chunk_size=64", "data.max_documents=120", "warmup_steps=2"]
+        "loss_chunk_size=64", "data.max_docs=120", "warmup_steps=2"]
 
 
 def run_args(tmp_path, *extra):
-    os.chdir(ROOT)  # the recipe's data path is relative to the checkout
     return load_args(RECIPE, FAST + [f"output_dir={tmp_path / 'run'}", *extra])
 
 
@@ -122,7 +122,7 @@ def test_two_processes_match_one_process(tmp_path):
     ]:
         cmd = launcher + ["train", str(RECIPE), *common, f"gradient_accumulation_steps={accumulation}",
                           f"output_dir={tmp_path / name}"]
-        proc = subprocess.run(cmd, cwd=ROOT, env={**env, "ACCELERATE_USE_CPU": "1"}, capture_output=True,
+        proc = subprocess.run(cmd, cwd=tmp_path, env={**env, "ACCELERATE_USE_CPU": "1"}, capture_output=True,
                               text=True, timeout=180)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert f"{2 if name == 'two' else 1} process(es)" in proc.stdout

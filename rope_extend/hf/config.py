@@ -1,12 +1,9 @@
-"""The one place that knows transformers internals.
+"""Reading and writing a transformers config's rotary settings.
 
-- Reading a config: rotary geometry (head dim, base, partial rotary factor), the original length ``L``,
-  the scaling a config already names, flat or per-layer-type (Gemma 3) ``rope_parameters``.
-- Writing a config: ``configure`` puts a scaling into ``config.rope_parameters`` and raises
+- Reading: rotary geometry (head dim, base, partial rotary factor), the original length ``L``, the
+  scaling a config already names, flat or per-layer-type (Gemma 3) ``rope_parameters``.
+- Writing: ``configure`` puts a scaling into ``config.rope_parameters`` and raises
   ``max_position_embeddings``; ``snapshot``/``restore`` undo that exactly.
-- Registration: the rope types transformers lacks (``ntk``, ``dynamic_ntk``, ``ntk_by_parts``,
-  ``dynamic_yarn``) go into ``ROPE_INIT_FUNCTIONS`` and config validation, and models built from a
-  config that names a rope-extend type get rope-extend's rotary runtime (see ``patch.attach``).
 
 Where ``L`` lives: transformers keeps it in ``rope_parameters["original_max_position_embeddings"]`` for
 yarn/llama3/longrope, and Phi-3 also as a top-level config attribute. ``configure`` writes the top-level
@@ -16,13 +13,12 @@ second ``configure`` on the same config reads the same ``L`` and never compounds
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 from typing import Any
 
-from .errors import RopeExtendError, UnsupportedModelError
-from .methods import registry as M
+from ..errors import RopeExtendError, UnsupportedModelError
+from ..methods import registry as M
 
 logger = logging.getLogger("rope_extend")
 
@@ -223,120 +219,7 @@ def rope_parameters(method: str, *, factor=None, target_length=None, original_ma
     return scaled_rope_dict({"rope_theta": float(rope_theta)}, scaling)
 
 
-# ------------------------------------------------------------------------------------------ registration
-def _init_function(config, device=None, seq_len=None, layer_type=None, **_ignored):
-    """A ``ROPE_INIT_FUNCTIONS`` entry for a rope-extend type: reads the config, calls the pure math."""
-    scaling = config_scaling(config, layer_type)
-    dim, base = rotary_geometry(config, layer_type)
-    length = int(seq_len) if seq_len is not None else None
-    freqs, scale = scaling.compute(dim, base, length)
-    return freqs.to(device) if device is not None else freqs, scale
-
-
-def _validator(self, rope_parameters, ignore_keys=None):
-    """Config validation for a rope-extend type: raises (transformers' own validators only warn)."""
-    scaling_from_dict(rope_parameters, original_length(self), ignore_keys=ignore_keys)
-
-
-_registered = False
-
-
-def register() -> None:
-    """Register rope-extend's own rope types with transformers. Idempotent; runs on ``import rope_extend``."""
-    global _registered
-    if _registered:
-        return
-    from transformers import modeling_rope_utils as mru
-    from transformers.modeling_utils import PreTrainedModel
-
-    for method in map(M.get, M.names()):
-        if method.in_transformers:
-            continue
-        existing = mru.ROPE_INIT_FUNCTIONS.get(method.rope_type)
-        if existing is not None and existing is not _init_function:
-            raise RopeExtendError(
-                f"transformers already defines rope_type {method.rope_type!r}; rope-extend will not replace it"
-            )
-        mru.ROPE_INIT_FUNCTIONS[method.rope_type] = _init_function
-        setattr(mru.RotaryEmbeddingConfigMixin, f"_validate_{method.rope_type}_rope_parameters", _validator)
-
-    original_post_init = PreTrainedModel.post_init
-
-    def post_init(self, *args, **kwargs):
-        out = original_post_init(self, *args, **kwargs)
-        from .patch import attach_from_config
-
-        attach_from_config(self)
-        return out
-
-    post_init.__wrapped__ = original_post_init
-    PreTrainedModel.post_init = post_init
-    _registered = True
-
-
 def own_rope_type(rope_type: Any) -> bool:
     """Whether ``rope_type`` is one rope-extend registers (not one of transformers' own)."""
     method = M.by_rope_type(rope_type) if isinstance(rope_type, str) else None
     return method is not None and not method.in_transformers
-
-
-
-# ------------------------------------------------------------------------------------ sliding windows
-SLIDING_WINDOW_MODES = ("auto", "full", "keep")
-
-
-def sliding_window(config) -> int | None:
-    """The attention window of a model's sliding-window layers, or None when every layer attends fully
-    (Qwen2's ``use_sliding_window: false`` counts as none)."""
-    config = text_config(config)
-    window = getattr(config, "sliding_window", None)
-    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
-        return None
-    if getattr(config, "use_sliding_window", True) is False:
-        return None
-    types = getattr(config, "layer_types", None)
-    if types is not None and not any(t in LOCAL_LAYER_TYPES for t in types):
-        return None
-    return window
-
-
-def check_sliding_window_mode(mode: Any, where: str = "sliding_window") -> str:
-    if mode not in SLIDING_WINDOW_MODES:
-        raise RopeExtendError(f"{where} must be one of {', '.join(SLIDING_WINDOW_MODES)}; got {mode!r}")
-    return mode
-
-
-@contextlib.contextmanager
-def sliding_window_widened(model, length: int, mode: str = "auto"):
-    """Inside the block, sliding-window attention sees ``length`` tokens, for measuring long context
-    (evaluation.md: "disable a model's sliding-window attention"); yields whether anything was widened and
-    puts every window back on leaving.
-
-    ``mode``: ``"full"`` widens every sliding window; ``"keep"`` leaves the model alone; ``"auto"`` widens a
-    window that every layer uses (Mistral, Phi-3: there the window saves memory and the long-context
-    versions of these models drop it) and keeps windows interleaved with full-attention layers (Gemma 2
-    and 3: local layers by design, which keep their own rotary and were never meant to see further).
-    """
-    check_sliding_window_mode(mode)
-    config = text_config(model.config)
-    window = sliding_window(config)
-    saved: list[tuple[Any, int]] = []
-    types = list(getattr(config, "layer_types", None) or ())
-    if mode == "keep" or window is None or window >= length:
-        pass
-    elif mode == "auto" and types and not all(t in LOCAL_LAYER_TYPES for t in types):
-        logger.info("keeping the %d-token sliding window of the interleaved local layers", window)
-    else:
-        saved.append((config, window))
-        for module in model.modules():  # attention modules that copied the window at construction
-            value = getattr(module, "sliding_window", None)
-            if isinstance(value, int) and not isinstance(value, bool):
-                saved.append((module, value))
-        for obj, _ in saved:
-            obj.sliding_window = length
-        logger.info("sliding-window attention (%d tokens) widened to %d tokens for this evaluation", window, length)
-    try:
-        yield bool(saved)
-    finally:
-        for obj, value in reversed(saved):
-            obj.sliding_window = value

@@ -1,0 +1,47 @@
+"""Command-line pieces every ``rope-extend`` subcommand shares: the method arguments and ``--param``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .errors import RopeExtendError
+from .schema import parse_value
+
+
+def parse_params(items: list[str] | None) -> dict[str, Any]:
+    """``["beta_fast=32", "finetuned=true"]`` -> ``{"beta_fast": 32, "finetuned": True}`` (YAML scalars/lists)."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise RopeExtendError(f"--param expects key=value (e.g. --param beta_fast=32), got {item!r}")
+        out[key.strip()] = parse_value(value, f"--param {key.strip()}")
+    return out
+
+
+def add_method_arguments(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
+    """``--method/--factor/--target-length/--original-length/--param``."""
+    parser.add_argument("--method", required=required, help="scaling method (see `rope-extend methods`)")
+    parser.add_argument("--factor", type=float, help="scale factor s = target / original length")
+    parser.add_argument("--target-length", type=int, help="target context length (instead of --factor)")
+    parser.add_argument("--original-length", type=int, dest="original_max_position_embeddings",
+                        help="override the original pretraining length L")
+    parser.add_argument("--param", action="append", metavar="KEY=VALUE",
+                        help="method parameter, e.g. --param beta_fast=32 (repeatable)")
+
+
+def method_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments for ``patch``/``configure`` from parsed method arguments; a factor, a target
+    length or a parameter without a method is an error (it would silently measure the unscaled model)."""
+    kwargs = dict(factor=args.factor, target_length=args.target_length,
+                  original_max_position_embeddings=args.original_max_position_embeddings)
+    params = parse_params(args.param)
+    if (args.method or "none") == "none":
+        flags = {"factor": "--factor", "target_length": "--target-length",
+                 "original_max_position_embeddings": "--original-length"}
+        given = [flags[k] for k, v in kwargs.items() if v is not None] + [f"--param {k}" for k in params]
+        if given:
+            raise RopeExtendError(f"{', '.join(given)} given without --method: name the scaling method "
+                                  "(rope-extend methods lists them), or leave them out to run the model as it is")
+    return {**kwargs, **params}

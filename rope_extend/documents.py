@@ -1,0 +1,144 @@
+"""The one document reader: texts for training and evaluation, from local files or a hub dataset.
+
+``source`` is a file, a folder, a glob, a list of files, or a dataset name:
+
+- text files (``.txt``, ``.text``, ``.md``): ``sample_by="document"`` (default) makes each file one
+  document (a novel stays whole, as long-context evaluation needs); ``"paragraph"`` splits at blank
+  lines; ``"line"`` makes each line a document (the ``sample_by`` of datasets' text loader);
+- ``.jsonl`` / ``.json`` / ``.parquet``: one document per row, from the ``text_field`` column;
+- a folder: every file in it (recursively, sorted by name) with one of those suffixes, all of one kind;
+- anything else is a hub dataset name, loaded only when a hub is reachable; offline it is an error.
+
+Empty documents are dropped, then ``max_docs`` keeps the first ones. Nothing is downloaded unless a
+dataset name is given and a hub is reachable.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+from typing import Literal
+
+from .errors import RopeExtendError
+
+SampleBy = Literal["document", "paragraph", "line"]
+TEXT_SUFFIXES = (".txt", ".text", ".md")
+FORMATS = {**dict.fromkeys(TEXT_SUFFIXES, "text"), ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def hub_offline() -> bool:
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes")
+               for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def _files(source: str | os.PathLike | list) -> list[Path] | None:
+    """The local files ``source`` names, or None when it names none (then it is a dataset name)."""
+    items = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+    files: list[Path] = []
+    for item in items:
+        text = str(item)
+        path = Path(text)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in FORMATS)
+            if not found:
+                raise RopeExtendError(f"{text} is a folder without .txt files (nor .jsonl, .json or .parquet)")
+            files += found
+        elif any(ch in text for ch in "*?["):
+            found = sorted(Path(p) for p in glob.glob(text) if Path(p).is_file())
+            if not found:
+                raise RopeExtendError(f"the pattern {text} matches no files")
+            files += found
+        elif path.is_file():
+            files.append(path)
+        elif len(items) > 1 or os.sep in text or text.startswith(".") or path.suffix.lower() in FORMATS:
+            raise RopeExtendError(f"{text} is not a local file or folder"
+                                  + (" and the hub is offline (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE)" if hub_offline()
+                                     else ""))
+        else:
+            return None
+    return files
+
+
+def _split(text: str, sample_by: str) -> list[str]:
+    if sample_by == "document":
+        return [text]
+    if sample_by == "line":
+        return text.splitlines()
+    parts, current = [], []
+    for line in text.splitlines():
+        if line.strip():
+            current.append(line)
+        elif current:
+            parts.append("\n".join(current))
+            current = []
+    if current:
+        parts.append("\n".join(current))
+    return parts
+
+
+def _table(kind: str, files: list[Path], text_field: str) -> list[str]:
+    import datasets
+
+    shown = files[0] if len(files) == 1 else f"{len(files)} {kind} files"
+    try:
+        ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train")
+    except Exception as exc:  # malformed JSON, a truncated Parquet file: say which file and why
+        raise RopeExtendError(f"cannot read {shown} as {kind}: {' '.join(str(exc).split())[:300]}") from None
+    if text_field not in ds.column_names:
+        raise RopeExtendError(f"{shown}: no column {text_field!r}; its columns are {', '.join(ds.column_names)} "
+                              "(choose one with text_field / --text-field)")
+    return [t if isinstance(t, str) else "" for t in ds[text_field]]
+
+
+def _hub(name: str, config: str | None, split: str, text_field: str) -> list[str]:
+    if hub_offline():
+        raise RopeExtendError(f"{name!r} is not a local file or folder, and the hub is offline "
+                              "(HF_HUB_OFFLINE/HF_DATASETS_OFFLINE): give a .txt, .jsonl or .parquet file or a folder")
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(name, config, split=split)
+    except Exception as exc:  # network, missing dataset, auth: say what was tried
+        raise RopeExtendError(
+            f"{name!r} is not a local file or folder, and loading it as a hub dataset (split {split!r}) failed: "
+            f"{' '.join(str(exc).split())[:300]}; give a local .txt, .jsonl or .parquet file or a folder"
+        ) from None
+    if text_field not in ds.column_names:
+        raise RopeExtendError(f"dataset {name!r} has no column {text_field!r}; its columns are "
+                              f"{', '.join(ds.column_names)}")
+    return [t if isinstance(t, str) else "" for t in ds[text_field]]
+
+
+def read_documents(source: str | os.PathLike | list, *, text_field: str = "text", split: str = "train",
+                   name: str | None = None, sample_by: SampleBy = "document",
+                   max_docs: int | None = None) -> list[str]:
+    """The documents ``source`` holds, in a stable order (see the module docstring); ``name`` is a hub
+    dataset's configuration. Raises ``RopeExtendError`` naming the source when it holds no text."""
+    if sample_by not in ("document", "paragraph", "line"):
+        raise RopeExtendError(f"sample_by must be document, paragraph or line, got {sample_by!r}")
+    if max_docs is not None and (isinstance(max_docs, bool) or not isinstance(max_docs, int) or max_docs < 1):
+        raise RopeExtendError(f"max_docs must be a positive integer or None, got {max_docs!r}")
+    files = _files(source)
+    if files is None:
+        texts = _hub(str(source), name, split, text_field)
+    else:
+        kinds = {FORMATS.get(f.suffix.lower()) for f in files}
+        if None in kinds or len(kinds) != 1:
+            raise RopeExtendError(f"{source}: files must all be text (.txt/.text/.md), all JSON lines (.jsonl/.json) "
+                                  f"or all Parquet; got {', '.join(sorted({f.suffix or f.name for f in files}))}")
+        kind = kinds.pop()
+        if kind == "text":
+            texts = []
+            for f in files:
+                try:
+                    texts += _split(f.read_text(encoding="utf-8"), sample_by)
+                except UnicodeDecodeError:
+                    raise RopeExtendError(f"{f} is not a UTF-8 text file") from None
+        else:
+            texts = _table(kind, files, text_field)
+    texts = [t.strip() for t in texts if t and t.strip()]
+    if not texts:
+        raise RopeExtendError(f"{source} holds no non-empty text" + (f" in column {text_field!r}" if files is None
+                                                                      or kind != "text" else ""))
+    return texts[:max_docs] if max_docs else texts

@@ -1,0 +1,101 @@
+"""The one evaluation runner: what every harness (passkey, needle, perplexity, ...) shares.
+
+A harness describes its work as *jobs* (``{"length": 4096, "trial": 3, ...}``, one record each) and a
+``measure(job) -> fields`` function. The runner
+
+- checks that the model can hold the longest length in memory before any work (``check_reachable``);
+- applies the sliding-window policy (``hf.window``: by default a window every layer uses is widened to the
+  longest length, so long context is really measured; interleaved local layers are kept), and puts the
+  model back afterwards;
+- identifies the run by its *setting* (model, scaling, harness options, window policy) and appends every
+  record to ``records.jsonl`` as it finishes; ``resume`` skips the jobs whose record is already there;
+- shows a progress bar.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Sequence
+
+from ..errors import RopeExtendError
+from ..hf import window
+from ..hf.config import text_config
+from .records import RecordLog, run_info, setting_id
+
+
+def _available_bytes(device) -> int | None:
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "cpu":
+        try:
+            import psutil
+
+            return int(psutil.virtual_memory().available)
+        except ImportError:
+            return None
+    return None
+
+
+def memory_needed(model, length: int, *, cache: bool) -> int:
+    """A lower bound on the memory one forward of ``length`` tokens needs beyond the weights, in bytes: one
+    layer's activations, eager attention's score matrix, and with ``cache`` the KV cache of every layer."""
+    config = text_config(model.config)
+    param = next(model.parameters())
+    width = param.element_size()
+    hidden = int(getattr(config, "hidden_size", 0) or 0)
+    inner = int(getattr(config, "intermediate_size", 0) or 4 * hidden)
+    heads = int(getattr(config, "num_attention_heads", 1) or 1)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
+    layers = int(getattr(config, "num_hidden_layers", 1) or 1)
+    need = length * (4 * hidden + 2 * inner) * width
+    if getattr(config, "_attn_implementation", None) == "eager":
+        need += heads * length * length * 4
+    if cache:
+        need += 2 * layers * kv_heads * head_dim * length * width
+    return need
+
+
+def check_reachable(model, length: int, *, cache: bool) -> None:
+    """Refuse a length whose forward cannot fit in the memory available now (fail fast, not after minutes)."""
+    device = next(model.parameters()).device
+    free = _available_bytes(device)
+    need = memory_needed(model, length, cache=cache)
+    if free is not None and need > free:
+        raise RopeExtendError(
+            f"length {length} cannot be reached on {device}: one forward pass needs at least {need / 2**30:.1f} GiB "
+            f"beyond the weights, and {free / 2**30:.1f} GiB are available; use shorter lengths"
+        )
+
+
+def run(model, *, task: str, setting: dict[str, Any], jobs: Sequence[dict[str, Any]],
+        measure: Callable[[dict[str, Any]], dict[str, Any]], longest: int, records: str | os.PathLike | None = None,
+        resume: bool = False, progress: bool = True, run: dict[str, Any] | None = None,
+        sliding_window: str = "auto", cache: bool = False, unit: str = "trial") -> list[dict]:
+    """Measure every job not already recorded; returns one record per job, in job order.
+
+    A record is ``{"task", model and scaling fields, "setting", **job, **measure(job)}``. ``cache`` says
+    whether the harness decodes with a KV cache (for the memory check).
+    """
+    from tqdm.auto import tqdm
+
+    window.check_sliding_window_mode(sliding_window)
+    check_reachable(model, longest, cache=cache)
+    with window.sliding_window_widened(model, longest, sliding_window) as widened:
+        info = run_info(model, run)
+        full = {**info, **setting, "task": task}
+        if widened:
+            full["sliding_window"] = "widened"  # a different measurement: records must not be mixed
+        sid = setting_id(full)
+        log = RecordLog(records, resume=resume)
+        done: list[dict] = []
+        bar = tqdm(jobs, desc=f"{task} {info.get('label') or info['method']}", unit=unit, disable=not progress)
+        for job in bar:
+            bar.set_postfix(length=job.get("length"))
+            found = log.find({"setting": sid, **job})
+            if found is None:
+                found = log.add({"task": task, **info, "setting": sid, **job, **measure(job)})
+            done.append(found)
+    return done

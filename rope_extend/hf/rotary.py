@@ -1,0 +1,226 @@
+"""transformers' rotary-module conventions, and the runtime rope-extend installs in a rotary module.
+
+A rotary module is any module whose class name contains ``RotaryEmbedding`` and that keeps transformers'
+buffers: ``inv_freq`` (one set) or ``{layer_type}_inv_freq`` (Gemma 3: one set per attention type), with
+``attention_scaling`` / ``{layer_type}_attention_scaling`` beside them. Its ``forward(x, position_ids[,
+layer_type])`` returns cos and sin; transformers decorates it (``dynamic_rope_update``, ``no_grad``).
+
+``RotaryRuntime`` is installed as a module's ``forward``. It
+
+- restores float32 frequencies if ``model.to(torch.bfloat16)`` / ``.half()`` cast the buffer (at
+  position 32767 a bf16 ``inv_freq`` puts cos off by up to 2);
+- for the dynamic methods (``dynamic``, ``dynamic_yarn``, ``longrope``), follows the longest position
+  seen in the current sequence: a forward whose positions start at 0 begins a new sequence, later
+  forwards (decoding with a cache) extend it; frequencies are measured against the original ``L``;
+
+then calls the module's own undecorated forward, so cos/sin are computed exactly as transformers does.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedModelError
+from ..methods import registry as M
+from . import config as C
+
+INSTALLED = ("forward", "_apply")  # instance attributes the runtime sets on a rotary module
+
+
+# ------------------------------------------------------------------------------------------ finding
+def buffer_name(layer_type: str | None) -> str:
+    return "inv_freq" if layer_type is None else f"{layer_type}_inv_freq"
+
+
+def scale_name(layer_type: str | None) -> str:
+    return "attention_scaling" if layer_type is None else f"{layer_type}_attention_scaling"
+
+
+def module_layer_types(module: nn.Module) -> list[str | None]:
+    """The frequency sets a rotary module keeps: [None] for ``inv_freq``, else its layer types."""
+    if "inv_freq" in module._buffers:
+        return [None]
+    layer_types = getattr(module, "layer_types", None) or []
+    found = [lt for lt in layer_types if buffer_name(lt) in module._buffers]
+    if not found:
+        raise UnsupportedModelError(
+            f"{type(module).__name__} does not follow transformers' *RotaryEmbedding convention (an inv_freq "
+            "buffer, or {layer_type}_inv_freq buffers): rope-extend cannot scale it"
+        )
+    return found
+
+
+def rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, module)`` for every text rotary embedding module in ``model``; raises if there is none.
+
+    Modules that carry a config with ``rope_parameters`` are the language model's; rotary modules without
+    one (a vision tower's, say) are left alone when the language model has its own.
+    """
+    found = [(name, m) for name, m in model.named_modules() if "RotaryEmbedding" in type(m).__name__]
+    if not found:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} has no rotary embedding module (a module whose class name contains "
+            "'RotaryEmbedding', as in transformers' Llama, Mistral, Qwen, Gemma and Phi models): nothing to scale"
+        )
+    with_config = [(n, m) for n, m in found if getattr(getattr(m, "config", None), "rope_parameters", None)]
+    return with_config or found
+
+
+def module_config(model: nn.Module, module: nn.Module):
+    config = getattr(module, "config", None)
+    if config is None:
+        config = getattr(model, "config", None)
+        config = C.text_config(config) if config is not None else None
+    if config is None or not getattr(config, "rope_parameters", None):
+        raise UnsupportedModelError(
+            f"cannot find the rope_parameters of {type(module).__name__}: neither it nor the model has a config "
+            "with rope_parameters"
+        )
+    return config
+
+
+# ------------------------------------------------------------------------------------------ runtime
+@dataclass
+class Entry:
+    """One frequency set a runtime manages."""
+
+    scaling: M.Scaling
+    dim: int
+    base: float
+    seen: int | None = None  # dynamic methods: the longest length of the current sequence
+    static: tuple[torch.Tensor, float] | None = None  # static methods: computed once
+
+    def __post_init__(self):
+        if not self.scaling.method.dynamic:
+            self.static = self.scaling.compute(self.dim, self.base)
+
+    def initial(self) -> tuple[torch.Tensor, float]:
+        """The frequencies before any forward: the static ones, or the dynamic ones at ``L``."""
+        return self.static if self.static is not None else self.scaling.compute(self.dim, self.base)
+
+
+class RotaryRuntime:
+    """Installed as a rotary module's ``forward``; see the module docstring."""
+
+    def __init__(self, module: nn.Module, entries: dict[str | None, Entry]):
+        self.module = module
+        self.entries = entries
+
+    def apply(self, fn, *args, **kwargs):
+        """``nn.Module._apply`` (what ``.to``/``.half``/``.cuda`` call), then float32 frequencies again."""
+        out = type(self.module)._apply(self.module, fn, *args, **kwargs)
+        for layer_type, entry in self.entries.items():
+            _keep_float32(self.module, layer_type, entry)
+        return out
+
+    def __call__(self, x, position_ids, *args, **kwargs):
+        layer_type = args[0] if args else kwargs.get("layer_type")
+        entry = self.entries.get(layer_type)
+        if entry is not None:
+            self._update(layer_type, entry, position_ids, x.device)
+        with torch.no_grad():
+            return _raw_forward(type(self.module))(self.module, x, position_ids, *args, **kwargs)
+
+    def _update(self, layer_type, entry: Entry, position_ids: torch.Tensor, device) -> None:
+        stale = _stale(self.module._buffers.get(buffer_name(layer_type)))
+        if not entry.scaling.method.dynamic:
+            if stale:
+                set_frequencies(self.module, layer_type, entry.static[0], device)
+            return
+        # One host sync for both ends; positions starting at 0 mean a new sequence.
+        low, high = torch.stack([position_ids.min(), position_ids.max()]).tolist()
+        length = int(high) + 1
+        seen = length if low == 0 or entry.seen is None else max(entry.seen, length)
+        if seen != entry.seen or stale:
+            freqs, scale = entry.scaling.compute(entry.dim, entry.base, seen)
+            set_frequencies(self.module, layer_type, freqs, device)
+            setattr(self.module, scale_name(layer_type), scale)
+            entry.seen = seen
+
+
+_RAW_FORWARD: dict[type, Any] = {}
+
+
+def _raw_forward(cls: type):
+    """The class's forward without its decorators (transformers' ``dynamic_rope_update`` and ``no_grad``):
+    the runtime does what the dynamic decorator did, measured against ``L``. Looked up per class, not
+    stored on the runtime, so a patched model still pickles."""
+    raw = _RAW_FORWARD.get(cls)
+    if raw is None:
+        raw = _RAW_FORWARD[cls] = inspect.unwrap(cls.forward)
+    return raw
+
+
+def set_frequencies(module: nn.Module, layer_type: str | None, freqs: torch.Tensor, device=None) -> None:
+    """Replace the frequency buffers (current and ``original_``) with float32 ``freqs`` on the module's device."""
+    name = buffer_name(layer_type)
+    current = module._buffers.get(name)
+    if current is not None and current.device.type != "meta":
+        device = current.device
+    freqs = freqs.to(device=device, dtype=torch.float32)
+    module._buffers[name] = freqs
+    original = "original_inv_freq" if layer_type is None else f"{layer_type}_original_inv_freq"
+    if original in module._buffers:
+        module._buffers[original] = freqs.clone()
+
+
+def install(module: nn.Module, entries: dict[str | None, Entry]) -> None:
+    runtime = RotaryRuntime(module, entries)
+    module.forward = runtime
+    module._apply = runtime.apply
+
+
+def _stale(buffer: torch.Tensor | None) -> bool:
+    """A frequency buffer that must be rewritten: missing, cast away from float32, or still on meta."""
+    return buffer is None or buffer.dtype != torch.float32 or buffer.device.type == "meta"
+
+
+def _keep_float32(module: nn.Module, layer_type: str | None, entry: Entry) -> None:
+    buffer = module._buffers.get(buffer_name(layer_type))
+    if buffer is None or buffer.dtype == torch.float32 or buffer.device.type == "meta":
+        return  # nothing cast; a missing or meta buffer is filled at the first forward
+    if entry.static is not None:
+        freqs = entry.static[0]
+    else:  # recompute at the length in use rather than upcast rounded values
+        freqs = entry.scaling.compute(entry.dim, entry.base, entry.seen)[0]
+    set_frequencies(module, layer_type, freqs, buffer.device)
+
+
+def set_rope_type(module: nn.Module, layer_type: str | None, rope_type: str) -> None:
+    if layer_type is None:
+        module.rope_type = rope_type
+    elif isinstance(getattr(module, "rope_type", None), dict):
+        module.rope_type[layer_type] = rope_type
+
+
+def attach_from_config(model: nn.Module) -> None:
+    """Give a model built from a config that names a rope-extend type rope-extend's runtime.
+
+    Runs from transformers' ``post_init`` (see ``hf.register``); the buffers transformers computed through
+    rope-extend's registered init function stay; only dynamic behaviour and the float32 guard are added.
+    """
+    for _, module in model.named_modules():
+        if "RotaryEmbedding" not in type(module).__name__ or "forward" in module.__dict__:
+            continue
+        config = getattr(module, "config", None)
+        if config is None or not getattr(config, "rope_parameters", None):
+            continue
+        try:
+            layer_types = module_layer_types(module)
+        except UnsupportedModelError:
+            continue
+        entries = {}
+        for lt in layer_types:
+            params = config.rope_parameters if lt is None else config.rope_parameters.get(lt)
+            if not params or not C.own_rope_type(params.get("rope_type")):
+                continue
+            scaling = C.config_scaling(config, lt)
+            dim, base = C.rotary_geometry(config, lt)
+            entries[lt] = Entry(scaling, dim, base)
+        if entries:
+            install(module, entries)

@@ -1,0 +1,270 @@
+"""The one YAML-to-dataclass loader, for recipes and evaluation suites.
+
+A YAML mapping maps 1:1 onto a dataclass (as trl's TrlParser does): keys are field names, sections are
+nested dataclasses, and ``key=value`` overrides (dotted keys for sections: ``rope.factor=8``) win over the
+file. Loading is strict: an unknown key names its closest valid ones; a value of the wrong type, a value
+outside a field's ``Literal`` choices, or a non-finite number names the key, the value and what is
+allowed. Fields carry their help text in metadata (as PEFT's ``LoraConfig`` fields do), so errors and
+``--check`` can print it:
+
+    @dataclass
+    class DataArgs:
+        boundaries: Literal["eos", "mask"] = option("eos", help="how packed documents are kept apart")
+
+YAML is read with ``yaml.safe_load``: no tag constructs an arbitrary object (``!!python/...`` is an error).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .errors import RopeExtendError, close_matches
+
+_MISSING = dataclasses.MISSING
+
+
+def option(default: Any = _MISSING, *, help: str, factory: Any = _MISSING, internal: bool = False):
+    """A dataclass field with help text (``metadata["help"]``); ``internal`` fields are not read from YAML."""
+    metadata = {"help": help, "internal": internal}
+    if factory is not _MISSING:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def help_of(cls, name: str) -> str:
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            return f.metadata.get("help", "")
+    return ""
+
+
+def public_fields(cls) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(cls) if not f.metadata.get("internal")]
+
+
+# ------------------------------------------------------------------------------------------ types
+def _is_union(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
+def describe_type(hint: Any) -> str:
+    """``int``, ``float``, ``a string``, ``true/false``, ``one of 'eos', 'mask'``, ``list[str] or null``..."""
+    if hint is Any:
+        return "any value"
+    if hint is type(None):
+        return "null"
+    if typing.get_origin(hint) is Literal:
+        return "one of " + ", ".join(repr(v) for v in typing.get_args(hint))
+    if _is_union(hint):
+        return " or ".join(describe_type(h) for h in typing.get_args(hint))
+    if dataclasses.is_dataclass(hint):
+        return f"a mapping of {hint.__name__} keys"
+    if isinstance(hint, type):
+        return {"str": "a string", "bool": "true/false"}.get(hint.__name__, hint.__name__)
+    return str(hint).replace("typing.", "").replace("NoneType", "null")
+
+
+class _Mismatch(Exception):
+    """A value does not fit a type hint; ``reason`` says why when it is more than the type."""
+
+    def __init__(self, reason: str = ""):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _coerce(value: Any, hint: Any, path: str, error: type[RopeExtendError], where: str | None) -> Any:
+    """``value`` checked against ``hint`` (nested dataclasses built), or ``_Mismatch``."""
+    if hint is Any:
+        return value
+    origin = typing.get_origin(hint)
+    if _is_union(hint):
+        reasons = []
+        for option_hint in typing.get_args(hint):
+            try:
+                return _coerce(value, option_hint, path, error, where)
+            except _Mismatch as exc:
+                reasons.append(exc.reason)
+        raise _Mismatch(next((r for r in reasons if r), ""))
+    if hint is type(None):
+        if value is None:
+            return None
+        raise _Mismatch()
+    if origin is Literal:
+        if any(value == v and type(value) is type(v) for v in typing.get_args(hint)):
+            return value
+        raise _Mismatch()
+    if dataclasses.is_dataclass(hint):
+        if isinstance(value, dict):
+            return build(hint, value, where=where, error=error, prefix=path + ".")
+        raise _Mismatch()
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise _Mismatch()
+    if hint is int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _Mismatch()
+    if hint is float:
+        if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise _Mismatch() from None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise _Mismatch("a finite number")
+            return float(value)
+        raise _Mismatch()
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise _Mismatch()
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise _Mismatch()
+        return [_coerce(v, item, f"{path}[{i}]", error, where) for i, v in enumerate(value)]
+    if origin is dict:
+        if isinstance(value, dict):
+            return dict(value)
+        raise _Mismatch()
+    if isinstance(hint, type) and isinstance(value, hint):
+        return value
+    raise _Mismatch()
+
+
+def _check_value(value: Any, hint: Any, path: str, cls, name: str, error: type[RopeExtendError],
+                 where: str | None) -> Any:
+    try:
+        return _coerce(value, hint, path, error, where)
+    except _Mismatch as exc:
+        help_text = help_of(cls, name)
+        expected = exc.reason or describe_type(hint)
+        raise error(
+            (f"{where}: " if where else "") + f"{path}: got {value!r} ({type(value).__name__}); expected {expected}"
+            + (f" ({help_text})" if help_text else "")
+        ) from None
+
+
+# ------------------------------------------------------------------------------------------ building
+def build(cls, data: Any, *, where: str | None = "the file", error: type[RopeExtendError] = RopeExtendError,
+          prefix: str = ""):
+    """``cls(**data)`` after checking every key and value; errors name ``where`` and the dotted key."""
+    head = f"{where}: " if where else ""
+    section = prefix.rstrip(".") or "the top level"
+    if not isinstance(data, dict):
+        raise error(f"{head}{section} must be a mapping of {cls.__name__} keys, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = public_fields(cls)
+    names = [f.name for f in fields]
+    kwargs = {}
+    for key, value in data.items():
+        if key not in names:
+            near = close_matches(key, names, cutoff=0.5)
+            hint = f"; did you mean {', '.join(repr(prefix + n) for n in near)}?" if near else ""
+            raise error(f"{head}unknown key {prefix + str(key)!r}{hint} (valid keys in {section}: {', '.join(names)})")
+        kwargs[key] = _check_value(value, hints[key], prefix + key, cls, key, error, where)
+    missing = [f.name for f in fields if f.name not in data
+               and f.default is _MISSING and f.default_factory is _MISSING]
+    if missing:
+        raise error(f"{head}{section} is missing " + ", ".join(
+            f"{m!r} ({help_of(cls, m)})" if help_of(cls, m) else repr(m) for m in missing))
+    try:
+        return cls(**kwargs)
+    except RopeExtendError as exc:  # a dataclass's own validation (__post_init__), named by its section
+        raise error(f"{head}{section + ': ' if prefix else ''}{exc}") from None
+
+
+def to_dict(obj: Any) -> Any:
+    """A dataclass (nested) as plain YAML-friendly data, internal fields left out."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in public_fields(type(obj))}
+    if isinstance(obj, list):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def annotated(obj: Any, indent: int = 0) -> str:
+    """``obj`` as YAML with each key's help as a comment (what ``--check`` prints)."""
+    lines = []
+    pad = " " * indent
+    for f in public_fields(type(obj)):
+        value = getattr(obj, f.name)
+        note = f"  # {f.metadata['help']}" if f.metadata.get("help") else ""
+        if dataclasses.is_dataclass(value):
+            lines.append(f"{pad}{f.name}:{note}")
+            lines.append(annotated(value, indent + 2))
+        else:
+            text = yaml.safe_dump(to_dict(value), default_flow_style=True, width=1 << 16).strip()
+            text = text[:-4].strip() if text.endswith("\n...") else text.removesuffix("...").strip()
+            lines.append(f"{pad}{f.name}: {text}{note}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ YAML, overrides
+def read_yaml(path: str | Path, *, what: str = "file", error: type[RopeExtendError] = RopeExtendError) -> dict:
+    """A YAML mapping from ``path`` (``safe_load``); an empty file is ``{}``."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{what} {str(path)!r}: no such file")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        detail = " ".join(str(exc).split())
+        raise error(f"{what} {path} is not valid YAML (or uses a tag that safe loading refuses): {detail}") from None
+    except UnicodeDecodeError:
+        raise error(f"{what} {path} is not a UTF-8 text file") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise error(f"{what} {path}: expected a mapping of keys at the top, got {type(data).__name__}")
+    return data
+
+
+def parse_value(text: str, key: str = "value", error: type[RopeExtendError] = RopeExtendError) -> Any:
+    """A command-line value read as YAML (``8`` -> 8, ``[1, 2]`` -> list, ``true`` -> True)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise error(f"{key}: cannot read {text!r} as a YAML value ({' '.join(str(exc).split())})") from None
+
+
+def parse_overrides(items: list[str] | None, error: type[RopeExtendError] = RopeExtendError) -> dict[str, Any]:
+    """``["max_steps=10", "rope.factor=8"]`` -> ``{"max_steps": 10, "rope": {"factor": 8}}``."""
+    tree: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise error(f"override {item!r}: expected key=value (dotted keys for sections: rope.factor=8)")
+        *parents, last = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise error(f"override {key}: {part} is set to a value and cannot also be a section")
+        node[last] = parse_value(value, key, error)
+    return tree
+
+
+def merge(base: dict, over: dict) -> dict:
+    """``over`` on top of ``base``, section by section (a non-mapping value replaces a whole section)."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
