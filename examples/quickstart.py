@@ -46,7 +46,7 @@ def main():
     print(f"   rope_parameters: {model.config.rope_parameters}")
     print(f"   max_position_embeddings: {model.config.max_position_embeddings} "
           f"(original {model.config.original_max_position_embeddings})")
-    configured = rope_extend.configure(T.LlamaConfig(**{**config.to_dict()}), "yarn", factor=4)
+    configured = rope_extend.configure(T.LlamaConfig(**config.to_dict()), "yarn", factor=4)
     twin = T.LlamaForCausalLM(configured).eval()
     twin.load_state_dict(model.state_dict())
     with torch.no_grad():

@@ -20,7 +20,9 @@ from __future__ import annotations
 from .errors import NotPatchedError, RopeExtendError, UnsupportedModelError
 from .hf.config import configure, rope_parameters
 from .hf.register import register as _register
-from .methods import get as get_method, inv_freq, names as methods
+from .methods import get as get_method
+from .methods import inv_freq
+from .methods import names as methods
 from .patch import patch, patched, unpatch
 
 __version__ = "0.1.0"

@@ -14,7 +14,6 @@ step in about a minute.
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import sys
 import time
@@ -34,7 +33,7 @@ class Plan:
     documents: int
 
     @staticmethod
-    def of(quick: bool) -> "Plan":
+    def of(quick: bool) -> Plan:
         return Plan(trials=3, ppl_docs=2, steps=12, documents=150) if quick else \
             Plan(trials=10, ppl_docs=8, steps=200, documents=3000)
 
@@ -110,10 +109,10 @@ def run(out: Path, *, quick: bool, seed: int, overwrite: bool, finetune_too: boo
         records += evaluate(tuned, tuned_tok, ["none"], lengths, plan, out / "fine-tuned", seed=seed,
                             labels={"none": FINETUNED})
     summary = summarize(records)
-    notes = [f"bundled model trained at {L} tokens; static methods at factor {FACTOR:g}; dynamic ones follow "
-             "the length", f"passkey: {plan.trials} trials per length; perplexity: {plan.ppl_docs} held-out "
-             "documents, one truncated window each", f"`{FINETUNED}`: recipe bundled-yarn-4x, "
-             f"{plan.steps} steps", f"seed {seed}; {'quick' if quick else 'full'} run"]
+    notes = [(f"bundled model trained at {L} tokens; static methods at factor {FACTOR:g}; dynamic ones follow "
+             "the length"), (f"passkey: {plan.trials} trials per length; perplexity: {plan.ppl_docs} held-out "
+             "documents, one truncated window each"), (f"`{FINETUNED}`: recipe bundled-yarn-4x, "
+             f"{plan.steps} steps"), f"seed {seed}; {'quick' if quick else 'full'} run"]
     files = write_report(out, records, title="rope-extend demo: the bundled model", notes=notes,
                          extra={"seed": seed, "quick": quick, "lengths": lengths})
     text = table(summary, lengths)

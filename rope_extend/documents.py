@@ -83,7 +83,7 @@ def _table(kind: str, files: list[Path], text_field: str) -> list[str]:
     shown = files[0] if len(files) == 1 else f"{len(files)} {kind} files"
     try:
         ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train")
-    except Exception as exc:  # malformed JSON, a truncated Parquet file: say which file and why
+    except Exception as exc:  # noqa: BLE001  (any reader error: malformed JSON, a cut Parquet file) names the file
         raise RopeExtendError(f"cannot read {shown} as {kind}: {' '.join(str(exc).split())[:300]}") from None
     if text_field not in ds.column_names:
         raise RopeExtendError(f"{shown}: no column {text_field!r}; its columns are {', '.join(ds.column_names)} "
@@ -99,7 +99,7 @@ def _hub(name: str, config: str | None, split: str, text_field: str) -> list[str
 
     try:
         ds = datasets.load_dataset(name, config, split=split)
-    except Exception as exc:  # network, missing dataset, auth: say what was tried
+    except Exception as exc:  # noqa: BLE001  (network, missing dataset, auth): say what was tried
         raise RopeExtendError(
             f"{name!r} is not a local file or folder, and loading it as a hub dataset (split {split!r}) failed: "
             f"{' '.join(str(exc).split())[:300]}; give a local .txt, .jsonl or .parquet file or a folder"

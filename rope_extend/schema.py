@@ -104,8 +104,8 @@ def _coerce(value: Any, hint: Any, path: str, error: type[RopeExtendError], wher
         if isinstance(value, dict):
             return build(hint, value, where=where, error=error, prefix=path + ".")
         raise _Mismatch()
-    if hint is bool:
-        if isinstance(value, bool):
+    if hint in (bool, str):
+        if isinstance(value, hint):
             return value
         raise _Mismatch()
     if hint is int:
@@ -124,10 +124,6 @@ def _coerce(value: Any, hint: Any, path: str, error: type[RopeExtendError], wher
             if not math.isfinite(value):
                 raise _Mismatch("a finite number")
             return float(value)
-        raise _Mismatch()
-    if hint is str:
-        if isinstance(value, str):
-            return value
         raise _Mismatch()
     if origin is list:
         (item,) = typing.get_args(hint)

@@ -8,7 +8,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import rope_extend  # noqa: E402,F401  (registers the rope types)
+import rope_extend  # noqa: F401  (registers the rope types)
 
 
 def pytest_collection_modifyitems(config, items):

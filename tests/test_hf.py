@@ -106,7 +106,7 @@ def test_transformers_own_types_reload_in_plain_transformers(tmp_path):
             assert torch.equal(out, data[method]), (method, (out - data[method]).abs().max())
         print("ok")
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
     assert "Unrecognized keys" not in result.stderr
 

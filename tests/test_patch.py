@@ -11,7 +11,7 @@ from rope_extend import NotPatchedError, RopeExtendError, UnsupportedModelError
 from tests.tiny import FAMILIES, tiny_config, tiny_model
 
 L = 256  # the tiny models' max_position_embeddings
-LONGROPE = lambda d: {"short_factor": [1.0 + i / d for i in range(d // 2)],  # noqa: E731
+LONGROPE = lambda d: {"short_factor": [1.0 + i / d for i in range(d // 2)],
                       "long_factor": [2.0 + i for i in range(d // 2)]}
 
 

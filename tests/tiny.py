@@ -31,6 +31,9 @@ FAMILIES = {
     "phi3": (T.Phi3Config, T.Phi3ForCausalLM, {"original_max_position_embeddings": 256}),
     "phi": (T.PhiConfig, T.PhiForCausalLM, {"partial_rotary_factor": 0.5}),
     "gpt_neox": (T.GPTNeoXConfig, T.GPTNeoXForCausalLM, {"rotary_pct": 0.5, "num_key_value_heads": None}),
+    # families whose logits are transformed after the LM head (rope_extend.hf.head)
+    "cohere": (T.CohereConfig, T.CohereForCausalLM, {"logit_scale": 0.25}),
+    "granite": (T.GraniteConfig, T.GraniteForCausalLM, {"logits_scaling": 4.0}),
 }
 
 
@@ -50,13 +53,13 @@ def tiny_model(family: str = "llama", seed: int = 0, **overrides):
 
 
 TOKENIZER_TEXT = [
-    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
-    "I will quiz you about the important information there.",
+    ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+    "I will quiz you about the important information there."),
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.",
     "The pass key is 12345. Remember it. 12345 is the pass key. What is the pass key? The pass key is",
     "0 1 2 3 4 5 6 7 8 9 10 42 100 2024 31415 27182",
-    "The quick brown fox jumps over the lazy dog. A needle hides in the haystack; what is the secret "
-    "word? The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day.",
+    ("The quick brown fox jumps over the lazy dog. A needle hides in the haystack; what is the secret "
+    "word? The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."),
 ]
 
 

@@ -98,7 +98,7 @@ def worker(variant: str, length: int, shape: str, device: str, repeats: int, see
 def spawn(variant: str, args) -> dict:
     cmd = [sys.executable, __file__, "--worker", variant, "--length", str(args.length_now), "--shape", args.shape,
            "--device", args.device, "--repeats", str(args.repeats), "--seed", str(args.seed)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
     if proc.returncode != 0:
         return {"variant": variant, "length": args.length_now, "error": proc.stderr.strip().splitlines()[-1:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -137,7 +137,7 @@ def main() -> None:
         }
     print(f"{'variant':8} {'length':>7} {'peak MB':>9} {'+MB':>9} {'tokens/s':>10} {'loss':>9}  error")
     for r in rows:
-        fmt = lambda v, f: format(v, f) if isinstance(v, (int, float)) else "-"  # noqa: E731
+        fmt = lambda v, f: format(v, f) if isinstance(v, (int, float)) else "-"
         print(f"{r['variant']:8} {r['length']:>7} {fmt(r.get('peak_mb'), '9.0f')} {fmt(r.get('increase_mb'), '9.0f')} "
               f"{fmt(r.get('tokens_per_s'), '10.0f')} {fmt(r.get('loss'), '9.4f')}  {r.get('error') or ''}")
     device = next((r.get("gpu") for r in rows if r.get("gpu")), None) or f"cpu ({os.cpu_count()} cores)"

@@ -3,7 +3,7 @@
     python eval/benchmarks/testbed_quality.py [--trials 50] [--finetuned runs/demo/finetune/model]
 
 1. The bundled model as shipped: passkey accuracy at its trained context L (target >= 95%).
-2. After the demo's fine-tune (recipes/bundled-yarn-4x.yaml, YaRN 4x; run here unless --finetuned names
+2. After the demo's fine-tune (recipe bundled-yarn-4x, YaRN 4x; run here unless --finetuned names
    a finished one): passkey accuracy at 4L (target >= 90%) and perplexity on the held-out corpus at 4L
    over perplexity at L (target <= 1.10), one truncated window per document, token-weighted.
 

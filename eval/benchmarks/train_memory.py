@@ -101,7 +101,7 @@ def one(variant: str, tokens: int, steps: int, device: str, chunk: int) -> dict:
 def run_subprocess(variant, tokens, steps, device, chunk, timeout=3600) -> dict | None:
     cmd = [sys.executable, __file__, "--one", variant, "--tokens", str(tokens), "--steps", str(steps),
            "--device", device, "--chunk", str(chunk)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         if "out of memory" in proc.stderr.lower() or "OutOfMemoryError" in proc.stderr:
             return None
@@ -120,8 +120,8 @@ def cpu_main(args) -> None:
                 rows[v] = got
     p, r, c = rows["plain"], rows["runner"], rows["runner+ckpt"]
     print(f"one LoRA step, random Llama (vocab 32000, hidden 256, 4 layers), {args.tokens} tokens, CPU, fp32")
-    print(f"| variant | step memory (MiB) | peak RSS (MiB) | s/step | tokens/s | loss |")
-    print(f"|---|---|---|---|---|---|")
+    print("| variant | step memory (MiB) | peak RSS (MiB) | s/step | tokens/s | loss |")
+    print("|---|---|---|---|---|---|")
     for v in (p, r, c):
         print(f"| {v['variant']} | {v['step_mb']:.0f} | {v['peak_mb']:.0f} | {v['seconds_per_step']:.2f} | "
               f"{v['tokens_per_s']:.0f} | {v['loss']:.4f} |")

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from .. import resources
 from ..documents import read_documents
-from ..loading import BundledModelMissing, bundled_available as available, load_model, load_tokenizer
+from ..loading import BundledModelMissing, load_model, load_tokenizer
+from ..loading import bundled_available as available
 
 MODEL_DIR = resources.BUNDLED_MODEL
 DATA_DIR = resources.BUNDLED_EVAL_CORPUS.parent
@@ -40,7 +41,7 @@ def sha256(path: Path) -> str:
 def card_checksums() -> dict[str, str]:
     """``{file name: sha256}`` as listed in the model card's checksum table."""
     card = (MODEL_DIR / "README.md").read_text(encoding="utf-8")
-    return dict(re.findall(r"^\|\s*`([^`]+)`\s*\|\s*`([0-9a-f]{64})`\s*\|", card, flags=re.M))
+    return dict(re.findall(r"^\|\s*`([^`]+)`\s*\|\s*`([0-9a-f]{64})`\s*\|", card, flags=re.MULTILINE))
 
 
 def load(*, device: str | None = None, dtype=None):

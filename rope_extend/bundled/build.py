@@ -19,10 +19,8 @@ TOKENIZER_DOCUMENTS = 4000  # the tokenizer is trained on the first documents of
 
 
 def write_jsonl(path: Path, texts: list[str]) -> None:
-    with atomic_path(path) as tmp:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            for text in texts:
-                fh.write(json.dumps({"text": text}) + "\n")
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps({"text": text}) + "\n" for text in texts)
 
 
 def write_pretraining_data(out_dir: str | Path, *, seed: int = 0, documents: int = 60000,

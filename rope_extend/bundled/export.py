@@ -88,7 +88,7 @@ def export(run_dir: str | Path, out: str | Path = MODEL_DIR, *, commands: str) -
         from safetensors import safe_open
 
         with safe_open(str(tmp / "model.safetensors"), "pt") as fh:
-            params = sum(math.prod(fh.get_slice(k).get_shape()) for k in fh.keys())
+            params = sum(math.prod(fh.get_slice(k).get_shape()) for k in fh)
         head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         theta = config["rope_parameters"]["rope_theta"]
         context = config["max_position_embeddings"]

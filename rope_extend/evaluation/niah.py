@@ -6,7 +6,8 @@ case-insensitive, appears in the greedy output), not by an LLM judge. The delive
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ..errors import RopeExtendError
 from .data import parse_depths, parse_lengths
@@ -23,7 +24,7 @@ DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
 
 def score(output: str, answer: str) -> tuple[str, bool]:
     """Substring match, case-insensitive, whitespace-normalised."""
-    norm = lambda s: " ".join(s.lower().split())  # noqa: E731
+    norm = lambda s: " ".join(s.lower().split())
     return output.strip(), norm(answer) in norm(output)
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import random
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..errors import RopeExtendError
 from .data import parse_depths, parse_lengths

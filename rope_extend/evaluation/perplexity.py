@@ -22,8 +22,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F

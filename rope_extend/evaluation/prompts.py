@@ -14,8 +14,8 @@ exact budget, so it may end mid-sentence). ``depth = 0`` puts the needle right a
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ..errors import RopeExtendError
 

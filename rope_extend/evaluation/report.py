@@ -8,8 +8,9 @@ import csv
 import json
 import math
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from ..io import atomic_path, write_json, write_text
 
@@ -91,12 +92,11 @@ def markdown(summary: dict[str, list[dict]], title: str = "Results", notes: Sequ
 
 def write_csv(path: str | Path, records: Sequence[dict]) -> Path:
     fields = list(dict.fromkeys(k for r in records for k in r))
-    with atomic_path(path) as tmp:
-        with tmp.open("w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=fields)
-            writer.writeheader()
-            for r in records:
-                writer.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()})
+    with atomic_path(path) as tmp, tmp.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        for r in records:
+            writer.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()})
     return Path(path)
 
 

@@ -4,8 +4,9 @@ records with resume, and accuracy tables."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -78,7 +79,7 @@ def accuracy_tables(records: list[dict], grid: bool) -> tuple[dict, dict]:
     for r in records:
         by_len.setdefault(r["length"], []).append(bool(r["correct"]))
         by_cell.setdefault((r["length"], r["depth"]), []).append(bool(r["correct"]))
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    mean = lambda xs: sum(xs) / len(xs)
     per_len = {n: mean(v) for n, v in sorted(by_len.items())}
     per_cell = {k: mean(v) for k, v in sorted(by_cell.items())}
     return (per_cell if grid else per_len), per_len

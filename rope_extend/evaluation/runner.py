@@ -15,7 +15,8 @@ A harness describes its work as *jobs* (``{"length": 4096, "trial": 3, ...}``, o
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..errors import RopeExtendError
 from ..hf import window

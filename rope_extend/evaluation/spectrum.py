@@ -10,8 +10,9 @@ with ``lambda > L`` by ``1/s``, and ramp between. Dynamic methods are drawn at t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import RopeExtendError
 from ..methods import registry
@@ -22,7 +23,7 @@ def spectrum(methods: Sequence[str], *, factor: float, head_dim: int = 128, base
              original_length: int = 4096, params: dict[str, dict[str, Any]] | None = None
              ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """``({method: {"ratio": [...], "attention_scale": a}}, {method: why it was skipped})``."""
-    from .. import inv_freq
+    from ..methods.registry import inv_freq
 
     plain, _ = inv_freq("linear", head_dim, base, 1.0, original_length)
     curves, skipped = {}, {}

@@ -15,9 +15,10 @@ overrides (``--set passkey.trials=2``) win. Shipped suites (``rope_extend/suites
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from .. import resources, schema
 from ..documents import SampleBy
@@ -91,14 +92,21 @@ class PasskeyTask:
     __post_init__ = _task_lengths
 
 
-@dataclass
-class NiahTask:
-    lengths: list[Any] = option(help="prompt lengths in tokens")
-    data: str | None = option(None, help="haystack texts: a .txt file, folder, .jsonl, .parquet or a hub dataset")
+@dataclass(kw_only=True)
+class TextTask:
+    """Where a task's texts come from (the one document reader)."""
+
+    data: str | None = option(None, help="texts: a .txt file, folder, .jsonl, .parquet or a hub dataset "
+                                         "(default: the bundled held-out corpus)")
     text_field: str = option("text", help="column holding the text (JSONL, Parquet, datasets)")
     split: str = option("train", help="dataset split (hub datasets)")
     sample_by: SampleBy = option("document", help="a text file is one document, or split by paragraph or line")
     max_docs: int | None = option(None, help="use at most this many documents")
+
+
+@dataclass(kw_only=True)
+class NiahTask(TextTask):
+    lengths: list[Any] = option(help="prompt lengths in tokens")
     needle: str | None = option(None, help="the sentence to hide (default: the San Francisco needle)")
     question: str | None = option(None, help="the question asked at the end")
     answer: str | None = option(None, help="the substring a correct answer contains")
@@ -111,15 +119,9 @@ class NiahTask:
     __post_init__ = _task_lengths
 
 
-@dataclass
-class PerplexityTask:
+@dataclass(kw_only=True)
+class PerplexityTask(TextTask):
     lengths: list[Any] = option(help="window lengths in tokens")
-    data: str | None = option(None, help="texts: a .txt file, folder, .jsonl, .parquet or a hub dataset "
-                                         "(default: the bundled held-out corpus)")
-    text_field: str = option("text", help="column holding the text (JSONL, Parquet, datasets)")
-    split: str = option("train", help="dataset split (hub datasets)")
-    sample_by: SampleBy = option("document", help="a text file is one document, or split by paragraph or line")
-    max_docs: int | None = option(None, help="use at most this many documents")
     stride: int | None = option(None, help="sliding-window step; null: one truncated window per document")
     chunk_size: int | None = option(None, help="positions per LM-head chunk (default: 16M logits / vocab)")
     sliding_window: SlidingWindowMode = option("auto", help=WINDOW_HELP)

@@ -15,8 +15,8 @@ wrong perplexity or a wrong loss through.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import nn

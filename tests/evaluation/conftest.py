@@ -2,8 +2,7 @@ import pytest
 
 from tests.tiny import tiny_model, tiny_tokenizer
 
-WORDS = ("river stone window garden letter autumn signal harbor pencil meadow lantern copper violet "
-         "engine candle forest mirror button planet ticket").split()
+WORDS = ["river", "stone", "window", "garden", "letter", "autumn", "signal", "harbor", "pencil", "meadow", "lantern", "copper", "violet", "engine", "candle", "forest", "mirror", "button", "planet", "ticket"]
 
 
 def make_text(n_sentences: int, seed: int = 0) -> str:

@@ -1,12 +1,13 @@
 import re
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rope_extend import RopeExtendError
-from rope_extend.evaluation.prompts import KEY_LINE, QUESTION, TASK, build, passkey_prompt
-from rope_extend.evaluation.passkey import first_integer, score
 from rope_extend.evaluation.niah import score as niah_score
+from rope_extend.evaluation.passkey import first_integer, score
+from rope_extend.evaluation.prompts import KEY_LINE, QUESTION, TASK, build, passkey_prompt
 from tests.tiny import tiny_tokenizer
 
 TOK = tiny_tokenizer()

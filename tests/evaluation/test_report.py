@@ -45,7 +45,7 @@ def test_write_report_files(tmp_path):
     files = write_report(tmp_path, records, title="synthetic")
     assert set(files) == {"json", "csv", "markdown", "passkey_plot", "perplexity_plot",
                           "passkey_heatmap_none", "passkey_heatmap_yarn-4"}
-    for name, path in files.items():
+    for path in files.values():
         assert path.is_file() and path.stat().st_size > 0
         if path.suffix == ".png":
             assert path.read_bytes()[:4] == b"\x89PNG"

@@ -4,10 +4,8 @@ import json
 import pytest
 
 from rope_extend import RopeExtendError
-from rope_extend.evaluation import passkey, perplexity
-from rope_extend.evaluation import retrieval
+from rope_extend.evaluation import passkey, perplexity, retrieval
 from rope_extend.evaluation.records import RecordLog
-
 
 REAL_GREEDY = retrieval.greedy
 

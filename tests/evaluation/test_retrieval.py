@@ -3,10 +3,9 @@ import json
 import pytest
 import torch
 
-from rope_extend import RopeExtendError
 import rope_extend
-from rope_extend.evaluation import niah, passkey
-from rope_extend.evaluation import retrieval
+from rope_extend import RopeExtendError
+from rope_extend.evaluation import niah, passkey, retrieval
 from tests.tiny import tiny_config
 
 
@@ -48,7 +47,7 @@ def test_passkey_is_deterministic_and_real_greedy(llama, tok):
     a = passkey(llama, tok, [128], trials=2, seed=3, progress=False)
     b = passkey(llama, tok, [128], trials=2, seed=3, progress=False)
     c = passkey(llama, tok, [128], trials=2, seed=4, progress=False)
-    strip = lambda rs: [{k: v for k, v in x.items()} for x in rs]  # noqa: E731
+    strip = lambda rs: [{k: v for k, v in x.items()} for x in rs]
     assert strip(a.records) == strip(b.records)
     assert [x["answer"] for x in a.records] != [x["answer"] for x in c.records]
 

@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rope_extend.training.args import DataArgs, RecipeError
 from rope_extend.training.data import Batches, pack, pose_position_ids, read_documents

@@ -58,3 +58,41 @@ def test_model_loss_equals_transformers_loss_and_gradients(lora_head):
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     assert "forward" not in model.get_output_embeddings().__dict__  # the head is restored
+
+
+@pytest.mark.parametrize("family", ["cohere", "granite", "gemma2"])
+@pytest.mark.parametrize("lora_head", [False, True])
+def test_model_loss_applies_the_family_logit_transform(family, lora_head):
+    """Cohere scales its logits, Granite divides them, Gemma 2 soft-caps them: the chunked loss (through
+    rope_extend.hf.head) must equal the model's own loss, with the same gradients, also through a LoRA head."""
+    from peft import LoraConfig, get_peft_model
+
+    from rope_extend.hf.head import check, lm_head
+
+    extra = {"final_logit_softcapping": 2.0} if family == "gemma2" else {}
+    model = tiny_model(family, **extra).train()
+    if lora_head:
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "lm_head"], init_lora_weights=False))
+    head = lm_head(model)
+    assert head.multiplier != 1.0 or head.softcap  # the transform is really there
+    ids = torch.randint(3, 512, (2, 24))
+    check(model, head, ids[0].tolist())
+    targets = torch.cat([ids[:, 1:], torch.full((2, 1), -100)], 1)
+    params = [p for p in model.parameters() if p.requires_grad]
+    loss_sum, n = model_loss(model, {"input_ids": ids, "targets": targets}, chunk_size=8, head=head)
+    grads = torch.autograd.grad(loss_sum / n, params)
+    ref = model(input_ids=ids, labels=ids).loss
+    ref_grads = torch.autograd.grad(ref, params)
+    torch.testing.assert_close(loss_sum / n, ref, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_head_check_refuses_an_unknown_logit_transform():
+    from rope_extend import RopeExtendError
+    from rope_extend.hf.head import LMHead, check, lm_head
+
+    model = tiny_model("granite")
+    plain = LMHead(lm_head(model).output)  # as if the divisor were unknown
+    with pytest.raises(RopeExtendError, match="computes its logits differently"):
+        check(model, plain, list(range(3, 20)))

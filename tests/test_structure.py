@@ -1,0 +1,106 @@
+"""The package's shape: an import graph without circles, and layers that import only downwards."""
+
+import ast
+from pathlib import Path
+
+import rope_extend
+
+PACKAGE = Path(rope_extend.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    parts = ["rope_extend", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, name: str, modules: set[str]) -> set[str]:
+    """The rope_extend modules ``path`` imports, at any depth of its code (lazy imports count too)."""
+    is_package = path.name == "__init__.py"
+    here = name if is_package else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here.rsplit(".", node.level - 1)[0] if node.level > 1 else here
+                base = f"{base}.{node.module}" if node.module else base
+            else:
+                base = node.module or ""
+            # `from pkg import sub` imports the submodule when there is one
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target.startswith("rope_extend") and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = set(files)
+    return {name: _imports(path, name, modules) for name, path in files.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_modules_import_without_circles():
+    graph = import_graph()
+    assert len(graph) > 30
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
+def test_parts_import_without_circles():
+    """Collapsed to the package's parts (methods, hf, evaluation, training, bundled, and each top module),
+    the graph is still without circles: each part sits above the parts it uses."""
+    graph: dict[str, set[str]] = {}
+    for name, targets in import_graph().items():
+        part = ".".join(name.split(".")[:2])
+        graph.setdefault(part, set()).update(".".join(t.split(".")[:2]) for t in targets)
+    for part, targets in graph.items():
+        targets.discard(part)
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
+def test_nothing_inside_imports_the_public_facade():
+    """``rope_extend/__init__`` is the public API on top; inner modules import the module that does the work."""
+    graph = import_graph()
+    inner = [name for name, targets in graph.items() if "rope_extend" in targets and name != "rope_extend"]
+    assert inner == []
+
+
+def test_hf_layers():
+    """hf.config is the bottom of hf (no rotary, head, register); hf.register is the top (nothing imports it
+    but the facade)."""
+    graph = import_graph()
+    assert not graph["rope_extend.hf.config"] & {"rope_extend.hf.rotary", "rope_extend.hf.head",
+                                                  "rope_extend.hf.register", "rope_extend.patch"}
+    importers = sorted(n for n, t in graph.items() if "rope_extend.hf.register" in t)
+    assert importers == ["rope_extend"]
