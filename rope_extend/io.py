@@ -1,4 +1,5 @@
-"""Writing files so that nothing is left half-written: write to a temporary name, then rename."""
+"""Writing files so that nothing is lost or left half-written: temporary names renamed when complete, and
+output folders that are only ever emptied of what rope-extend itself wrote there."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,3 +45,81 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
 
 def write_json(path: str | os.PathLike, data: Any) -> Path:
     return write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+# ------------------------------------------------------------------------------------------ output folders
+MARKER = ".rope-extend"  # written into every folder rope-extend creates for its output
+
+
+def _temporary(name: str) -> bool:
+    """Leftovers of an interrupted atomic write (``atomic_path``): ``.name.XXXX.tmp`` or ``.name.old-PID``."""
+    return name.startswith(".") and (name.endswith(".tmp") or ".old-" in name)
+
+
+def unsafe_folder(path: Path) -> str | None:
+    """Why ``path`` must never be an output folder (the working folder, one of its parents, the home
+    folder, the filesystem root), or None."""
+    target = path.resolve()
+    cwd = Path.cwd().resolve()
+    if target == cwd:
+        return "is the working folder"
+    if target in cwd.parents:
+        return "is a parent of the working folder"
+    if target == Path.home().resolve():
+        return "is the home folder"
+    if target == Path(target.anchor):
+        return "is the filesystem root"
+    return None
+
+
+def claim_output_dir(path: str | os.PathLike, *, kind: str, owned: Callable[[str], bool], resume: bool = False,
+                     overwrite: bool = False, what: str = "--out", check_only: bool = False, error=None) -> Path:
+    """Make ``path`` this command's output folder without losing anything a user made.
+
+    - a new or empty folder is created and marked (``.rope-extend``, naming ``kind``);
+    - a folder that rope-extend did not make (no marker, or files ``owned`` does not claim) is refused,
+      whatever the flags: nothing in it is touched;
+    - an earlier ``kind`` run: ``resume`` keeps it, ``overwrite`` removes only the entries it wrote;
+      otherwise it is refused;
+    - the working folder, its parents, the home folder and the root are refused; so is an existing file.
+
+    With ``check_only`` nothing is created or removed (for ``--check`` and checks before a long setup).
+    Raises ``error`` (``RopeExtendError``) naming the folder, what is in the way, and what to do.
+    """
+    from .errors import RopeExtendError
+
+    fail = error or RopeExtendError
+    path = Path(path)
+    why = unsafe_folder(path)
+    if why:
+        raise fail(f"{what} {path} {why}: give a new folder for this {kind} output")
+    if path.exists() and not path.is_dir():
+        raise fail(f"{what} {path} is a file, not a folder: give a folder for this {kind} output")
+    entries = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    if entries:
+        marker = path / MARKER
+        made = json.loads(marker.read_text(encoding="utf-8")).get("kind") if marker.is_file() else None
+        foreign = [n for n in entries if n != MARKER and not owned(n) and not _temporary(n)]
+        if made is None or foreign:
+            listing = ", ".join((foreign or entries)[:5]) + (", ..." if len(foreign or entries) > 5 else "")
+            raise fail(f"{what} {path} holds files rope-extend did not write ({listing}): nothing there is "
+                                  "touched; give a new or empty folder")
+        if made != kind:
+            raise fail(f"{what} {path} holds the output of a rope-extend {made} run, not a {kind} run: "
+                                  "give another folder")
+        if resume:
+            return path
+        if not overwrite:
+            raise fail(f"{what} {path} already holds results of an earlier {kind} run: pass --resume to "
+                                  "continue it or --overwrite to replace it, or give another folder")
+        if check_only:
+            return path
+        for name in entries:
+            if name != MARKER:
+                target = path / name
+                shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+    elif check_only:
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    write_json(path / MARKER, {"kind": kind, "tool": "rope-extend"})
+    return path

@@ -115,6 +115,10 @@ class TrainArgs:
     overwrite_output_dir: bool = option(False, help="replace an earlier run in output_dir")
     resume_from_checkpoint: bool | str = option(False, help="true: the latest checkpoint in output_dir; or a "
                                                             "checkpoint folder")
+    resume_allow_changes: bool = option(False, help="resume even though the recipe differs from the one the run "
+                                                    "started with (the differing keys are refused otherwise)")
+    trust_pickled_checkpoint: bool = option(False, help="resume from a checkpoint written with pickle files "
+                                                        "(DeepSpeed, earlier versions): loading them can run code")
     seed: int = option(42, help="seed of the data order, PoSE, dropout and random weights")
     max_steps: int = option(400, help="optimizer steps")
     per_device_train_batch_size: int = option(1, help="sequences per process per micro-batch")

@@ -14,9 +14,9 @@ depend on how a global batch is split into processes and accumulation steps.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from ..hf import checkpointing
 from ..hf.head import LMHead, check, lm_head
@@ -79,20 +78,6 @@ def _setup_accelerator(args: TrainArgs):
     accelerator = Accelerator(mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no",
                               log_with=trackers or None, project_dir=args.output_dir)
     return accelerator, list(trackers) if isinstance(trackers, list) else [trackers]
-
-
-def _setup_output(args: TrainArgs, accelerator) -> Path | None:
-    """Check the output folder against overwrite/resume (every process), prepare it (the main one); returns the
-    checkpoint to resume from."""
-    out = Path(args.output_dir)
-    resume_from = ckpt.resolve_output_dir(args)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        if args.overwrite_output_dir and out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / ckpt.RUN_FILE).write_text(yaml.safe_dump(to_dict(args), sort_keys=False))
-    return resume_from
 
 
 def _setup_model(args: TrainArgs, texts: list[str]):
@@ -154,7 +139,7 @@ def setup(args: TrainArgs) -> Run:
     from accelerate.utils import set_seed
 
     accelerator, trackers = _setup_accelerator(args)
-    resume_from = _setup_output(args, accelerator)
+    resume_from = ckpt.resolve_output_dir(args)  # checks only: nothing is written before everything is checked
     set_seed(args.seed)
     with accelerator.main_process_first():
         texts = read_documents(args.data)
@@ -174,12 +159,11 @@ def setup(args: TrainArgs) -> Run:
     check(model, lm_head(model), batches.packed.input_ids[0].tolist())
 
     optimizer, scheduler = _setup_optimizer(args, model)
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if accelerator.is_main_process:  # the data, the model and the rope settings all passed: now write
+        ckpt.prepare_output_dir(args, resume_from)
+    accelerator.wait_for_everyone()
     model, optimizer = accelerator.prepare(model, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
-    if args.lora is not None:
-        accelerator.register_save_state_pre_hook(ckpt.trainable_only_hook(trainable))
     out = Path(args.output_dir)
     if trackers:
         accelerator.init_trackers(out.name, config={k: str(v) for k, v in to_dict(args).items()})
@@ -188,7 +172,7 @@ def setup(args: TrainArgs) -> Run:
               rank=accelerator.process_index // cp, cp=cp, trackers=trackers,
               tokens_per_step=args.per_device_train_batch_size * args.gradient_accumulation_steps * processes * T)
     if resume_from is not None:
-        state = ckpt.load(accelerator, resume_from)
+        state = ckpt.load(accelerator, resume_from, model=model, optimizer=optimizer, scheduler=scheduler)
         run.step, run.history = state["step"], state["history"]
         accelerator.print(f"resumed from {resume_from} at step {run.step}")
     accelerator.print(
@@ -246,7 +230,8 @@ def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> T
                 raise FloatingPointError(f"loss is {loss_value} at step {run.step}; lower learning_rate or check data")
         bar.update(1)
         if run.step % args.save_steps == 0 or run.step == args.max_steps:
-            ckpt.save(acc, run.out, run.step, {"step": run.step, "history": run.history}, args.save_total_limit)
+            ckpt.save(acc, {"step": run.step, "history": run.history}, output_dir=run.out, step=run.step,
+                      model=model, optimizer=run.optimizer, scheduler=run.scheduler, limit=args.save_total_limit)
             if acc.is_main_process:
                 write_loss_curve(run.history, run.out)
         if on_step is not None:
@@ -283,8 +268,9 @@ def finish(run: Run) -> TrainResult:
         with atomic_path(out / "adapter") as tmp:
             unwrapped.save_pretrained(tmp, state_dict=state_dict)
             base = unwrapped.get_base_model().config.get_text_config()
-            (tmp / "rope_parameters.json").write_text(yaml.safe_dump({  # the patched base's rope settings
-                "rope_parameters": base.rope_parameters, "max_position_embeddings": base.max_position_embeddings}))
+            (tmp / "rope_parameters.json").write_text(json.dumps({  # the patched base's rope settings
+                "rope_parameters": base.rope_parameters, "max_position_embeddings": base.max_position_embeddings},
+                indent=1, default=str))
             run.tokenizer.save_pretrained(tmp)
         result.adapter_dir = out / "adapter"
         if args.merge_adapter:

@@ -74,22 +74,34 @@ def test_recipe_that_does_not_parse(tmp_path):
 
 
 def test_output_dir_with_another_run_is_refused_unless_overwrite_or_resume(tmp_path):
+    import json
+
+    from rope_extend.training.checkpoint import FORMAT
+
     base = {"model": {"config": {"model_type": "llama"}}, "rope": {"factor": 2}, "data": {"path": "x.txt"},
             "output_dir": str(tmp_path / "run")}
     assert resolve_output_dir(load_args(base)) is None  # does not exist yet
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "notes.txt").write_text("mine")
-    with pytest.raises(RecipeError, match="not empty.*overwrite_output_dir=true.*resume_from_checkpoint=true"):
+    for flags in ([], ["overwrite_output_dir=true"], ["resume_from_checkpoint=true"]):
+        with pytest.raises(RecipeError, match="holds files rope-extend did not write \\(notes.txt\\)"):
+            resolve_output_dir(load_args(base, flags))  # not rope-extend's folder: refused whatever the flags
+    (tmp_path / "run" / "notes.txt").unlink()
+    (tmp_path / "run" / ".rope-extend").write_text(json.dumps({"kind": "train"}))
+    for step in (5, 12):
+        (tmp_path / "run" / f"checkpoint-{step}").mkdir()
+        (tmp_path / "run" / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"format": FORMAT}))
+    with pytest.raises(RecipeError, match="earlier train run.*--resume.*--overwrite"):
         resolve_output_dir(load_args(base))
     assert resolve_output_dir(load_args(base, ["overwrite_output_dir=true"])) is None
-    with pytest.raises(RecipeError, match="no checkpoint-\\* folder"):
-        resolve_output_dir(load_args(base, ["resume_from_checkpoint=true"]))
-    (tmp_path / "run" / "checkpoint-5").mkdir()
-    (tmp_path / "run" / "checkpoint-12").mkdir()
     (tmp_path / "run" / ".checkpoint-20.tmp").mkdir()  # an unfinished write is never picked
     assert resolve_output_dir(load_args(base, ["resume_from_checkpoint=true"])).name == "checkpoint-12"
     with pytest.raises(RecipeError, match="not both"):
         load_args(base, ["resume_from_checkpoint=true", "overwrite_output_dir=true"])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(RecipeError, match="no checkpoint-\\* folder"):
+        resolve_output_dir(load_args({**base, "output_dir": str(empty)}, ["resume_from_checkpoint=true"]))
 
 
 def test_rope_method_none_takes_no_factor():
