@@ -40,19 +40,30 @@ def _cmd_configure(args: argparse.Namespace) -> int:
     """Copy a saved model folder with its config rewritten for a scaling; the weights are not loaded."""
     from transformers import AutoConfig
 
+    from .errors import RopeExtendError
     from .hf.config import configure
-    from .io import atomic_path
+    from .io import MARKER, atomic_path, claim_output_dir, write_json
 
     source, out = Path(args.model), Path(args.out)
     if not (source / "config.json").is_file():
-        raise SystemExit(f"rope-extend: {source} is not a saved model folder (no config.json)")
-    if out.exists() and not args.overwrite:
-        raise SystemExit(f"rope-extend: {out} exists; pass --overwrite to replace it")
-    config = AutoConfig.from_pretrained(source, trust_remote_code=args.trust_remote_code)
+        raise RopeExtendError(f"{source} is not a saved model folder (no config.json)")
+    a, b = source.resolve(), out.resolve()
+    if a == b or a in b.parents or b in a.parents:
+        raise RopeExtendError(f"--out {out} overlaps the source folder {source}: give a folder outside it")
+    marker = out / MARKER
+    written = set(json.loads(marker.read_text(encoding="utf-8")).get("entries", [])) if marker.is_file() else set()
+    claim_output_dir(out, kind="configure", owned=written.__contains__, overwrite=args.overwrite, check_only=True,
+                     how="pass --overwrite to replace it")
+    try:
+        config = AutoConfig.from_pretrained(source, trust_remote_code=args.trust_remote_code)
+    except (OSError, ValueError, KeyError) as exc:
+        raise RopeExtendError(f"cannot read the config of {source}: {str(exc).splitlines()[0]}") from None
     configure(config, args.method, **method_kwargs(args))
     with atomic_path(out) as tmp:
-        shutil.copytree(source, tmp)
+        shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(MARKER))
         config.save_pretrained(tmp)
+        write_json(tmp / MARKER, {"kind": "configure", "tool": "rope-extend",
+                                  "entries": sorted(p.name for p in tmp.iterdir())})
     print(json.dumps({"out": str(out), "rope_parameters": config.get_text_config().rope_parameters,
                       "max_position_embeddings": config.get_text_config().max_position_embeddings}, default=str))
     return 0
@@ -105,14 +116,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a subcommand. A user error ends in one line on stderr and exit code 2, never a traceback."""
     from .errors import NotPatchedError, RopeExtendError, UnsupportedModelError
+    from .loading import BundledModelMissing
 
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (RopeExtendError, UnsupportedModelError, NotPatchedError) as exc:
-        print(f"rope-extend: error: {exc}", file=sys.stderr)
+    except (RopeExtendError, UnsupportedModelError, NotPatchedError, BundledModelMissing) as exc:
+        print(f"rope-extend: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    except FloatingPointError as exc:  # a training run that diverged: its checkpoints are kept
+        print(f"rope-extend: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("rope-extend: interrupted (finished records and checkpoints are kept; --resume continues)",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -14,13 +14,17 @@ step in about a minute.
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .io import claim_output_dir
+
 METHODS = ["none", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn"]
+# what a demo writes into its folder (--overwrite removes these, and refuses a folder holding anything else)
+OWNED = {"zero-shot", "fine-tuned", "finetune", "data-4x", "records.jsonl", "results.json", "results.csv",
+         "report.md", "passkey.png", "perplexity.png"}
 FACTOR = 4.0
 FINETUNED = "yarn x4 fine-tuned"
 
@@ -87,11 +91,8 @@ def run(out: Path, *, quick: bool, seed: int, overwrite: bool, finetune_too: boo
     from . import bundled
     from .evaluation.report import summarize, write_report
 
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise SystemExit(f"rope-extend: {out} is not empty; pass --overwrite to replace it, or choose --out")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(out, kind="demo", owned=OWNED.__contains__, overwrite=overwrite,
+                     how="pass --overwrite to replace it")
     torch.manual_seed(seed)
     plan = Plan.of(quick)
     start = time.perf_counter()

@@ -73,7 +73,8 @@ def unsafe_folder(path: Path) -> str | None:
 
 
 def claim_output_dir(path: str | os.PathLike, *, kind: str, owned: Callable[[str], bool], resume: bool = False,
-                     overwrite: bool = False, what: str = "--out", check_only: bool = False, error=None) -> Path:
+                     overwrite: bool = False, what: str = "--out", check_only: bool = False, error=None,
+                     how: str = "pass --resume to continue it or --overwrite to replace it") -> Path:
     """Make ``path`` this command's output folder without losing anything a user made.
 
     - a new or empty folder is created and marked (``.rope-extend``, naming ``kind``);
@@ -110,8 +111,7 @@ def claim_output_dir(path: str | os.PathLike, *, kind: str, owned: Callable[[str
         if resume:
             return path
         if not overwrite:
-            raise fail(f"{what} {path} already holds results of an earlier {kind} run: pass --resume to "
-                                  "continue it or --overwrite to replace it, or give another folder")
+            raise fail(f"{what} {path} already holds results of an earlier {kind} run: {how}, or give another folder")
         if check_only:
             return path
         for name in entries:

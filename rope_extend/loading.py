@@ -7,6 +7,8 @@ Names: ``bundled`` (or ``rope-extend/bundled``) is the bundled testbed model.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,24 +50,60 @@ def parse_dtype(dtype: Any):
         raise RopeExtendError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}") from None
 
 
+def _source(name_or_path: str, what: str) -> str:
+    """The folder or hub id to load; a local-looking path that does not exist is an error naming it."""
+    resolved = resolve_name(name_or_path)
+    path = Path(resolved).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise RopeExtendError(f"{what} {name_or_path!r} is a file: give the saved {what} folder")
+        return str(path)
+    if resolved.startswith((".", "/", "~")) or resolved.count("/") > 1 or "\\" in resolved:
+        raise RopeExtendError(f"{what} {name_or_path!r}: no such folder")
+    return resolved
+
+
+def _failed(what: str, name: str, exc: Exception) -> RopeExtendError:
+    first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    hint = " (the hub is offline: give a local folder)" if os.environ.get("HF_HUB_OFFLINE", "").lower() in (
+        "1", "true", "yes") and not Path(name).exists() else ""
+    return RopeExtendError(f"cannot load the {what} {name!r}{hint}: {first}")
+
+
 def load_model(name_or_path: str, *, dtype: Any = None, device: str | None = None, trust_remote_code: bool = False,
                attn_implementation: str = "sdpa", **kwargs):
     """``AutoModelForCausalLM.from_pretrained`` with rope-extend's defaults; the model is put in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(
-        resolve_name(name_or_path), dtype=parse_dtype(dtype) or torch.float32, trust_remote_code=trust_remote_code,
-        attn_implementation=attn_implementation, use_safetensors=True, **kwargs,
-    )
+    source = _source(name_or_path, "model")
+    dtype = parse_dtype(dtype) or torch.float32
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation,
+            use_safetensors=True, **kwargs,
+        )
+    except RopeExtendError:
+        raise
+    except (OSError, ValueError, KeyError) as exc:  # missing files, offline hub, unknown architecture
+        raise _failed("model", str(name_or_path), exc) from None
     if device is not None:
-        model.to(device)
+        try:
+            model.to(device)
+        except (RuntimeError, AssertionError) as exc:
+            raise RopeExtendError(f"cannot put the model on device {device!r}: {exc}") from None
     return model.eval()
 
 
 def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False, **kwargs):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_name(name_or_path), trust_remote_code=trust_remote_code, **kwargs)
+    source = _source(name_or_path, "tokenizer")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **kwargs)
+    except RopeExtendError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # a model folder without tokenizer files, offline
+        raise _failed("tokenizer", str(name_or_path), exc) from None
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

@@ -24,5 +24,7 @@ def test_demo_quick(tmp_path, capsys):
     finetuned = json.loads((out / "finetune" / "model" / "config.json").read_text())
     assert finetuned["rope_parameters"]["rope_type"] == "yarn" and finetuned["max_position_embeddings"] == 1024
     # a second run refuses to replace the report unless told to
-    with pytest.raises(SystemExit, match="not empty"):
-        main(["demo", "--quick", "--out", str(out)])
+    before = (out / "report.md").read_text()
+    capsys.readouterr()
+    assert main(["demo", "--quick", "--out", str(out)]) == 2
+    assert "already holds results" in capsys.readouterr().err and (out / "report.md").read_text() == before

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..errors import RopeExtendError
+
 
 def _cmd(args: argparse.Namespace) -> int:
     from . import EVAL_CORPUS
@@ -13,7 +15,7 @@ def _cmd(args: argparse.Namespace) -> int:
         print(write_eval_corpus(EVAL_CORPUS if args.out is None else args.out))
         return 0
     if args.out is None:
-        raise SystemExit("rope-extend: bundled-data needs --out DIR")
+        raise RopeExtendError("bundled-data needs --out DIR (or --eval-corpus to rebuild the shipped corpus)")
     shares = {k: getattr(args, k) for k in ("passkey_share", "needle_share", "drill_share")
               if getattr(args, k) is not None}
     print(write_pretraining_data(args.out, seed=args.seed, documents=args.documents, vocab_size=args.vocab_size,

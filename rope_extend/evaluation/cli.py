@@ -36,11 +36,12 @@ def _common(p: argparse.ArgumentParser, *, data: bool = False) -> None:
 
 def _prepare(args):
     """Check cheap arguments, then load (and patch) the model; returns (model, tokenizer, records path)."""
+    from ..io import claim_output_dir
     from ..loading import load_model, load_tokenizer
     from ..methods import registry
     from ..patch import patch
     from .data import parse_lengths
-    from .records import RecordLog
+    from .report import owned
 
     args.lengths = parse_lengths(args.lengths)
     method = args.method or "none"
@@ -48,7 +49,7 @@ def _prepare(args):
     if method != "none":
         registry.get(method)  # an unknown method fails before a model is loaded
     records = Path(args.out) / "records.jsonl"
-    RecordLog(records, resume=args.resume)  # refuses to run over earlier results unless --resume
+    claim_output_dir(args.out, kind="eval", owned=owned, resume=args.resume, check_only=True)
     texts = None
     if getattr(args, "data", "absent") != "absent":
         from .data import default_texts, load_texts
@@ -59,6 +60,7 @@ def _prepare(args):
     tokenizer = load_tokenizer(args.tokenizer or args.model, trust_remote_code=args.trust_remote_code)
     if method != "none":
         patch(model, method, **kwargs)
+    claim_output_dir(args.out, kind="eval", owned=owned, resume=args.resume)  # everything checked: now write
     return model, tokenizer, records, texts
 
 
@@ -120,16 +122,24 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_spectrum(args) -> int:
+    from ..errors import RopeExtendError
     from ..methods import registry
     from .spectrum import plot_spectrum, spectrum
 
+    out = Path(args.out)
+    if out.is_dir() or out.suffix.lower() != ".png":
+        raise RopeExtendError(f"--out {out} must name a .png file to write (e.g. spectrum.png)"
+                              + (", not a folder" if out.is_dir() else ""))
+    registry.check_factor(args.factor)
     names = [m for m in (args.methods or ",".join(registry.names())).split(",") if m.strip()]
     curves, skipped = spectrum(names, factor=args.factor, head_dim=args.head_dim, base=args.base,
                                original_length=args.original_length)
-    path = plot_spectrum(curves, args.out, factor=args.factor, head_dim=args.head_dim, base=args.base,
-                         original_length=args.original_length, x=args.x)
     for name, why in skipped.items():
         print(f"rope-extend: skipped {name}: {why}")
+    if not curves:
+        raise RopeExtendError(f"no method could be drawn: {'; '.join(f'{n}: {w}' for n, w in skipped.items())}")
+    path = plot_spectrum(curves, out, factor=args.factor, head_dim=args.head_dim, base=args.base,
+                         original_length=args.original_length, x=args.x)
     print(json.dumps({"out": str(path), "methods": list(curves), "skipped": list(skipped)}))
     return 0
 

@@ -13,15 +13,14 @@ from typing import Any
 from .. import schema
 from ..errors import RopeExtendError
 from ..hf import config as hf
-from ..io import write_text
+from ..io import claim_output_dir, write_text
 from ..loading import load_model, load_tokenizer
 from ..patch import patch, patched, unpatch
 from .data import default_texts, load_texts
 from .niah import niah
 from .passkey import passkey
 from .perplexity import perplexity
-from .records import RecordLog
-from .report import write_report
+from .report import owned, write_report
 from .suite import Suite, default_out, resolve_path
 
 
@@ -54,7 +53,7 @@ def run_suite(suite: Suite, *, out: str | Path | None = None, resume: bool = Fal
     """Run every method x task of ``suite``; returns ``{"records": [...], "files": {...}, "out": path}``."""
     out = Path(out) if out is not None else default_out(suite)
     records_path = out / "records.jsonl"
-    RecordLog(records_path, resume=resume)  # refuses to touch earlier results unless resuming
+    claim_output_dir(out, kind="eval", owned=owned, resume=resume, check_only=True)
     texts = {name: _texts(suite, task) for name, task in (("niah", suite.niah), ("perplexity", suite.perplexity))
              if task is not None}  # bad data fails before the model is loaded
     if model is None:
@@ -64,6 +63,7 @@ def run_suite(suite: Suite, *, out: str | Path | None = None, resume: bool = Fal
     elif tokenizer is None:
         raise RopeExtendError("run_suite: give the tokenizer with the model")
     check_methods(model, suite)
+    claim_output_dir(out, kind="eval", owned=owned, resume=resume)  # everything checked: now write
     records: list[dict] = []
     common = dict(records=records_path, resume=True, progress=progress)
     try:

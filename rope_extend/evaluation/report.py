@@ -180,6 +180,14 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
 
+FILES = ("records.jsonl", "results.json", "results.csv", "report.md", "suite.yaml")
+
+
+def owned(name: str) -> bool:
+    """Whether ``name`` is a file an evaluation writes into its output folder (records, reports, plots)."""
+    return name in FILES or name.endswith(".png")
+
+
 def write_report(out: str | Path, records: Sequence[dict], *, title: str = "rope-extend evaluation",
                  notes: Sequence[str] = (), extra: dict[str, Any] | None = None) -> dict[str, Path]:
     """Write results.json, results.csv, report.md and the plots into ``out``; return the paths by name."""

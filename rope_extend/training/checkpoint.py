@@ -90,7 +90,8 @@ def resolve_output_dir(args: TrainArgs) -> Path | None:
                               "lives; give another output_dir")
     resume = args.resume_from_checkpoint
     claim_output_dir(out, kind="train", owned=owned(out.name), resume=bool(resume),
-                     overwrite=args.overwrite_output_dir, what="output_dir", check_only=True, error=RecipeError)
+                     overwrite=args.overwrite_output_dir, what="output_dir", check_only=True, error=RecipeError,
+                     how="pass resume_from_checkpoint=true to continue it or overwrite_output_dir=true to replace it")
     if not resume:
         return None
     if isinstance(resume, str):
