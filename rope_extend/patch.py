@@ -32,6 +32,7 @@ _SKIP_ATTRS = ("training", "config")
 class _ModuleSnapshot:
     buffers: dict[str, torch.Tensor]
     attrs: dict[str, Any]
+    config: Any = None  # the config the module's frequencies come from
 
 
 @dataclass
@@ -43,33 +44,54 @@ class PatchState:
     modules: list[tuple[nn.Module, _ModuleSnapshot]] = field(default_factory=list)
 
 
-def _snapshot_module(module: nn.Module) -> _ModuleSnapshot:
+def _snapshot_module(module: nn.Module, config) -> _ModuleSnapshot:
     buffers = {k: v.detach().clone() for k, v in module._buffers.items() if v is not None}
     attrs = {k: copy.copy(v) for k, v in module.__dict__.items() if _restorable(k)}
-    return _ModuleSnapshot(buffers, attrs)
+    return _ModuleSnapshot(buffers, attrs, config)
 
 
 def _restorable(key: str) -> bool:
     return (not key.startswith("_") or key in R.INSTALLED) and key not in _SKIP_ATTRS
 
 
-def _restore_module(module: nn.Module, snap: _ModuleSnapshot) -> None:
-    for name, value in snap.buffers.items():
-        current = module._buffers.get(name)
-        device = current.device if current is not None and current.device.type != "meta" else value.device
-        module._buffers[name] = value.to(device)
-    for key in [k for k in module.__dict__ if _restorable(k)]:
-        if key not in snap.attrs:
-            del module.__dict__[key]
-    for key, value in snap.attrs.items():
-        module.__dict__[key] = value
+def _original_frequencies(module: nn.Module, config, name: str, device) -> torch.Tensor:
+    """A frequency buffer as transformers builds it from the unpatched ``config``: for a model that was on
+    the meta device when it was patched, whose buffers were materialized since (the snapshot holds no data)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    stem = name.removesuffix("inv_freq").removesuffix("original_").removesuffix("_")
+    layer_type = stem or None
+    rope_type = hf.rope_dict(config, layer_type).get("rope_type", "default")
+    init = module.compute_default_rope_parameters if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]
+    freqs, _ = init(config, layer_type=layer_type) if layer_type is not None else init(config)
+    return freqs.to(device=device, dtype=torch.float32)
 
 
 def _restore(state: PatchState) -> None:
+    """Put every config and module back. All new values are computed first, so a failure changes nothing."""
+    pristine = {}
+    for config, snap in state.configs:
+        pristine[id(config)] = copy.deepcopy(config)
+        hf.restore(pristine[id(config)], snap)
+    buffers = []
+    for module, snap in state.modules:
+        for name, value in snap.buffers.items():
+            current = module._buffers.get(name)
+            if value.device.type == "meta" and current is not None and current.device.type != "meta":
+                config = pristine.get(id(snap.config), snap.config)
+                value = _original_frequencies(module, config, name, current.device)
+            elif current is not None and current.device.type != "meta":
+                value = value.to(current.device)
+            buffers.append((module, name, value))
     for config, snap in state.configs:
         hf.restore(config, snap)
+    for module, name, value in buffers:
+        module._buffers[name] = value
     for module, snap in state.modules:
-        _restore_module(module, snap)
+        for key in [k for k in module.__dict__ if _restorable(k)]:
+            if key not in snap.attrs:
+                del module.__dict__[key]
+        module.__dict__.update(snap.attrs)
 
 
 def _pristine_config(config, state: PatchState | None):
@@ -141,7 +163,7 @@ def patch(model: nn.Module, method: str, *, factor=None, target_length=None,
     state = PatchState(
         scaling,
         configs=[(c, hf.snapshot(c)) for c in configs],
-        modules=[(m, _snapshot_module(m)) for m, _, _ in plans],
+        modules=[(m, _snapshot_module(m, c)) for m, c, _ in plans],
     )
 
     # 3. Apply.
@@ -160,10 +182,11 @@ def patch(model: nn.Module, method: str, *, factor=None, target_length=None,
 
 def unpatch(model: nn.Module) -> nn.Module:
     """Undo ``patch``: the config, every rotary buffer and attribute as they were (bit-identical logits)."""
-    state = model.__dict__.pop(STATE_ATTR, None)
+    state = model.__dict__.get(STATE_ATTR)
     if state is None:
         raise NotPatchedError(f"{type(model).__name__} was not patched by rope_extend.patch; nothing to undo")
-    _restore(state)
+    _restore(state)  # raises before changing anything, and then the patch stays in place and recorded
+    del model.__dict__[STATE_ATTR]
     return model
 
 

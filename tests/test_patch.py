@@ -277,3 +277,56 @@ def test_patched_models_deepcopy_and_pickle(tmp_path, method):
         rope_extend.unpatch(other)
         assert other.config.rope_parameters["rope_type"] == "default"
     assert rope_extend.patched(model).method.name == method  # the original keeps its patch
+
+
+@pytest.mark.parametrize("family", ["llama", "phi"])
+def test_patch_on_the_meta_device_then_materialized(family):
+    """Patched while on the meta device (accelerate's init_empty_weights), then to_empty + load_state_dict:
+    the frequencies are recomputed when the buffers materialize (to_empty leaves garbage and the state dict
+    does not hold these buffers); unpatch restores transformers' own frequencies."""
+    _, model_cls, _ = FAMILIES[family]
+    real = tiny_model(family)
+    with torch.device("meta"):
+        empty = model_cls(tiny_config(family))
+    rope_extend.patch(empty, "yarn", factor=4)
+    empty.to_empty(device="cpu")
+    empty.load_state_dict(real.state_dict())
+    empty.eval()
+    ids = torch.randint(3, 500, (1, 600))
+    plain = real(ids).logits
+    rope_extend.patch(real, "yarn", factor=4)
+    with torch.no_grad():
+        torch.testing.assert_close(empty(ids).logits, real(ids).logits, rtol=0, atol=0)
+        rope_extend.unpatch(empty)
+        torch.testing.assert_close(empty(ids).logits, plain, rtol=0, atol=0)
+
+
+def test_unpatch_is_atomic(monkeypatch):
+    """A failure while undoing changes nothing: the patch stays in place and recorded, and unpatch can be
+    retried."""
+    from rope_extend.hf import config as hf_config
+
+    model = tiny_model("llama")
+    ids = torch.randint(3, 500, (1, 300))
+    with torch.no_grad():
+        plain = model(ids).logits
+        rope_extend.patch(model, "yarn", factor=4)
+        scaled = model(ids).logits
+    real_restore = hf_config.restore
+    calls = []
+
+    def failing_restore(config, snap):
+        calls.append(1)
+        if len(calls) == 2:  # the first call builds the pristine copy; the second would write the config
+            raise RuntimeError("disk on fire")
+        return real_restore(config, snap)
+
+    monkeypatch.setattr(hf_config, "restore", failing_restore)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        rope_extend.unpatch(model)
+    monkeypatch.setattr(hf_config, "restore", real_restore)
+    assert rope_extend.patched(model) is not None
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, scaled, rtol=0, atol=0)
+        rope_extend.unpatch(model)
+        torch.testing.assert_close(model(ids).logits, plain, rtol=0, atol=0)

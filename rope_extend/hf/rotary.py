@@ -103,6 +103,10 @@ class Entry:
         """The frequencies before any forward: the static ones, or the dynamic ones at ``L``."""
         return self.static if self.static is not None else self.scaling.compute(self.dim, self.base)
 
+    def current(self) -> tuple[torch.Tensor, float]:
+        """The frequencies in use: the static ones, or the dynamic ones at the length seen so far."""
+        return self.static if self.static is not None else self.scaling.compute(self.dim, self.base, self.seen)
+
 
 class RotaryRuntime:
     """Installed as a rotary module's ``forward``; see the module docstring."""
@@ -112,10 +116,17 @@ class RotaryRuntime:
         self.entries = entries
 
     def apply(self, fn, *args, **kwargs):
-        """``nn.Module._apply`` (what ``.to``/``.half``/``.cuda`` call), then float32 frequencies again."""
+        """``nn.Module._apply`` (what ``.to``/``.half``/``.cuda``/``.to_empty`` call), then the frequencies
+        again: float32 after a cast, and recomputed when a meta buffer was materialized (``to_empty`` leaves
+        uninitialized memory there, and ``load_state_dict`` does not fill these non-persistent buffers)."""
+        on_meta = {lt for lt in self.entries if _on_meta(self.module._buffers.get(buffer_name(lt)))}
         out = type(self.module)._apply(self.module, fn, *args, **kwargs)
         for layer_type, entry in self.entries.items():
-            _keep_float32(self.module, layer_type, entry)
+            buffer = self.module._buffers.get(buffer_name(layer_type))
+            if buffer is None or buffer.device.type == "meta":
+                continue  # filled at the first forward
+            if layer_type in on_meta or buffer.dtype != torch.float32:
+                set_frequencies(self.module, layer_type, entry.current()[0], buffer.device)
         return out
 
     def __call__(self, x, position_ids, *args, **kwargs):
@@ -157,11 +168,12 @@ def _raw_forward(cls: type):
 
 
 def set_frequencies(module: nn.Module, layer_type: str | None, freqs: torch.Tensor, device=None) -> None:
-    """Replace the frequency buffers (current and ``original_``) with float32 ``freqs`` on the module's device."""
+    """Replace the frequency buffers (current and ``original_``) with float32 ``freqs`` on the module's device
+    (``device`` when the buffer is missing, or on meta and ``device`` says where it is being materialized)."""
     name = buffer_name(layer_type)
     current = module._buffers.get(name)
-    if current is not None and current.device.type != "meta":
-        device = current.device
+    if current is not None and (current.device.type != "meta" or device is None):
+        device = current.device  # a model still on meta stays there until it is materialized
     freqs = freqs.to(device=device, dtype=torch.float32)
     module._buffers[name] = freqs
     original = "original_inv_freq" if layer_type is None else f"{layer_type}_original_inv_freq"
@@ -180,15 +192,8 @@ def _stale(buffer: torch.Tensor | None) -> bool:
     return buffer is None or buffer.dtype != torch.float32 or buffer.device.type == "meta"
 
 
-def _keep_float32(module: nn.Module, layer_type: str | None, entry: Entry) -> None:
-    buffer = module._buffers.get(buffer_name(layer_type))
-    if buffer is None or buffer.dtype == torch.float32 or buffer.device.type == "meta":
-        return  # nothing cast; a missing or meta buffer is filled at the first forward
-    if entry.static is not None:
-        freqs = entry.static[0]
-    else:  # recompute at the length in use rather than upcast rounded values
-        freqs = entry.scaling.compute(entry.dim, entry.base, entry.seen)[0]
-    set_frequencies(module, layer_type, freqs, buffer.device)
+def _on_meta(buffer: torch.Tensor | None) -> bool:
+    return buffer is not None and buffer.device.type == "meta"
 
 
 def set_rope_type(module: nn.Module, layer_type: str | None, rope_type: str) -> None:
