@@ -105,6 +105,7 @@ def perplexity(model, tokenizer, texts: Sequence[str] | Iterable[str], lengths: 
     if stride is not None and stride > min(lengths):
         raise RopeExtendError(f"stride {stride} is larger than the window length {min(lengths)}: tokens would be skipped")
     head = H.lm_head(model, decoder=True)
+    runner.check_reachable(model, max(lengths), cache=False)  # before tokenizing the documents
     texts = [t for t in texts if t and t.strip()]
     if not texts:
         raise RopeExtendError("no texts given: perplexity needs at least one non-empty document")

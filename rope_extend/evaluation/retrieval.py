@@ -98,6 +98,7 @@ def run_grid(model, tokenizer, *, task: str, lengths: list[int], depths: list[fl
     check_can_generate(model)
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise RopeExtendError(f"trials must be a positive integer, got {trials!r}")
+    runner.check_reachable(model, max(lengths), cache=True, generated=max_new_tokens)  # before building a prompt
     for length in {min(lengths), max(lengths)}:  # a length the tokenizer or data cannot reach fails before any work
         make_trial(length, depths[0] if depths else 0.5, 0)
     jobs = [{"length": n, "depth_grid": d, "trial": t}
@@ -114,7 +115,7 @@ def run_grid(model, tokenizer, *, task: str, lengths: list[int], depths: list[fl
                 "prediction": prediction, "output": output, "correct": bool(correct)}
 
     done = runner.run(model, task=task, setting={**setting, "seed": seed, "max_new_tokens": max_new_tokens},
-                      jobs=jobs, measure=measure, longest=max(lengths) + max_new_tokens, records=records,
+                      jobs=jobs, measure=measure, longest=max(lengths), generated=max_new_tokens, records=records,
                       resume=resume, progress=progress, run=run, sliding_window=sliding_window, cache=True)
     accuracy, per_len = accuracy_tables(done, grid=depths is not None)
     return RetrievalResult(done, accuracy, per_len)

@@ -59,32 +59,38 @@ def memory_needed(model, length: int, *, cache: bool) -> int:
     return need
 
 
-def check_reachable(model, length: int, *, cache: bool) -> None:
-    """Refuse a length whose forward cannot fit in the memory available now (fail fast, not after minutes)."""
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def check_reachable(model, length: int, *, cache: bool, generated: int = 0) -> None:
+    """Refuse a length whose forward cannot fit in the memory available now (fail fast, not after minutes).
+    ``generated``: tokens decoded after a prompt of ``length`` (they join the KV cache)."""
     device = next(model.parameters()).device
     free = _available_bytes(device)
-    need = memory_needed(model, length, cache=cache)
+    need = memory_needed(model, length + generated, cache=cache)
     if free is not None and need > free:
         raise RopeExtendError(
-            f"length {length} cannot be reached on {device}: one forward pass needs at least {need / 2**30:.1f} GiB "
-            f"beyond the weights, and {free / 2**30:.1f} GiB are available; use shorter lengths"
+            f"length {length} cannot be reached on {device}: one forward pass needs at least {_size(need)} beyond "
+            f"the weights, and {_size(free)} are available; use shorter lengths"
         )
 
 
 def run(model, *, task: str, setting: dict[str, Any], jobs: Sequence[dict[str, Any]],
         measure: Callable[[dict[str, Any]], dict[str, Any]], longest: int, records: str | os.PathLike | None = None,
         resume: bool = False, progress: bool = True, run: dict[str, Any] | None = None,
-        sliding_window: str = "auto", cache: bool = False, unit: str = "trial") -> list[dict]:
+        sliding_window: str = "auto", cache: bool = False, generated: int = 0, unit: str = "trial") -> list[dict]:
     """Measure every job not already recorded; returns one record per job, in job order.
 
     A record is ``{"task", model and scaling fields, "setting", **job, **measure(job)}``. ``cache`` says
-    whether the harness decodes with a KV cache (for the memory check).
+    whether the harness decodes with a KV cache, and ``generated`` how many tokens it adds to the longest
+    prompt (for the memory check and the sliding-window policy).
     """
     from tqdm.auto import tqdm
 
     window.check_sliding_window_mode(sliding_window)
-    check_reachable(model, longest, cache=cache)
-    with window.sliding_window_widened(model, longest, sliding_window) as widened:
+    check_reachable(model, longest, cache=cache, generated=generated)
+    with window.sliding_window_widened(model, longest + generated, sliding_window) as widened:
         info = run_info(model, run)
         full = {**info, **setting, "task": task}
         if widened:

@@ -20,7 +20,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from .. import schema
     from .args import load_args
 
-    train_args = load_args(args.recipe, args.overrides)
+    overrides = [o for o in args.overrides if o != "--check"]  # --check may come after the overrides too
+    args.check = args.check or len(overrides) < len(args.overrides)
+    train_args = load_args(args.recipe, overrides)
     if args.check:
         print(f"# {args.recipe}: valid; resolved with defaults and overrides\n{schema.annotated(train_args)}")
         return 0
@@ -43,7 +45,7 @@ def register(subparsers) -> None:
                               description="Fine-tune from a YAML recipe. Overrides: key=value, dotted keys for "
                                           f"sections (rope.factor=8 lora.r=16 max_steps=10). Shipped: {shipped}.")
     p.add_argument("recipe", help="recipe YAML file, or the name of a shipped recipe (e.g. tiny-cpu)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides; these win")
+    p.add_argument("overrides", nargs=argparse.REMAINDER, metavar="KEY=VALUE", help="recipe overrides; these win")
     p.add_argument("--check", action="store_true",
                    help="validate the recipe as the run would, print it resolved with each key's help, and exit")
     p.set_defaults(func=_cmd_train)

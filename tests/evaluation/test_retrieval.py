@@ -121,3 +121,22 @@ def test_records_file_is_jsonl_appended_per_trial(llama, tok, tmp_path, monkeypa
     r = passkey(llama, tok, [128], trials=2, records=path, progress=False)
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert lines == r.records
+
+
+def test_a_length_that_cannot_fit_fails_before_any_prompt_is_built(llama, tok, monkeypatch):
+    import importlib
+
+    from rope_extend import RopeExtendError
+    from rope_extend.evaluation import runner
+
+    passkey_module = importlib.import_module("rope_extend.evaluation.passkey")  # the package attribute is the function
+
+    monkeypatch.setattr(runner, "_available_bytes", lambda device: 10**6)  # 1 MB free
+    built = []
+    real = passkey_module.passkey_prompt
+    monkeypatch.setattr(passkey_module, "passkey_prompt", lambda *a, **k: built.append(1) or real(*a, **k))
+    with pytest.raises(RopeExtendError, match="length 4096 cannot be reached.*MiB"):
+        passkey_module.passkey(llama, tok, [128, 4096], trials=1, progress=False)
+    assert built == []
+    monkeypatch.setattr(runner, "_available_bytes", lambda device: None)  # unknown: no refusal
+    assert runner.memory_needed(llama, 4096, cache=True) > runner.memory_needed(llama, 4096, cache=False) > 0

@@ -91,7 +91,7 @@ def test_output_dir_with_another_run_is_refused_unless_overwrite_or_resume(tmp_p
     for step in (5, 12):
         (tmp_path / "run" / f"checkpoint-{step}").mkdir()
         (tmp_path / "run" / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"format": FORMAT}))
-    with pytest.raises(RecipeError, match="earlier train run.*--resume.*--overwrite"):
+    with pytest.raises(RecipeError, match="earlier train run.*resume_from_checkpoint=true.*overwrite_output_dir=true"):
         resolve_output_dir(load_args(base))
     assert resolve_output_dir(load_args(base, ["overwrite_output_dir=true"])) is None
     (tmp_path / "run" / ".checkpoint-20.tmp").mkdir()  # an unfinished write is never picked
@@ -114,3 +114,16 @@ def test_rope_method_none_takes_no_factor():
     args.rope.factor = 2.0
     with pytest.raises(RecipeError, match="rope.method none"):
         args.validate()
+
+
+def test_pickled_checkpoints_need_trust(tmp_path):
+    import json
+
+    base = {"model": {"config": {"model_type": "llama"}}, "rope": {"factor": 2}, "data": {"path": "x.txt"},
+            "output_dir": str(tmp_path / "run"), "resume_from_checkpoint": True}
+    (tmp_path / "run" / "checkpoint-4").mkdir(parents=True)
+    (tmp_path / "run" / ".rope-extend").write_text(json.dumps({"kind": "train"}))
+    (tmp_path / "run" / "checkpoint-4" / "trainer_state.json").write_text(json.dumps({"step": 4}))  # no format
+    with pytest.raises(RecipeError, match="pickle.*trust_pickled_checkpoint=true"):
+        resolve_output_dir(load_args(base))
+    assert resolve_output_dir(load_args(base, ["trust_pickled_checkpoint=true"])).name == "checkpoint-4"

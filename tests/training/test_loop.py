@@ -79,8 +79,24 @@ def test_resume_after_kill_ends_with_the_same_weights(tmp_path):
     assert sorted(p.name for p in (tmp_path / "b" / "run").glob("checkpoint-*")) == ["checkpoint-3"]
     with pytest.raises(Exception, match="earlier train run"):  # no silent restart over the killed run
         train(args)
+    # a crafted pickle in the checkpoint (accelerate's scheduler file name) is never loaded
+    import pickle
+
+    class Exploit:
+        def __reduce__(self):
+            return (open, (str(tmp_path / "pwned"), "w"))
+
+    (tmp_path / "b" / "run" / "checkpoint-3" / "custom_checkpoint_0.pkl").write_bytes(pickle.dumps(Exploit()))
+    (tmp_path / "b" / "run" / ".checkpoint-9.abc.tmp").mkdir()  # a write killed half-way: cleaned up
+    with pytest.raises(Exception, match=r"changed recipe: max_steps \(6 -> 7\)"):
+        train(run_args(tmp_path / "b", "max_steps=7", "save_steps=3", "merge_adapter=false",
+                       "resume_from_checkpoint=true"))
     resumed = train(run_args(tmp_path / "b", "max_steps=6", "save_steps=3", "merge_adapter=false",
                              "resume_from_checkpoint=true"))
+    assert not (tmp_path / "pwned").exists()
+    assert not list((tmp_path / "b" / "run").glob(".checkpoint-*"))
+    assert not list((tmp_path / "b" / "run").rglob("*.pkl")) or \
+        list((tmp_path / "b" / "run").rglob("*.pkl")) == [tmp_path / "b" / "run" / "checkpoint-3" / "custom_checkpoint_0.pkl"]
     assert [r["step"] for r in resumed.history] == list(range(1, 7))
     a = {n: p for n, p in uninterrupted.model.named_parameters() if p.requires_grad}
     b = {n: p for n, p in resumed.model.named_parameters() if p.requires_grad}
