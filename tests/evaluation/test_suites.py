@@ -136,3 +136,12 @@ def test_cli_plot_spectrum(tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["methods"] == ["linear", "yarn"] and printed["skipped"] == ["longrope"]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_checks_every_method_against_the_model_before_the_first_runs(tiny_dir, tmp_path):
+    suite = parse_suite({"model": str(tiny_dir), "methods": [
+        {"method": "none"}, {"method": "longrope", "factor": 2, "params": {"short_factor": [1.0], "long_factor": [2.0]}}],
+        "passkey": {"lengths": [128], "trials": 1}})
+    with pytest.raises(RopeExtendError, match="short_factor"):
+        run_suite(suite, out=tmp_path / "r", progress=False)
+    assert not (tmp_path / "r" / "records.jsonl").exists()  # `none` did not run first
