@@ -21,20 +21,29 @@ def spectrum_table():
     print(f"   {'method':14}{'highest freq x':>16}{'median freq x':>16}{'lowest freq x':>16}{'attn scale':>12}")
     plain, _ = rope_extend.inv_freq("linear", 128, 10000.0, 1.0, 4096)
     for method in rope_extend.methods():
-        params = {"short_factor": [1.0] * 64, "long_factor": [1.0 + 3.0 * i / 63 for i in range(64)]} \
-            if method == "longrope" else {}
+        params = (
+            {"short_factor": [1.0] * 64, "long_factor": [1.0 + 3.0 * i / 63 for i in range(64)]}
+            if method == "longrope"
+            else {}
+        )
         seq_len = 4 * 4096 if rope_extend.get_method(method).dynamic else None
         freqs, scale = rope_extend.inv_freq(method, 128, 10000.0, 4.0, 4096, seq_len=seq_len, **params)
         ratio = freqs / plain
-        print(f"   {method:14}{ratio[0].item():>16.4f}{ratio[32].item():>16.4f}{ratio[-1].item():>16.4f}"
-              f"{scale:>12.4f}")
+        print(f"   {method:14}{ratio[0].item():>16.4f}{ratio[32].item():>16.4f}{ratio[-1].item():>16.4f}{scale:>12.4f}")
     print("   (dynamic methods shown at 16384 tokens; longrope with illustrative factors)\n")
 
 
 def main():
     spectrum_table()
-    config = T.LlamaConfig(vocab_size=1000, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    config = T.LlamaConfig(
+        vocab_size=1000,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(0)
     model = T.LlamaForCausalLM(config).eval()
     ids = torch.randint(0, 1000, (1, 1500))
@@ -44,8 +53,10 @@ def main():
     print("2. rope_extend.patch(model, 'yarn', factor=4)")
     rope_extend.patch(model, "yarn", factor=4)
     print(f"   rope_parameters: {model.config.rope_parameters}")
-    print(f"   max_position_embeddings: {model.config.max_position_embeddings} "
-          f"(original {model.config.original_max_position_embeddings})")
+    print(
+        f"   max_position_embeddings: {model.config.max_position_embeddings} "
+        f"(original {model.config.original_max_position_embeddings})"
+    )
     configured = rope_extend.configure(T.LlamaConfig(**config.to_dict()), "yarn", factor=4)
     twin = T.LlamaForCausalLM(configured).eval()
     twin.load_state_dict(model.state_dict())

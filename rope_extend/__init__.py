@@ -30,6 +30,16 @@ __version__ = "0.1.0"
 _register()
 
 __all__ = [
-    "NotPatchedError", "RopeExtendError", "UnsupportedModelError", "__version__", "configure", "get_method",
-    "inv_freq", "methods", "patch", "patched", "rope_parameters", "unpatch",
+    "NotPatchedError",
+    "RopeExtendError",
+    "UnsupportedModelError",
+    "__version__",
+    "configure",
+    "get_method",
+    "inv_freq",
+    "methods",
+    "patch",
+    "patched",
+    "rope_parameters",
+    "unpatch",
 ]

@@ -25,23 +25,36 @@ def add_method_arguments(parser: argparse.ArgumentParser, *, required: bool = Fa
     parser.add_argument("--method", required=required, help="scaling method (see `rope-extend methods`)")
     parser.add_argument("--factor", type=float, help="scale factor s = target / original length")
     parser.add_argument("--target-length", type=int, help="target context length (instead of --factor)")
-    parser.add_argument("--original-length", type=int, dest="original_max_position_embeddings",
-                        help="override the original pretraining length L")
-    parser.add_argument("--param", action="append", metavar="KEY=VALUE",
-                        help="method parameter, e.g. --param beta_fast=32 (repeatable)")
+    parser.add_argument(
+        "--original-length",
+        type=int,
+        dest="original_max_position_embeddings",
+        help="override the original pretraining length L",
+    )
+    parser.add_argument(
+        "--param", action="append", metavar="KEY=VALUE", help="method parameter, e.g. --param beta_fast=32 (repeatable)"
+    )
 
 
 def method_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments for ``patch``/``configure`` from parsed method arguments; a factor, a target
     length or a parameter without a method is an error (it would silently measure the unscaled model)."""
-    kwargs = dict(factor=args.factor, target_length=args.target_length,
-                  original_max_position_embeddings=args.original_max_position_embeddings)
+    kwargs = dict(
+        factor=args.factor,
+        target_length=args.target_length,
+        original_max_position_embeddings=args.original_max_position_embeddings,
+    )
     params = parse_params(args.param)
     if (args.method or "none") == "none":
-        flags = {"factor": "--factor", "target_length": "--target-length",
-                 "original_max_position_embeddings": "--original-length"}
+        flags = {
+            "factor": "--factor",
+            "target_length": "--target-length",
+            "original_max_position_embeddings": "--original-length",
+        }
         given = [flags[k] for k, v in kwargs.items() if v is not None] + [f"--param {k}" for k in params]
         if given:
-            raise RopeExtendError(f"{', '.join(given)} given without --method: name the scaling method "
-                                  "(rope-extend methods lists them), or leave them out to run the model as it is")
+            raise RopeExtendError(
+                f"{', '.join(given)} given without --method: name the scaling method "
+                "(rope-extend methods lists them), or leave them out to run the model as it is"
+            )
     return {**kwargs, **params}

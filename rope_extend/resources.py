@@ -38,8 +38,10 @@ def find(name: str | Path, folder: Path, what: str, error: type[RopeExtendError]
         if candidate.is_file() and candidate.parent == folder:
             return candidate
     known = names(folder)
-    raise error(f"{what} {str(name)!r}: no such file, and not the name of a shipped {what}{closest(name, known)} "
-                f"(shipped: {', '.join(known) or 'none'})")
+    raise error(
+        f"{what} {str(name)!r}: no such file, and not the name of a shipped {what}{closest(name, known)} "
+        f"(shipped: {', '.join(known) or 'none'})"
+    )
 
 
 def find_recipe(name: str | Path, error: type[RopeExtendError] = RopeExtendError) -> Path:

@@ -139,22 +139,25 @@ def _coerce(value: Any, hint: Any, path: str, error: type[RopeExtendError], wher
     raise _Mismatch()
 
 
-def _check_value(value: Any, hint: Any, path: str, cls, name: str, error: type[RopeExtendError],
-                 where: str | None) -> Any:
+def _check_value(
+    value: Any, hint: Any, path: str, cls, name: str, error: type[RopeExtendError], where: str | None
+) -> Any:
     try:
         return _coerce(value, hint, path, error, where)
     except _Mismatch as exc:
         help_text = help_of(cls, name)
         expected = exc.reason or describe_type(hint)
         raise error(
-            (f"{where}: " if where else "") + f"{path}: got {value!r} ({type(value).__name__}); expected {expected}"
+            (f"{where}: " if where else "")
+            + f"{path}: got {value!r} ({type(value).__name__}); expected {expected}"
             + (f" ({help_text})" if help_text else "")
         ) from None
 
 
 # ------------------------------------------------------------------------------------------ building
-def build(cls, data: Any, *, where: str | None = "the file", error: type[RopeExtendError] = RopeExtendError,
-          prefix: str = ""):
+def build(
+    cls, data: Any, *, where: str | None = "the file", error: type[RopeExtendError] = RopeExtendError, prefix: str = ""
+):
     """``cls(**data)`` after checking every key and value; errors name ``where`` and the dotted key."""
     head = f"{where}: " if where else ""
     section = prefix.rstrip(".") or "the top level"
@@ -170,11 +173,12 @@ def build(cls, data: Any, *, where: str | None = "the file", error: type[RopeExt
             hint = f"; did you mean {', '.join(repr(prefix + n) for n in near)}?" if near else ""
             raise error(f"{head}unknown key {prefix + str(key)!r}{hint} (valid keys in {section}: {', '.join(names)})")
         kwargs[key] = _check_value(value, hints[key], prefix + key, cls, key, error, where)
-    missing = [f.name for f in fields if f.name not in data
-               and f.default is _MISSING and f.default_factory is _MISSING]
+    missing = [f.name for f in fields if f.name not in data and f.default is _MISSING and f.default_factory is _MISSING]
     if missing:
-        raise error(f"{head}{section} is missing " + ", ".join(
-            f"{m!r} ({help_of(cls, m)})" if help_of(cls, m) else repr(m) for m in missing))
+        raise error(
+            f"{head}{section} is missing "
+            + ", ".join(f"{m!r} ({help_of(cls, m)})" if help_of(cls, m) else repr(m) for m in missing)
+        )
     try:
         return cls(**kwargs)
     except RopeExtendError as exc:  # a dataclass's own validation (__post_init__), named by its section

@@ -31,71 +31,179 @@ def _user_files(folder: Path) -> None:
 # name: (arguments, {relative path: content} made first, folder the command runs in, pattern of the message)
 CASES = {
     "train overwrite the working folder": (
-        ["train", "tiny-cpu", "output_dir=.", "overwrite_output_dir=true"], {"notes.txt": "mine"}, ".",
-        "is the working folder"),
+        ["train", "tiny-cpu", "output_dir=.", "overwrite_output_dir=true"],
+        {"notes.txt": "mine"},
+        ".",
+        "is the working folder",
+    ),
     "train overwrite a folder holding its data": (
         ["train", "tiny-cpu", "output_dir=out", "overwrite_output_dir=true", "data.path=out/data.txt"],
-        {"out/data.txt": "some text " * 50}, ".", "inside output_dir"),
+        {"out/data.txt": "some text " * 50},
+        ".",
+        "inside output_dir",
+    ),
     "train overwrite someone's folder": (
-        ["train", "tiny-cpu", "output_dir=out", "overwrite_output_dir=true"], {"out/notes.txt": "mine"}, ".",
-        r"did not write \(notes.txt\)"),
-    "demo overwrite the working folder": (["demo", "--quick", "--out", ".", "--overwrite"], {"a.txt": "x"}, ".",
-                                          "is the working folder"),
+        ["train", "tiny-cpu", "output_dir=out", "overwrite_output_dir=true"],
+        {"out/notes.txt": "mine"},
+        ".",
+        r"did not write \(notes.txt\)",
+    ),
+    "demo overwrite the working folder": (
+        ["demo", "--quick", "--out", ".", "--overwrite"],
+        {"a.txt": "x"},
+        ".",
+        "is the working folder",
+    ),
     "demo overwrite a parent": (["demo", "--quick", "--out", "..", "--overwrite"], {}, "sub", "parent of the working"),
-    "demo overwrite someone's folder": (["demo", "--quick", "--out", "mine", "--overwrite"],
-                                        {"mine/notes.txt": "x"}, ".", "did not write"),
+    "demo overwrite someone's folder": (
+        ["demo", "--quick", "--out", "mine", "--overwrite"],
+        {"mine/notes.txt": "x"},
+        ".",
+        "did not write",
+    ),
     "eval over a user's report": (
         ["eval", "passkey", "--model", "bundled", "--lengths", "256", "--trials", "1", "--out", "res", "--resume"],
-        {"res/report.md": "# my report"}, ".", r"did not write \(report.md\)"),
-    "model path missing": (["eval", "passkey", "--model", "./nosuchdir", "--lengths", "256", "--out", "o"], {}, ".",
-                           "nosuchdir.*no such folder"),
-    "model name offline": (["eval", "passkey", "--model", "nosuchmodel", "--lengths", "256", "--out", "o"], {}, ".",
-                           "cannot load the model 'nosuchmodel'.*offline"),
-    "model folder without tokenizer": (["eval", "passkey", "--model", "{notok}", "--lengths", "128", "--out", "o"], {},
-                                       ".", "cannot load the tokenizer"),
-    "dtype": (["eval", "passkey", "--model", "bundled", "--dtype", "fp64", "--lengths", "256", "--out", "o"], {}, ".",
-              "unknown dtype 'fp64'"),
-    "param that is not YAML": (["eval", "passkey", "--model", "bundled", "--method", "yarn", "--factor", "2",
-                                "--param", "beta_fast=[1", "--lengths", "256", "--out", "o"], {}, ".",
-                               "--param beta_fast: cannot read"),
-    "factor without method": (["eval", "passkey", "--model", "bundled", "--factor", "4", "--lengths", "256",
-                               "--out", "o"], {}, ".", "--factor given without --method"),
-    "malformed JSONL": (["eval", "perplexity", "--model", "bundled", "--lengths", "64", "--data", "d.jsonl",
-                         "--out", "o"], {"d.jsonl": '{"text": "a"}\n{"text": \n'}, ".", "cannot read d.jsonl"),
-    "empty text file": (["eval", "perplexity", "--model", "bundled", "--lengths", "64", "--data", "e.txt",
-                         "--out", "o"], {"e.txt": "  \n\n"}, ".", "e.txt holds no non-empty text"),
-    "dataset name offline": (["eval", "perplexity", "--model", "bundled", "--lengths", "64", "--data",
-                              "someone/dataset", "--out", "o"], {}, ".", "hub is offline"),
-    "length the data cannot reach": (["eval", "perplexity", "--model", "bundled", "--lengths", "1m", "--out", "o"],
-                                     {}, ".", "cannot be reached"),
-    "configure over a file": (["configure", "{tiny}", "--method", "yarn", "--factor", "2", "--out", "f.txt"],
-                              {"f.txt": "x"}, ".", "is a file"),
-    "configure inside the source": (["configure", "{tiny}", "--method", "yarn", "--factor", "2", "--out",
-                                     "{tiny}/scaled"], {}, ".", "overlaps the source"),
+        {"res/report.md": "# my report"},
+        ".",
+        r"did not write \(report.md\)",
+    ),
+    "model path missing": (
+        ["eval", "passkey", "--model", "./nosuchdir", "--lengths", "256", "--out", "o"],
+        {},
+        ".",
+        "nosuchdir.*no such folder",
+    ),
+    "model name offline": (
+        ["eval", "passkey", "--model", "nosuchmodel", "--lengths", "256", "--out", "o"],
+        {},
+        ".",
+        "cannot load the model 'nosuchmodel'.*offline",
+    ),
+    "model folder without tokenizer": (
+        ["eval", "passkey", "--model", "{notok}", "--lengths", "128", "--out", "o"],
+        {},
+        ".",
+        "cannot load the tokenizer",
+    ),
+    "dtype": (
+        ["eval", "passkey", "--model", "bundled", "--dtype", "fp64", "--lengths", "256", "--out", "o"],
+        {},
+        ".",
+        "unknown dtype 'fp64'",
+    ),
+    "param that is not YAML": (
+        [
+            "eval",
+            "passkey",
+            "--model",
+            "bundled",
+            "--method",
+            "yarn",
+            "--factor",
+            "2",
+            "--param",
+            "beta_fast=[1",
+            "--lengths",
+            "256",
+            "--out",
+            "o",
+        ],
+        {},
+        ".",
+        "--param beta_fast: cannot read",
+    ),
+    "factor without method": (
+        ["eval", "passkey", "--model", "bundled", "--factor", "4", "--lengths", "256", "--out", "o"],
+        {},
+        ".",
+        "--factor given without --method",
+    ),
+    "malformed JSONL": (
+        ["eval", "perplexity", "--model", "bundled", "--lengths", "64", "--data", "d.jsonl", "--out", "o"],
+        {"d.jsonl": '{"text": "a"}\n{"text": \n'},
+        ".",
+        "cannot read d.jsonl",
+    ),
+    "empty text file": (
+        ["eval", "perplexity", "--model", "bundled", "--lengths", "64", "--data", "e.txt", "--out", "o"],
+        {"e.txt": "  \n\n"},
+        ".",
+        "e.txt holds no non-empty text",
+    ),
+    "dataset name offline": (
+        ["eval", "perplexity", "--model", "bundled", "--lengths", "64", "--data", "someone/dataset", "--out", "o"],
+        {},
+        ".",
+        "hub is offline",
+    ),
+    "length the data cannot reach": (
+        ["eval", "perplexity", "--model", "bundled", "--lengths", "1m", "--out", "o"],
+        {},
+        ".",
+        "cannot be reached",
+    ),
+    "configure over a file": (
+        ["configure", "{tiny}", "--method", "yarn", "--factor", "2", "--out", "f.txt"],
+        {"f.txt": "x"},
+        ".",
+        "is a file",
+    ),
+    "configure inside the source": (
+        ["configure", "{tiny}", "--method", "yarn", "--factor", "2", "--out", "{tiny}/scaled"],
+        {},
+        ".",
+        "overlaps the source",
+    ),
     "recipe that is not YAML": (["train", "r.yaml"], {"r.yaml": "model: [unclosed\n"}, ".", "not valid YAML"),
-    "recipe with a python tag": (["train", "r.yaml"], {"r.yaml": "model: !!python/object/apply:os.system ['echo hi']\n"},
-                                 ".", "not valid YAML"),
-    "check: unknown method": (["train", "tiny-cpu", "--check", "rope.method=yarnn"], {}, ".",
-                              "unknown method 'yarnn'"),
+    "recipe with a python tag": (
+        ["train", "r.yaml"],
+        {"r.yaml": "model: !!python/object/apply:os.system ['echo hi']\n"},
+        ".",
+        "not valid YAML",
+    ),
+    "check: unknown method": (["train", "tiny-cpu", "--check", "rope.method=yarnn"], {}, ".", "unknown method 'yarnn'"),
     "check: nan factor": (["train", "tiny-cpu", "--check", "rope.factor=.nan"], {}, ".", "rope.factor.*finite"),
-    "check: unknown method parameter": (["train", "tiny-cpu", "--check", "rope.params.beta_fst=3"], {}, ".",
-                                        "unknown parameter 'beta_fst'.*beta_fast"),
-    "check: infinite learning rate": (["train", "tiny-cpu", "--check", "learning_rate=.inf"], {}, ".",
-                                      "learning_rate.*finite"),
-    "suite value of the wrong type": (["eval", "compare", "s.yaml"], {"s.yaml": SUITE_BAD_TYPE}, ".",
-                                      "methods\\[0\\].factor: got 'four'"),
-    "suite method none with a factor": (["eval", "compare", "s.yaml"], {"s.yaml": SUITE_NONE_FACTOR}, ".",
-                                        "method none takes no factor"),
-    "spectrum into a folder": (["plot", "spectrum", "--out", "pics"], {"pics/keep.txt": "x"}, ".",
-                               "must name a .png file"),
+    "check: unknown method parameter": (
+        ["train", "tiny-cpu", "--check", "rope.params.beta_fst=3"],
+        {},
+        ".",
+        "unknown parameter 'beta_fst'.*beta_fast",
+    ),
+    "check: infinite learning rate": (
+        ["train", "tiny-cpu", "--check", "learning_rate=.inf"],
+        {},
+        ".",
+        "learning_rate.*finite",
+    ),
+    "suite value of the wrong type": (
+        ["eval", "compare", "s.yaml"],
+        {"s.yaml": SUITE_BAD_TYPE},
+        ".",
+        "methods\\[0\\].factor: got 'four'",
+    ),
+    "suite method none with a factor": (
+        ["eval", "compare", "s.yaml"],
+        {"s.yaml": SUITE_NONE_FACTOR},
+        ".",
+        "method none takes no factor",
+    ),
+    "spectrum into a folder": (
+        ["plot", "spectrum", "--out", "pics"],
+        {"pics/keep.txt": "x"},
+        ".",
+        "must name a .png file",
+    ),
     "spectrum factor below 1": (["plot", "spectrum", "--factor", "0.5"], {}, ".", "factor must be >= 1"),
     "unknown recipe": (["train", "tiny-cpuu"], {}, ".", "did you mean 'tiny-cpu'"),
 }
 
 
 def _tree(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +213,14 @@ def results(tmp_path_factory):
     tiny_model("llama").save_pretrained(shared / "tiny")
     tiny_tokenizer().save_pretrained(shared / "tiny")
     tiny_model("llama").save_pretrained(shared / "notok")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+    }
     subs = {"{tiny}": str(shared / "tiny"), "{notok}": str(shared / "notok")}
 
     def run(name):
@@ -119,8 +233,15 @@ def results(tmp_path_factory):
         cwd.mkdir(parents=True, exist_ok=True)
         args = [subs.get(a, a) if "{" not in a else a.format(**{k[1:-1]: v for k, v in subs.items()}) for a in args]
         before = {**_tree(root), **{f"shared/{k}": v for k, v in _tree(shared).items()}}
-        proc = subprocess.run([sys.executable, "-m", "rope_extend", *args], cwd=cwd, env=env, capture_output=True,
-                              text=True, timeout=300, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "rope_extend", *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         after = {**_tree(root), **{f"shared/{k}": v for k, v in _tree(shared).items()}}
         return name, (proc.returncode, proc.stderr, before, after)
 

@@ -8,8 +8,10 @@ from rope_extend.cli import main
 from rope_extend.demo import FINETUNED, METHODS
 
 
-@pytest.mark.skipif(not __import__("rope_extend.bundled", fromlist=["available"]).available(),
-                    reason="the bundled model is not built into this checkout")
+@pytest.mark.skipif(
+    not __import__("rope_extend.bundled", fromlist=["available"]).available(),
+    reason="the bundled model is not built into this checkout",
+)
 def test_demo_quick(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--quick", "--out", str(out)]) == 0

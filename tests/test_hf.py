@@ -33,13 +33,25 @@ def test_own_types_are_registered():
     assert ROPE_INIT_FUNCTIONS["yarn"].__module__.startswith("transformers")  # transformers' own are kept
 
 
-@pytest.mark.parametrize("rope_type,extra", [
-    ("ntk", {}), ("ntk", {"alpha": 3.0}), ("dynamic_ntk", {}), ("ntk_by_parts", {"beta_fast": 16.0}),
-    ("dynamic_yarn", {}), ("dynamic_yarn", {"finetuned": True}),
-])
+@pytest.mark.parametrize(
+    "rope_type,extra",
+    [
+        ("ntk", {}),
+        ("ntk", {"alpha": 3.0}),
+        ("dynamic_ntk", {}),
+        ("ntk_by_parts", {"beta_fast": 16.0}),
+        ("dynamic_yarn", {}),
+        ("dynamic_yarn", {"finetuned": True}),
+    ],
+)
 def test_config_with_an_own_type_builds_saves_and_reloads(tmp_path, rope_type, extra):
-    params = {"rope_type": rope_type, "factor": 4.0, "original_max_position_embeddings": L, "rope_theta": 10000.0,
-              **extra}
+    params = {
+        "rope_type": rope_type,
+        "factor": 4.0,
+        "original_max_position_embeddings": L,
+        "rope_theta": 10000.0,
+        **extra,
+    }
     config = tiny_config(rope_parameters=params, max_position_embeddings=4 * L)
     torch.manual_seed(0)
     model = T.LlamaForCausalLM(config).eval()
@@ -52,17 +64,21 @@ def test_config_with_an_own_type_builds_saves_and_reloads(tmp_path, rope_type, e
     assert torch.equal(logits(reloaded, x), before)
     method = next(m for m in rope_extend.methods() if rope_extend.get_method(m).rope_type == rope_type)
     kwargs = {k: v for k, v in extra.items()}
-    expected = rope_extend.inv_freq(method, 16, 10000.0, 4.0, L, seq_len=700 if "dynamic" in rope_type else None,
-                                    **kwargs)[0]
+    expected = rope_extend.inv_freq(
+        method, 16, 10000.0, 4.0, L, seq_len=700 if "dynamic" in rope_type else None, **kwargs
+    )[0]
     assert torch.equal(reloaded.model.rotary_emb.inv_freq, expected)
 
 
-@pytest.mark.parametrize("params,needle", [
-    ({"rope_type": "ntk_by_parts", "factor": 4.0, "beta_fats": 3}, "beta_fats"),
-    ({"rope_type": "ntk", "factor": 0.5}, "factor must be >= 1"),
-    ({"rope_type": "dynamic_yarn", "factor": 2.0, "beta_fast": 1, "beta_slow": 2}, "beta_fast must be greater"),
-    ({"rope_type": "ntk"}, "needs a factor"),
-])
+@pytest.mark.parametrize(
+    "params,needle",
+    [
+        ({"rope_type": "ntk_by_parts", "factor": 4.0, "beta_fats": 3}, "beta_fats"),
+        ({"rope_type": "ntk", "factor": 0.5}, "factor must be >= 1"),
+        ({"rope_type": "dynamic_yarn", "factor": 2.0, "beta_fast": 1, "beta_slow": 2}, "beta_fast must be greater"),
+        ({"rope_type": "ntk"}, "needs a factor"),
+    ],
+)
 def test_invalid_own_type_config_is_an_error(params, needle):
     with pytest.raises(Exception, match=needle):
         tiny_config(rope_parameters={"rope_theta": 10000.0, **params})
@@ -71,7 +87,9 @@ def test_invalid_own_type_config_is_an_error(params, needle):
 @pytest.mark.parametrize("method", rope_extend.methods())
 def test_patched_model_saves_and_reloads_with_identical_logits(tmp_path, method):
     model = tiny_model()
-    params = {"short_factor": [1.0] * 8, "long_factor": [float(i + 2) for i in range(8)]} if method == "longrope" else {}
+    params = (
+        {"short_factor": [1.0] * 8, "long_factor": [float(i + 2) for i in range(8)]} if method == "longrope" else {}
+    )
     rope_extend.patch(model, method, factor=3, **params)
     x = ids(3 * L)
     before = logits(model, x)
@@ -88,8 +106,9 @@ def test_transformers_own_types_reload_in_plain_transformers(tmp_path):
     expected = {}
     for method in ("linear", "yarn", "llama3", "longrope"):
         model = tiny_model()
-        params = {"short_factor": [1.0] * 8, "long_factor": [float(i + 2) for i in range(8)]} \
-            if method == "longrope" else {}
+        params = (
+            {"short_factor": [1.0] * 8, "long_factor": [float(i + 2) for i in range(8)]} if method == "longrope" else {}
+        )
         rope_extend.patch(model, method, factor=4, **params)
         model.save_pretrained(tmp_path / method)
         expected[method] = logits(model, x)
@@ -97,7 +116,7 @@ def test_transformers_own_types_reload_in_plain_transformers(tmp_path):
     script = textwrap.dedent(f"""
         import sys, logging, torch, transformers as T
         assert "rope_extend" not in sys.modules
-        data = torch.load({str(tmp_path / 'expected.pt')!r})
+        data = torch.load({str(tmp_path / "expected.pt")!r})
         for method in ("linear", "yarn", "llama3", "longrope"):
             model = T.AutoModelForCausalLM.from_pretrained({str(tmp_path)!r} + "/" + method).eval()
             with torch.no_grad():
@@ -115,9 +134,15 @@ def test_transformers_own_types_reload_in_plain_transformers(tmp_path):
 def test_configure_writes_rope_parameters_and_raises_max_positions():
     config = rope_extend.configure(tiny_config(), "yarn", factor=4, beta_fast=16.0)
     assert config.max_position_embeddings == 4 * L and config.original_max_position_embeddings == L
-    assert config.rope_parameters == {"rope_theta": 10000.0, "rope_type": "yarn", "factor": 4.0,
-                                      "original_max_position_embeddings": L, "beta_fast": 16.0,
-                                      "beta_slow": 1.0, "truncate": True}
+    assert config.rope_parameters == {
+        "rope_theta": 10000.0,
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": L,
+        "beta_fast": 16.0,
+        "beta_slow": 1.0,
+        "truncate": True,
+    }
 
 
 def test_configure_is_idempotent_and_does_not_compound():
@@ -136,17 +161,26 @@ def test_configure_target_length_and_explicit_original_length():
 
 def test_configure_reads_the_original_length_from_the_config():
     shipped = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 10000.0}
-    config = rope_extend.configure(tiny_config(rope_parameters=shipped, max_position_embeddings=256), "linear",
-                                   factor=2)
+    config = rope_extend.configure(
+        tiny_config(rope_parameters=shipped, max_position_embeddings=256), "linear", factor=2
+    )
     assert config.max_position_embeddings == 128 and config.original_max_position_embeddings == 64
     phi3 = rope_extend.configure(tiny_config("phi3", original_max_position_embeddings=128), "yarn", factor=2)
     assert phi3.max_position_embeddings == 256
 
 
 def test_configure_on_a_composite_config_scales_the_text_config():
-    config = T.Gemma3Config(text_config=tiny_config("gemma3").to_dict(),
-                            vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
-                                           "num_attention_heads": 2, "image_size": 28, "patch_size": 14})
+    config = T.Gemma3Config(
+        text_config=tiny_config("gemma3").to_dict(),
+        vision_config={
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": 28,
+            "patch_size": 14,
+        },
+    )
     rope_extend.configure(config, "yarn", factor=2)
     text = config.get_text_config()
     assert text.rope_parameters["full_attention"]["rope_type"] == "yarn"

@@ -11,8 +11,10 @@ from rope_extend import NotPatchedError, RopeExtendError, UnsupportedModelError
 from tests.tiny import FAMILIES, tiny_config, tiny_model
 
 L = 256  # the tiny models' max_position_embeddings
-LONGROPE = lambda d: {"short_factor": [1.0 + i / d for i in range(d // 2)],
-                      "long_factor": [2.0 + i for i in range(d // 2)]}
+LONGROPE = lambda d: {
+    "short_factor": [1.0 + i / d for i in range(d // 2)],
+    "long_factor": [2.0 + i for i in range(d // 2)],
+}
 
 
 def method_params(method, model):
@@ -194,8 +196,14 @@ def test_longrope_switches_to_long_factors_beyond_the_original_length():
 
 
 def test_shipped_scaling_is_replaced_relative_to_its_original_length(caplog):
-    shipped = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64, "rope_theta": 10000.0}
+    shipped = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "rope_theta": 10000.0,
+    }
     model = tiny_model(rope_parameters=dict(shipped), max_position_embeddings=512)
     ids = inputs(300)
     before = logits(model, ids)
@@ -220,15 +228,18 @@ def test_qwen_style_yarn_config_reads_its_original_length():
     torch.testing.assert_close(logits(model, ids), before, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("kwargs,error,needle", [
-    (dict(method="yaarn", factor=2), RopeExtendError, "did you mean 'yarn'"),
-    (dict(method="yarn", factor=0.5), RopeExtendError, "factor must be >= 1"),
-    (dict(method="yarn"), RopeExtendError, "exactly one of factor"),
-    (dict(method="yarn", factor=2, target_length=512), RopeExtendError, "exactly one of factor"),
-    (dict(method="yarn", factor=2, beta_fats=3), RopeExtendError, "did you mean 'beta_fast'"),
-    (dict(method="yarn", factor=2, beta_fast=0.1), RopeExtendError, "beta_fast must be greater than beta_slow"),
-    (dict(method="longrope", factor=2, short_factor=[1.0] * 4, long_factor=[1.0] * 4), RopeExtendError, "d/2 = 8"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,needle",
+    [
+        (dict(method="yaarn", factor=2), RopeExtendError, "did you mean 'yarn'"),
+        (dict(method="yarn", factor=0.5), RopeExtendError, "factor must be >= 1"),
+        (dict(method="yarn"), RopeExtendError, "exactly one of factor"),
+        (dict(method="yarn", factor=2, target_length=512), RopeExtendError, "exactly one of factor"),
+        (dict(method="yarn", factor=2, beta_fats=3), RopeExtendError, "did you mean 'beta_fast'"),
+        (dict(method="yarn", factor=2, beta_fast=0.1), RopeExtendError, "beta_fast must be greater than beta_slow"),
+        (dict(method="longrope", factor=2, short_factor=[1.0] * 4, long_factor=[1.0] * 4), RopeExtendError, "d/2 = 8"),
+    ],
+)
 def test_errors_leave_the_model_untouched(kwargs, error, needle):
     model = tiny_model()
     rope_extend.patch(model, "linear", factor=2)

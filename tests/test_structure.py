@@ -54,7 +54,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state:
                 found = visit(nxt)
                 if found:
@@ -100,7 +100,11 @@ def test_hf_layers():
     """hf.config is the bottom of hf (no rotary, head, register); hf.register is the top (nothing imports it
     but the facade)."""
     graph = import_graph()
-    assert not graph["rope_extend.hf.config"] & {"rope_extend.hf.rotary", "rope_extend.hf.head",
-                                                  "rope_extend.hf.register", "rope_extend.patch"}
+    assert not graph["rope_extend.hf.config"] & {
+        "rope_extend.hf.rotary",
+        "rope_extend.hf.head",
+        "rope_extend.hf.register",
+        "rope_extend.patch",
+    }
     importers = sorted(n for n, t in graph.items() if "rope_extend.hf.register" in t)
     assert importers == ["rope_extend"]

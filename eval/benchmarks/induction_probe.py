@@ -62,8 +62,8 @@ def repeated_words(model, tokenizer, *, sequences: int, length: int, seed: int) 
             out = model(input_ids=ids, output_attentions=True)
         losses = torch.nn.functional.cross_entropy(out.logits[0, :-1], ids[0, 1:], reduction="none")
         # loss at index t predicts token t+1: first copy = tokens offset+1 .. offset+length-1
-        first.append(losses[offset:offset + length - 1].mean().item())
-        second.append(losses[offset + length:offset + 2 * length - 1].mean().item())
+        first.append(losses[offset : offset + length - 1].mean().item())
+        second.append(losses[offset + length : offset + 2 * length - 1].mean().item())
         scores = []
         for att in out.attentions:
             att = att[0].float()  # heads x query x key
@@ -73,12 +73,22 @@ def repeated_words(model, tokenizer, *, sequences: int, length: int, seed: int) 
             ind = att[:, q2, q2 - length + 1].mean(-1)  # the token after the first occurrence
             scores.append((prev, ind))
         layers = scores if layers is None else [(a + p, b + i) for (a, b), (p, i) in zip(layers, scores)]
-    heads = [{"layer": n, "prev_token": [round(v / sequences, 3) for v in p.tolist()],
-              "induction": [round(v / sequences, 3) for v in i.tolist()]} for n, (p, i) in enumerate(layers)]
-    return {"loss_first_copy": sum(first) / sequences, "loss_second_copy": sum(second) / sequences,
-            "copy_gain": (sum(first) - sum(second)) / sequences, "heads": heads,
-            "max_prev_token": max(max(h["prev_token"]) for h in heads),
-            "max_induction": max(max(h["induction"]) for h in heads)}
+    heads = [
+        {
+            "layer": n,
+            "prev_token": [round(v / sequences, 3) for v in p.tolist()],
+            "induction": [round(v / sequences, 3) for v in i.tolist()],
+        }
+        for n, (p, i) in enumerate(layers)
+    ]
+    return {
+        "loss_first_copy": sum(first) / sequences,
+        "loss_second_copy": sum(second) / sequences,
+        "copy_gain": (sum(first) - sum(second)) / sequences,
+        "heads": heads,
+        "max_prev_token": max(max(h["prev_token"]) for h in heads),
+        "max_induction": max(max(h["induction"]) for h in heads),
+    }
 
 
 def passkey_digits(model, tokenizer, *, length: int, trials: int, seed: int) -> list[float]:
@@ -99,10 +109,12 @@ def passkey_digits(model, tokenizer, *, length: int, trials: int, seed: int) -> 
             continue
         digits = tokenizer(answer, add_special_tokens=False)["input_ids"]
         if len(digits) != 5:
-            raise SystemExit(f"the passkey-digit probe needs one token per digit; this tokenizer splits "
-                             f"{answer} into {len(digits)} tokens")
+            raise SystemExit(
+                f"the passkey-digit probe needs one token per digit; this tokenizer splits "
+                f"{answer} into {len(digits)} tokens"
+            )
         start = len(ids) - 1 - len(digits)  # ids end with the digits, then "."
-        if ids[start:start + len(digits)] != digits:
+        if ids[start : start + len(digits)] != digits:
             continue
         with torch.no_grad():
             pred = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1)
@@ -120,8 +132,7 @@ def probe(name: str, args) -> dict:
     L = model.config.max_position_embeddings  # the trained context (the bundled model's trained_length())
     result = {"model": name}
     result.update(repeated_words(model, tokenizer, sequences=args.sequences, length=args.length, seed=args.seed))
-    result["passkey_digit_accuracy"] = passkey_digits(model, tokenizer, length=L, trials=args.trials,
-                                                      seed=args.seed)
+    result["passkey_digit_accuracy"] = passkey_digits(model, tokenizer, length=L, trials=args.trials, seed=args.seed)
     return result
 
 
@@ -149,25 +160,41 @@ def formation(args) -> dict:
             n = rng.randint(seq // 20, seq // 5)
             a = rng.randint(1, seq - 1 - 2 * n)
             b = rng.randint(a + n, seq - n)
-            x[i, b:b + n] = x[i, a:a + n]
-            copied[i, b:b + n - 1] = True  # predicting the 2nd..n-th repeated token
+            x[i, b : b + n] = x[i, a : a + n]
+            copied[i, b : b + n - 1] = True  # predicting the 2nd..n-th repeated token
         logits = model(input_ids=x).logits
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                                 x[:, 1:].reshape(-1), reduction="none").view(batch, -1)
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="none"
+        ).view(batch, -1)
         loss.mean().backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad()
         if step % args.log_every == 0:
-            row = {"step": step, "copied": loss[copied].mean().item(), "other": loss[~copied].mean().item(),
-                   "seconds": round(time.perf_counter() - start, 1)}
+            row = {
+                "step": step,
+                "copied": loss[copied].mean().item(),
+                "other": loss[~copied].mean().item(),
+                "seconds": round(time.perf_counter() - start, 1),
+            }
             log.append(row)
-            print(f"step {step:6d}  loss on repeated tokens {row['copied']:.3f}  elsewhere {row['other']:.3f}"
-                  f"  (uniform {math.log(vocab):.3f})  {row['seconds']:.0f}s", flush=True)
+            print(
+                f"step {step:6d}  loss on repeated tokens {row['copied']:.3f}  elsewhere {row['other']:.3f}"
+                f"  (uniform {math.log(vocab):.3f})  {row['seconds']:.0f}s",
+                flush=True,
+            )
             if formed_at is None and row["copied"] < 0.5 * row["other"]:
                 formed_at = step
-    return {"experiment": "formation", "steps": args.train_steps, "batch": batch, "seq": seq, "vocab": vocab,
-            "lr": args.lr, "formed_at": formed_at, "log": log}
+    return {
+        "experiment": "formation",
+        "steps": args.train_steps,
+        "batch": batch,
+        "seq": seq,
+        "vocab": vocab,
+        "lr": args.lr,
+        "formed_at": formed_at,
+        "log": log,
+    }
 
 
 def main():
@@ -197,10 +224,12 @@ def main():
     for name in args.models:
         r = probe(name, args)
         results.append(r)
-        print(f"{name}: copy gain {r['copy_gain']:.2f} nats/token (first copy {r['loss_first_copy']:.2f}, "
-              f"second {r['loss_second_copy']:.2f}); best previous-token head {r['max_prev_token']:.2f}, "
-              f"best induction head {r['max_induction']:.2f}; passkey digits (teacher-forced) "
-              + " ".join(f"{a:.2f}" for a in r["passkey_digit_accuracy"]))
+        print(
+            f"{name}: copy gain {r['copy_gain']:.2f} nats/token (first copy {r['loss_first_copy']:.2f}, "
+            f"second {r['loss_second_copy']:.2f}); best previous-token head {r['max_prev_token']:.2f}, "
+            f"best induction head {r['max_induction']:.2f}; passkey digits (teacher-forced) "
+            + " ".join(f"{a:.2f}" for a in r["passkey_digit_accuracy"])
+        )
     print(json.dumps({"benchmark": "induction_probe", "results": results}))
 
 

@@ -23,9 +23,15 @@ import rope_extend
 
 
 def build(args):
-    config = T.LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 3,
-                           num_hidden_layers=args.layers, num_attention_heads=args.hidden // 64,
-                           num_key_value_heads=max(1, args.hidden // 256), max_position_embeddings=args.prefill // 4)
+    config = T.LlamaConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.hidden * 3,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.hidden // 64,
+        num_key_value_heads=max(1, args.hidden // 256),
+        max_position_embeddings=args.prefill // 4,
+    )
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = T.LlamaForCausalLM(config).eval().to(args.device)
@@ -82,19 +88,32 @@ def main():
         for name, model in order:
             times[name].append(run(model, ids, args.decode, args.device))
 
-    med = {name: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts))
-           for name, ts in times.items()}
+    med = {
+        name: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts)) for name, ts in times.items()
+    }
     prefill_ratio = med["patched"][0] / med["plain"][0]
     decode_ratio = med["patched"][1] / med["plain"][1]
-    print(f"device {args.device}, {args.layers} layers x {args.hidden} hidden, vocab {args.vocab}, "
-          f"median of {args.repeats}")
+    print(
+        f"device {args.device}, {args.layers} layers x {args.hidden} hidden, vocab {args.vocab}, "
+        f"median of {args.repeats}"
+    )
     print(f"{'':10}{'prefill ' + str(args.prefill) + ' (ms)':>22}{str(args.decode) + ' decode steps (ms)':>24}")
     for name in ("plain", "patched"):
         print(f"{name:10}{med[name][0] * 1e3:>22.1f}{med[name][1] * 1e3:>24.1f}")
     ratio = max(prefill_ratio, decode_ratio)
-    print(json.dumps({"benchmark": "patch_overhead", "device": args.device, "prefill_ratio": round(prefill_ratio, 4),
-                      "decode_ratio": round(decode_ratio, 4), "ratio": round(ratio, 4), "target": 1.02,
-                      "pass": ratio <= 1.02}))
+    print(
+        json.dumps(
+            {
+                "benchmark": "patch_overhead",
+                "device": args.device,
+                "prefill_ratio": round(prefill_ratio, 4),
+                "decode_ratio": round(decode_ratio, 4),
+                "ratio": round(ratio, 4),
+                "target": 1.02,
+                "pass": ratio <= 1.02,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

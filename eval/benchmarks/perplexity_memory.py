@@ -27,11 +27,24 @@ import time
 
 SHAPES = {
     # small random Llama for CPU: the LM head (32k vocab) dominates the naive loop's memory
-    "cpu": dict(vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=4),
+    "cpu": dict(
+        vocab_size=32000,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+    ),
     # Llama-3-8B: 32 layers, 4096 hidden, GQA 32/8, 14336 MLP, 128256 vocab
-    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                      num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0),
+    "llama3-8b": dict(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        rope_theta=500000.0,
+    ),
 }
 
 
@@ -83,12 +96,18 @@ def worker(variant: str, length: int, shape: str, device: str, repeats: int, see
         except torch.cuda.OutOfMemoryError as exc:
             error = f"out of memory: {str(exc).splitlines()[0]}"
             break
-    out = {"variant": variant, "length": length, "shape": shape, "device": device, "loss": loss, "error": error,
-           "seconds": min(times) if times else None,
-           "tokens_per_s": (length - 1) / min(times) if times else None}
+    out = {
+        "variant": variant,
+        "length": length,
+        "shape": shape,
+        "device": device,
+        "loss": loss,
+        "error": error,
+        "seconds": min(times) if times else None,
+        "tokens_per_s": (length - 1) / min(times) if times else None,
+    }
     if device == "cuda":
-        out.update(peak_mb=torch.cuda.max_memory_allocated() / 2**20, base_mb=base,
-                   gpu=torch.cuda.get_device_name())
+        out.update(peak_mb=torch.cuda.max_memory_allocated() / 2**20, base_mb=base, gpu=torch.cuda.get_device_name())
     else:
         out.update(peak_mb=_rss_mb(), base_mb=base_rss)
     out["increase_mb"] = out["peak_mb"] - out["base_mb"]
@@ -96,9 +115,25 @@ def worker(variant: str, length: int, shape: str, device: str, repeats: int, see
 
 
 def spawn(variant: str, args) -> dict:
-    cmd = [sys.executable, __file__, "--worker", variant, "--length", str(args.length_now), "--shape", args.shape,
-           "--device", args.device, "--repeats", str(args.repeats), "--seed", str(args.seed)]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        variant,
+        "--length",
+        str(args.length_now),
+        "--shape",
+        args.shape,
+        "--device",
+        args.device,
+        "--repeats",
+        str(args.repeats),
+        "--seed",
+        str(args.seed),
+    ]
+    proc = subprocess.run(
+        cmd, check=False, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    )
     if proc.returncode != 0:
         return {"variant": variant, "length": args.length_now, "error": proc.stderr.strip().splitlines()[-1:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -133,16 +168,28 @@ def main() -> None:
             "peak_memory_ratio": round(h["peak_mb"] / n["peak_mb"], 4) if ok else None,
             "throughput_ratio": round(h["tokens_per_s"] / n["tokens_per_s"], 4) if ok else None,
             "loss_rel_diff": abs(h["loss"] - n["loss"]) / abs(n["loss"]) if ok else None,
-            "naive_error": n.get("error"), "harness_error": h.get("error"),
+            "naive_error": n.get("error"),
+            "harness_error": h.get("error"),
         }
     print(f"{'variant':8} {'length':>7} {'peak MB':>9} {'+MB':>9} {'tokens/s':>10} {'loss':>9}  error")
     for r in rows:
         fmt = lambda v, f: format(v, f) if isinstance(v, (int, float)) else "-"
-        print(f"{r['variant']:8} {r['length']:>7} {fmt(r.get('peak_mb'), '9.0f')} {fmt(r.get('increase_mb'), '9.0f')} "
-              f"{fmt(r.get('tokens_per_s'), '10.0f')} {fmt(r.get('loss'), '9.4f')}  {r.get('error') or ''}")
+        print(
+            f"{r['variant']:8} {r['length']:>7} {fmt(r.get('peak_mb'), '9.0f')} {fmt(r.get('increase_mb'), '9.0f')} "
+            f"{fmt(r.get('tokens_per_s'), '10.0f')} {fmt(r.get('loss'), '9.4f')}  {r.get('error') or ''}"
+        )
     device = next((r.get("gpu") for r in rows if r.get("gpu")), None) or f"cpu ({os.cpu_count()} cores)"
-    print(json.dumps({"benchmark": "perplexity_memory", "device": device, "shape": args.shape,
-                      "targets": {"memory_ratio": "<= 0.3", "throughput_ratio": ">= 0.9"}, "ratios": ratios}))
+    print(
+        json.dumps(
+            {
+                "benchmark": "perplexity_memory",
+                "device": device,
+                "shape": args.shape,
+                "targets": {"memory_ratio": "<= 0.3", "throughput_ratio": ">= 0.9"},
+                "ratios": ratios,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

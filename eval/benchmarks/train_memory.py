@@ -25,11 +25,25 @@ import subprocess
 import sys
 import time
 
-CPU_MODEL = dict(vocab_size=32000, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=8192)
-GPU_MODEL = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                 num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072,
-                 rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+CPU_MODEL = dict(
+    vocab_size=32000,
+    hidden_size=256,
+    intermediate_size=688,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    max_position_embeddings=8192,
+)
+GPU_MODEL = dict(
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    max_position_embeddings=131072,
+    rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+)
 
 
 # plain: model(labels=...); runner: chunked loss (gradient_checkpointing: false); runner+ckpt: chunked loss
@@ -59,7 +73,9 @@ def one(variant: str, tokens: int, steps: int, device: str, chunk: int) -> dict:
     model.config.use_cache = False
     if variant == "runner+ckpt":
         model.activation_checkpointing_enable({"use_reentrant": False})
-    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    model = get_peft_model(
+        model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    )
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     ids = torch.randint(3, config.vocab_size, (1, tokens), device=device)
@@ -91,16 +107,37 @@ def one(variant: str, tokens: int, steps: int, device: str, chunk: int) -> dict:
         if gpu:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    peak = torch.cuda.max_memory_allocated() / 2**20 if gpu else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = (
+        torch.cuda.max_memory_allocated() / 2**20 if gpu else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    )
     measured = [min(times[1:] or times)]  # the fastest measured step: the machine is shared
-    return {"variant": variant, "tokens": tokens, "peak_mb": peak, "before_step_mb": base, "step_mb": peak - base,
-            "seconds_per_step": sum(measured) / len(measured), "tokens_per_s": tokens * len(measured) / sum(measured),
-            "loss": losses[0]}
+    return {
+        "variant": variant,
+        "tokens": tokens,
+        "peak_mb": peak,
+        "before_step_mb": base,
+        "step_mb": peak - base,
+        "seconds_per_step": sum(measured) / len(measured),
+        "tokens_per_s": tokens * len(measured) / sum(measured),
+        "loss": losses[0],
+    }
 
 
 def run_subprocess(variant, tokens, steps, device, chunk, timeout=3600) -> dict | None:
-    cmd = [sys.executable, __file__, "--one", variant, "--tokens", str(tokens), "--steps", str(steps),
-           "--device", device, "--chunk", str(chunk)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--one",
+        variant,
+        "--tokens",
+        str(tokens),
+        "--steps",
+        str(steps),
+        "--device",
+        device,
+        "--chunk",
+        str(chunk),
+    ]
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         if "out of memory" in proc.stderr.lower() or "OutOfMemoryError" in proc.stderr:
@@ -123,14 +160,26 @@ def cpu_main(args) -> None:
     print("| variant | step memory (MiB) | peak RSS (MiB) | s/step | tokens/s | loss |")
     print("|---|---|---|---|---|---|")
     for v in (p, r, c):
-        print(f"| {v['variant']} | {v['step_mb']:.0f} | {v['peak_mb']:.0f} | {v['seconds_per_step']:.2f} | "
-              f"{v['tokens_per_s']:.0f} | {v['loss']:.4f} |")
-    out = {"benchmark": "train_memory", "device": "cpu", "tokens": args.tokens,
-           "memory_ratio": r["step_mb"] / p["step_mb"], "peak_rss_ratio": r["peak_mb"] / p["peak_mb"],
-           "throughput_ratio": r["tokens_per_s"] / p["tokens_per_s"],
-           "checkpointing": {"memory_ratio": c["step_mb"] / p["step_mb"],
-                             "throughput_ratio": c["tokens_per_s"] / p["tokens_per_s"]},
-           "targets": {"memory_ratio": 0.5, "throughput_ratio": 0.9}, "runner": r, "runner+ckpt": c, "plain": p}
+        print(
+            f"| {v['variant']} | {v['step_mb']:.0f} | {v['peak_mb']:.0f} | {v['seconds_per_step']:.2f} | "
+            f"{v['tokens_per_s']:.0f} | {v['loss']:.4f} |"
+        )
+    out = {
+        "benchmark": "train_memory",
+        "device": "cpu",
+        "tokens": args.tokens,
+        "memory_ratio": r["step_mb"] / p["step_mb"],
+        "peak_rss_ratio": r["peak_mb"] / p["peak_mb"],
+        "throughput_ratio": r["tokens_per_s"] / p["tokens_per_s"],
+        "checkpointing": {
+            "memory_ratio": c["step_mb"] / p["step_mb"],
+            "throughput_ratio": c["tokens_per_s"] / p["tokens_per_s"],
+        },
+        "targets": {"memory_ratio": 0.5, "throughput_ratio": 0.9},
+        "runner": r,
+        "runner+ckpt": c,
+        "plain": p,
+    }
     out["meets_targets"] = out["memory_ratio"] <= 0.5 and out["throughput_ratio"] >= 0.9
     print(json.dumps(out))
 
@@ -153,8 +202,16 @@ def gpu_main(args) -> None:
                 lo = mid
         result[variant] = lo
         print(f"{variant}: longest context that fits one LoRA step: {lo} tokens")
-    print(json.dumps({"benchmark": "train_memory_gpu", "model": "Llama-3-8B-shaped random bf16",
-                      "max_tokens": result, "ratio": result["runner+ckpt"] / max(result["plain"], 1)}))
+    print(
+        json.dumps(
+            {
+                "benchmark": "train_memory_gpu",
+                "model": "Llama-3-8B-shaped random bf16",
+                "max_tokens": result,
+                "ratio": result["runner+ckpt"] / max(result["plain"], 1),
+            }
+        )
+    )
 
 
 def main() -> None:

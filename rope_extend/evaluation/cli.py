@@ -22,16 +22,24 @@ def _common(p: argparse.ArgumentParser, *, data: bool = False) -> None:
     p.add_argument("--out", required=True, help="output folder (records.jsonl, results.json/.csv, report.md, PNGs)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out, reusing its finished records")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
-    p.add_argument("--sliding-window", choices=SLIDING_WINDOW_MODES, default="auto",
-                   help="auto: widen a window every layer uses (Mistral, Phi-3), keep interleaved local layers "
-                        "(Gemma 2/3); full: widen all; keep: none")
+    p.add_argument(
+        "--sliding-window",
+        choices=SLIDING_WINDOW_MODES,
+        default="auto",
+        help="auto: widen a window every layer uses (Mistral, Phi-3), keep interleaved local layers "
+        "(Gemma 2/3); full: widen all; keep: none",
+    )
     if data:
         p.add_argument("--data", help="a .txt file, a folder of .txt files, .jsonl, .parquet, or a hub dataset name")
         p.add_argument("--text-field", default="text", help="column holding the text (JSONL, Parquet, datasets)")
         p.add_argument("--split", default="train", help="dataset split (hub datasets)")
         p.add_argument("--max-docs", type=int, help="use at most this many documents")
-        p.add_argument("--sample-by", choices=("document", "paragraph", "line"), default="document",
-                       help="a text file is one document (default), or split by paragraph or line")
+        p.add_argument(
+            "--sample-by",
+            choices=("document", "paragraph", "line"),
+            default="document",
+            help="a text file is one document (default), or split by paragraph or line",
+        )
 
 
 def _prepare(args):
@@ -54,8 +62,17 @@ def _prepare(args):
     if getattr(args, "data", "absent") != "absent":
         from .data import default_texts, load_texts
 
-        texts = load_texts(args.data, text_field=args.text_field, split=args.split, max_docs=args.max_docs,
-                           sample_by=args.sample_by) if args.data else default_texts()
+        texts = (
+            load_texts(
+                args.data,
+                text_field=args.text_field,
+                split=args.split,
+                max_docs=args.max_docs,
+                sample_by=args.sample_by,
+            )
+            if args.data
+            else default_texts()
+        )
     model = load_model(args.model, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code)
     tokenizer = load_tokenizer(args.tokenizer or args.model, trust_remote_code=args.trust_remote_code)
     if method != "none":
@@ -68,8 +85,12 @@ def _finish(args, records: list[dict], title: str) -> int:
     from .report import summarize, write_report
 
     files = write_report(args.out, records, title=title, notes=[f"model: `{args.model}`"])
-    print(json.dumps({"out": str(args.out), "summary": summarize(records), "files": [str(f) for f in files.values()]},
-                     default=str))
+    print(
+        json.dumps(
+            {"out": str(args.out), "summary": summarize(records), "files": [str(f) for f in files.values()]},
+            default=str,
+        )
+    )
     return 0
 
 
@@ -81,9 +102,21 @@ def _cmd_passkey(args) -> int:
     from .passkey import passkey
 
     model, tokenizer, records, _ = _prepare(args)
-    result = passkey(model, tokenizer, args.lengths, depths=args.depths, trials=args.trials, seed=args.seed,
-                     key_range=tuple(args.key_range), max_new_tokens=args.max_new_tokens, records=records,
-                     resume=True, progress=args.progress, run=_run(args), sliding_window=args.sliding_window)
+    result = passkey(
+        model,
+        tokenizer,
+        args.lengths,
+        depths=args.depths,
+        trials=args.trials,
+        seed=args.seed,
+        key_range=tuple(args.key_range),
+        max_new_tokens=args.max_new_tokens,
+        records=records,
+        resume=True,
+        progress=args.progress,
+        run=_run(args),
+        sliding_window=args.sliding_window,
+    )
     return _finish(args, result.records, f"Passkey retrieval: {args.model}")
 
 
@@ -92,9 +125,22 @@ def _cmd_niah(args) -> int:
 
     model, tokenizer, records, texts = _prepare(args)
     extra = {k: getattr(args, k) for k in ("needle", "question", "answer") if getattr(args, k)}
-    result = niah(model, tokenizer, texts, args.lengths, depths=args.depths, trials=args.trials, seed=args.seed,
-                  max_new_tokens=args.max_new_tokens, records=records, resume=True, progress=args.progress,
-                  run=_run(args), sliding_window=args.sliding_window, **extra)
+    result = niah(
+        model,
+        tokenizer,
+        texts,
+        args.lengths,
+        depths=args.depths,
+        trials=args.trials,
+        seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        records=records,
+        resume=True,
+        progress=args.progress,
+        run=_run(args),
+        sliding_window=args.sliding_window,
+        **extra,
+    )
     return _finish(args, result.records, f"Needle in a haystack: {args.model}")
 
 
@@ -102,9 +148,19 @@ def _cmd_perplexity(args) -> int:
     from .perplexity import perplexity
 
     model, tokenizer, records, texts = _prepare(args)
-    result = perplexity(model, tokenizer, texts, args.lengths, stride=args.stride, chunk_size=args.chunk_size,
-                        records=records, resume=True, progress=args.progress, run=_run(args),
-                        sliding_window=args.sliding_window)
+    result = perplexity(
+        model,
+        tokenizer,
+        texts,
+        args.lengths,
+        stride=args.stride,
+        chunk_size=args.chunk_size,
+        records=records,
+        resume=True,
+        progress=args.progress,
+        run=_run(args),
+        sliding_window=args.sliding_window,
+    )
     return _finish(args, result.records, f"Perplexity: {args.model}")
 
 
@@ -128,18 +184,28 @@ def _cmd_spectrum(args) -> int:
 
     out = Path(args.out)
     if out.is_dir() or out.suffix.lower() != ".png":
-        raise RopeExtendError(f"--out {out} must name a .png file to write (e.g. spectrum.png)"
-                              + (", not a folder" if out.is_dir() else ""))
+        raise RopeExtendError(
+            f"--out {out} must name a .png file to write (e.g. spectrum.png)"
+            + (", not a folder" if out.is_dir() else "")
+        )
     registry.check_factor(args.factor)
     names = [m for m in (args.methods or ",".join(registry.names())).split(",") if m.strip()]
-    curves, skipped = spectrum(names, factor=args.factor, head_dim=args.head_dim, base=args.base,
-                               original_length=args.original_length)
+    curves, skipped = spectrum(
+        names, factor=args.factor, head_dim=args.head_dim, base=args.base, original_length=args.original_length
+    )
     for name, why in skipped.items():
         print(f"rope-extend: skipped {name}: {why}")
     if not curves:
         raise RopeExtendError(f"no method could be drawn: {'; '.join(f'{n}: {w}' for n, w in skipped.items())}")
-    path = plot_spectrum(curves, out, factor=args.factor, head_dim=args.head_dim, base=args.base,
-                         original_length=args.original_length, x=args.x)
+    path = plot_spectrum(
+        curves,
+        out,
+        factor=args.factor,
+        head_dim=args.head_dim,
+        base=args.base,
+        original_length=args.original_length,
+        x=args.x,
+    )
     print(json.dumps({"out": str(path), "methods": list(curves), "skipped": list(skipped)}))
     return 0
 
@@ -150,8 +216,10 @@ def register(subparsers) -> None:
 
     p = sub.add_parser("passkey", help="passkey retrieval accuracy per length (and depth)")
     _common(p)
-    p.add_argument("--depths", help="depth grid for a heatmap: 0,0.5,1 or 0%%,50%%,100%% or grid:5 "
-                                    "(default: a random depth per trial)")
+    p.add_argument(
+        "--depths",
+        help="depth grid for a heatmap: 0,0.5,1 or 0%%,50%%,100%% or grid:5 (default: a random depth per trial)",
+    )
     p.add_argument("--trials", type=int, default=10, help="trials per length (per depth with --depths)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--key-range", type=int, nargs=2, default=[1, 50000], metavar=("LOW", "HIGH"))
@@ -187,7 +255,9 @@ def register(subparsers) -> None:
     pl = subparsers.add_parser("plot", help="pictures: the rotary spectrum of each method")
     psub = pl.add_subparsers(dest="plot_command", required=True, metavar="PLOT")
     p = psub.add_parser("spectrum", help="per method, each rotary dimension's frequency ratio theta'/theta")
-    p.add_argument("--methods", help="comma-separated methods (default: all; ones needing extra parameters are skipped)")
+    p.add_argument(
+        "--methods", help="comma-separated methods (default: all; ones needing extra parameters are skipped)"
+    )
     p.add_argument("--factor", type=float, default=8.0)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--base", type=float, default=10000.0)

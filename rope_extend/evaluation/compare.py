@@ -28,8 +28,9 @@ def _texts(suite: Suite, task) -> list[str]:
     source = resolve_path(suite, task.data)
     if source is None:
         return default_texts()
-    return load_texts(source, text_field=task.text_field, split=task.split, max_docs=task.max_docs,
-                      sample_by=task.sample_by)
+    return load_texts(
+        source, text_field=task.text_field, split=task.split, max_docs=task.max_docs, sample_by=task.sample_by
+    )
 
 
 def apply(model, spec) -> None:
@@ -48,18 +49,30 @@ def check_methods(model, suite: Suite) -> None:
             hf.plan(config, spec.method, **spec.patch_kwargs())
 
 
-def run_suite(suite: Suite, *, out: str | Path | None = None, resume: bool = False, progress: bool = True,
-              model=None, tokenizer=None) -> dict[str, Any]:
+def run_suite(
+    suite: Suite,
+    *,
+    out: str | Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    model=None,
+    tokenizer=None,
+) -> dict[str, Any]:
     """Run every method x task of ``suite``; returns ``{"records": [...], "files": {...}, "out": path}``."""
     out = Path(out) if out is not None else default_out(suite)
     records_path = out / "records.jsonl"
     claim_output_dir(out, kind="eval", owned=owned, resume=resume, check_only=True)
-    texts = {name: _texts(suite, task) for name, task in (("niah", suite.niah), ("perplexity", suite.perplexity))
-             if task is not None}  # bad data fails before the model is loaded
+    texts = {
+        name: _texts(suite, task)
+        for name, task in (("niah", suite.niah), ("perplexity", suite.perplexity))
+        if task is not None
+    }  # bad data fails before the model is loaded
     if model is None:
         name = resolve_path(suite, suite.model)
         model = load_model(name, dtype=suite.dtype, device=suite.device, trust_remote_code=suite.trust_remote_code)
-        tokenizer = load_tokenizer(resolve_path(suite, suite.tokenizer) or name, trust_remote_code=suite.trust_remote_code)
+        tokenizer = load_tokenizer(
+            resolve_path(suite, suite.tokenizer) or name, trust_remote_code=suite.trust_remote_code
+        )
     elif tokenizer is None:
         raise RopeExtendError("run_suite: give the tokenizer with the model")
     check_methods(model, suite)
@@ -72,19 +85,49 @@ def run_suite(suite: Suite, *, out: str | Path | None = None, resume: bool = Fal
             run = {"label": spec.name()}
             if suite.passkey:
                 t = suite.passkey
-                records += passkey(model, tokenizer, t.lengths, depths=t.depths, trials=t.trials, seed=t.seed,
-                                   key_range=tuple(t.key_range), max_new_tokens=t.max_new_tokens, run=run,
-                                   sliding_window=t.sliding_window, **common).records
+                records += passkey(
+                    model,
+                    tokenizer,
+                    t.lengths,
+                    depths=t.depths,
+                    trials=t.trials,
+                    seed=t.seed,
+                    key_range=tuple(t.key_range),
+                    max_new_tokens=t.max_new_tokens,
+                    run=run,
+                    sliding_window=t.sliding_window,
+                    **common,
+                ).records
             if suite.niah:
                 t = suite.niah
                 extra = {k: getattr(t, k) for k in ("needle", "question", "answer") if getattr(t, k) is not None}
-                records += niah(model, tokenizer, texts["niah"], t.lengths, depths=t.depths, trials=t.trials, seed=t.seed,
-                                max_new_tokens=t.max_new_tokens, run=run, sliding_window=t.sliding_window,
-                                **extra, **common).records
+                records += niah(
+                    model,
+                    tokenizer,
+                    texts["niah"],
+                    t.lengths,
+                    depths=t.depths,
+                    trials=t.trials,
+                    seed=t.seed,
+                    max_new_tokens=t.max_new_tokens,
+                    run=run,
+                    sliding_window=t.sliding_window,
+                    **extra,
+                    **common,
+                ).records
             if suite.perplexity:
                 t = suite.perplexity
-                records += perplexity(model, tokenizer, texts["perplexity"], t.lengths, stride=t.stride,
-                                      chunk_size=t.chunk_size, sliding_window=t.sliding_window, run=run, **common).records
+                records += perplexity(
+                    model,
+                    tokenizer,
+                    texts["perplexity"],
+                    t.lengths,
+                    stride=t.stride,
+                    chunk_size=t.chunk_size,
+                    sliding_window=t.sliding_window,
+                    run=run,
+                    **common,
+                ).records
     finally:
         if patched(model) is not None:
             unpatch(model)

@@ -80,8 +80,14 @@ def parse_depths(values: str | float | Iterable[Any] | None) -> list[float] | No
 
 
 # ------------------------------------------------------------------------------------------ texts
-def load_texts(source: str | os.PathLike | Sequence[str], *, text_field: str = "text", split: str = "train",
-               max_docs: int | None = None, sample_by: SampleBy = "document") -> list[str]:
+def load_texts(
+    source: str | os.PathLike | Sequence[str],
+    *,
+    text_field: str = "text",
+    split: str = "train",
+    max_docs: int | None = None,
+    sample_by: SampleBy = "document",
+) -> list[str]:
     """Documents from ``source`` through the one reader (``rope_extend.documents.read_documents``: a file, a
     folder, JSONL, Parquet or a hub dataset; a ``.txt`` file is one document), or a list of strings as is."""
     if isinstance(source, (str, os.PathLike)):
@@ -95,6 +101,8 @@ def load_texts(source: str | os.PathLike | Sequence[str], *, text_field: str = "
 def default_texts() -> list[str]:
     """The bundled held-out corpus (long synthetic chronicles) when installed; else an error."""
     if not resources.BUNDLED_EVAL_CORPUS.is_file():
-        raise RopeExtendError("no texts given and no bundled corpus is installed: pass --data (a .txt file, a folder "
-                              "of .txt files, a .jsonl or .parquet file, or a hub dataset name when online)")
+        raise RopeExtendError(
+            "no texts given and no bundled corpus is installed: pass --data (a .txt file, a folder "
+            "of .txt files, a .jsonl or .parquet file, or a hub dataset name when online)"
+        )
     return read_documents(resources.BUNDLED_EVAL_CORPUS)

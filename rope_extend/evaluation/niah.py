@@ -28,11 +28,25 @@ def score(output: str, answer: str) -> tuple[str, bool]:
     return output.strip(), norm(answer) in norm(output)
 
 
-def niah(model, tokenizer, haystack: Sequence[str], lengths: str | Iterable[Any], *, needle: str = NEEDLE,
-         question: str = QUESTION, answer: str = ANSWER, depths: str | Iterable[Any] | None = None,
-         trials: int = 1, seed: int = 0, max_new_tokens: int = 32, records: str | os.PathLike | None = None,
-         resume: bool = False, progress: bool = True, run: dict[str, Any] | None = None,
-         sliding_window: str = "auto") -> RetrievalResult:
+def niah(
+    model,
+    tokenizer,
+    haystack: Sequence[str],
+    lengths: str | Iterable[Any],
+    *,
+    needle: str = NEEDLE,
+    question: str = QUESTION,
+    answer: str = ANSWER,
+    depths: str | Iterable[Any] | None = None,
+    trials: int = 1,
+    seed: int = 0,
+    max_new_tokens: int = 32,
+    records: str | os.PathLike | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    run: dict[str, Any] | None = None,
+    sliding_window: str = "auto",
+) -> RetrievalResult:
     """Needle retrieval accuracy over ``lengths`` x ``depths`` (default 0, 25, 50, 75, 100%).
 
     ``haystack`` is a list of texts (see ``data.load_texts``), joined by blank lines; it must reach the
@@ -57,11 +71,30 @@ def niah(model, tokenizer, haystack: Sequence[str], lengths: str | Iterable[Any]
     def make_trial(length: int, depth: float, trial: int):
         offset = 0 if trial == 0 else trial_rng(seed, "niah", length, depth, trial).randrange(len(texts))
         ids, ends = tokens(offset)
-        return build(tokenizer, length, depth, head=HEAD, needle=needle, tail=question, haystack=ids,
-                     ends=ends), answer
+        return build(tokenizer, length, depth, head=HEAD, needle=needle, tail=question, haystack=ids, ends=ends), answer
 
-    return run_grid(model, tokenizer, task="niah", lengths=lengths, depths=grid, trials=trials, seed=seed,
-                    setting={"needle": needle, "question": question, "answer": answer, "depths": grid,
-                             "trials": trials, "haystack_docs": len(texts)},
-                    make_trial=make_trial, score=score, max_new_tokens=max_new_tokens, records=records,
-                    resume=resume, progress=progress, run=run, sliding_window=sliding_window)
+    return run_grid(
+        model,
+        tokenizer,
+        task="niah",
+        lengths=lengths,
+        depths=grid,
+        trials=trials,
+        seed=seed,
+        setting={
+            "needle": needle,
+            "question": question,
+            "answer": answer,
+            "depths": grid,
+            "trials": trials,
+            "haystack_docs": len(texts),
+        },
+        make_trial=make_trial,
+        score=score,
+        max_new_tokens=max_new_tokens,
+        records=records,
+        resume=resume,
+        progress=progress,
+        run=run,
+        sliding_window=sliding_window,
+    )

@@ -48,13 +48,13 @@ def window_nll(head: LMHead, ids: torch.Tensor, score_from: int, chunk_size: int
     if n - score_from <= 0:
         return 0.0, 0
     hidden = head.decoder(input_ids=ids[None], use_cache=False).last_hidden_state[0]
-    hidden = hidden[score_from - 1: n - 1]
+    hidden = hidden[score_from - 1 : n - 1]
     targets = ids[score_from:]
     step = chunk_size or max(1, CHUNK_LOGITS // head.vocab_size)
     total = 0.0
     for start in range(0, targets.shape[0], step):
-        logits = head.logits(hidden[start: start + step])
-        total += float(F.cross_entropy(logits, targets[start: start + step], reduction="sum", ignore_index=-100))
+        logits = head.logits(hidden[start : start + step])
+        total += float(F.cross_entropy(logits, targets[start : start + step], reduction="sum", ignore_index=-100))
         del logits
     return total, int(targets.shape[0])
 
@@ -85,10 +85,21 @@ class PerplexityResult:
     skipped: dict[int, int]  # documents shorter than the length, left out
 
 
-def perplexity(model, tokenizer, texts: Sequence[str] | Iterable[str], lengths: str | Iterable[Any], *,
-               stride: int | None = None, max_docs: int | None = None, chunk_size: int | None = None,
-               records: str | os.PathLike | None = None, resume: bool = False, progress: bool = True,
-               run: dict[str, Any] | None = None, sliding_window: str = "auto") -> PerplexityResult:
+def perplexity(
+    model,
+    tokenizer,
+    texts: Sequence[str] | Iterable[str],
+    lengths: str | Iterable[Any],
+    *,
+    stride: int | None = None,
+    max_docs: int | None = None,
+    chunk_size: int | None = None,
+    records: str | os.PathLike | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    run: dict[str, Any] | None = None,
+    sliding_window: str = "auto",
+) -> PerplexityResult:
     """Perplexity of ``model`` on ``texts`` at each of ``lengths`` (see the module docstring for the protocol).
 
     Documents are tokenized with the tokenizer's special tokens (a BOS where it adds one). A document shorter
@@ -103,7 +114,9 @@ def perplexity(model, tokenizer, texts: Sequence[str] | Iterable[str], lengths: 
     if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int) or stride < 1):
         raise RopeExtendError(f"stride must be a positive integer or None (one window per document), got {stride!r}")
     if stride is not None and stride > min(lengths):
-        raise RopeExtendError(f"stride {stride} is larger than the window length {min(lengths)}: tokens would be skipped")
+        raise RopeExtendError(
+            f"stride {stride} is larger than the window length {min(lengths)}: tokens would be skipped"
+        )
     head = H.lm_head(model, decoder=True)
     runner.check_reachable(model, max(lengths), cache=False)  # before tokenizing the documents
     texts = [t for t in texts if t and t.strip()]
@@ -122,7 +135,8 @@ def perplexity(model, tokenizer, texts: Sequence[str] | Iterable[str], lengths: 
     H.check(model, head, max(docs, key=len))
     if getattr(getattr(model, "config", None), "_attn_implementation", None) == "eager":
         logging.getLogger("rope_extend").warning(
-            "the model uses eager attention (L x L scores in memory); load it with attn_implementation='sdpa'")
+            "the model uses eager attention (L x L scores in memory); load it with attn_implementation='sdpa'"
+        )
     device = next(model.parameters()).device
 
     def measure(job: dict) -> dict:
@@ -131,13 +145,28 @@ def perplexity(model, tokenizer, texts: Sequence[str] | Iterable[str], lengths: 
         for begin, end, score_from in windows(len(ids), job["length"], stride):
             w_nll, w_count = window_nll(head, ids[begin:end], score_from - begin, chunk_size)
             nll, count = nll + w_nll, count + w_count
-        return {"stride": stride, "tokens": count, "nll": nll,
-                "perplexity": math.exp(nll / count) if count else float("nan")}
+        return {
+            "stride": stride,
+            "tokens": count,
+            "nll": nll,
+            "perplexity": math.exp(nll / count) if count else float("nan"),
+        }
 
     jobs = [{"length": n, "doc": i} for n in lengths for i, d in enumerate(docs) if len(d) >= n]
-    done = runner.run(model, task="perplexity", setting={"stride": stride, "docs": len(docs)}, jobs=jobs,
-                      measure=measure, longest=max(lengths), records=records, resume=resume, progress=progress,
-                      run=run, sliding_window=sliding_window, unit="doc")
+    done = runner.run(
+        model,
+        task="perplexity",
+        setting={"stride": stride, "docs": len(docs)},
+        jobs=jobs,
+        measure=measure,
+        longest=max(lengths),
+        records=records,
+        resume=resume,
+        progress=progress,
+        run=run,
+        sliding_window=sliding_window,
+        unit="doc",
+    )
     ppl, tokens = {}, {}
     for length in lengths:
         rows = [r for r in done if r["length"] == length]

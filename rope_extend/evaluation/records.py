@@ -26,13 +26,18 @@ def setting_id(setting: dict[str, Any]) -> str:
 def run_info(model, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """What identifies the model under test: its name and the rope-extend scaling applied (or ``none``)."""
     scaling = patched(model)
-    info: dict[str, Any] = {"model": str(getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__)}
+    info: dict[str, Any] = {
+        "model": str(getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__)
+    }
     if scaling is None:
         info.update(method="none", factor=1.0, original_length=None, params={})
     else:
-        info.update(method=scaling.method.name, factor=scaling.factor,
-                    original_length=scaling.original_max_position_embeddings,
-                    params=scaling.method.param_dict(scaling.params))
+        info.update(
+            method=scaling.method.name,
+            factor=scaling.factor,
+            original_length=scaling.original_max_position_embeddings,
+            params=scaling.method.param_dict(scaling.params),
+        )
     info.update(extra or {})
     return info
 
@@ -54,8 +59,12 @@ class RecordLog:
                 )
             self.records = self._read(self.path)
         # a run killed mid-write leaves a line without its newline: start the next record on a fresh line
-        self._newline = (self.path is not None and self.path.exists() and self.path.stat().st_size > 0
-                         and self.path.read_bytes()[-1:] != b"\n")
+        self._newline = (
+            self.path is not None
+            and self.path.exists()
+            and self.path.stat().st_size > 0
+            and self.path.read_bytes()[-1:] != b"\n"
+        )
 
     @staticmethod
     def _read(path: Path) -> list[dict]:

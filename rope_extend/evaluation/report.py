@@ -48,11 +48,19 @@ def summarize(records: Iterable[dict]) -> dict[str, list[dict]]:
     for (task, label, length), xs in acc.items():
         out[task].append({"label": label, "length": length, "accuracy": sum(xs) / len(xs), "trials": len(xs)})
     for (task, label, length, depth), xs in cell.items():
-        out[f"{task}_depth"].append({"label": label, "length": length, "depth": depth,
-                                     "accuracy": sum(xs) / len(xs), "trials": len(xs)})
+        out[f"{task}_depth"].append(
+            {"label": label, "length": length, "depth": depth, "accuracy": sum(xs) / len(xs), "trials": len(xs)}
+        )
     for (label, length), (nll, tokens, docs) in ppl.items():
-        out["perplexity"].append({"label": label, "length": length, "perplexity": math.exp(nll / tokens) if tokens else None,
-                                  "tokens": tokens, "docs": docs})
+        out["perplexity"].append(
+            {
+                "label": label,
+                "length": length,
+                "perplexity": math.exp(nll / tokens) if tokens else None,
+                "tokens": tokens,
+                "docs": docs,
+            }
+        )
     return dict(out)
 
 
@@ -69,8 +77,11 @@ def passkey_context(rows: Sequence[dict], label: str, threshold: float = 0.8) ->
 def markdown(summary: dict[str, list[dict]], title: str = "Results", notes: Sequence[str] = ()) -> str:
     """One table per task: a row per length, a column per run."""
     lines = [f"# {title}", ""] + [f"{n}  " for n in notes] + ([""] if notes else [])
-    specs = [("passkey", "Passkey retrieval accuracy", "accuracy"), ("niah", "Needle in a haystack accuracy", "accuracy"),
-             ("perplexity", "Perplexity (token-weighted; lower is better)", "perplexity")]
+    specs = [
+        ("passkey", "Passkey retrieval accuracy", "accuracy"),
+        ("niah", "Needle in a haystack accuracy", "accuracy"),
+        ("perplexity", "Perplexity (token-weighted; lower is better)", "perplexity"),
+    ]
     for task, heading, key in specs:
         rows = summary.get(task)
         if not rows:
@@ -78,8 +89,7 @@ def markdown(summary: dict[str, list[dict]], title: str = "Results", notes: Sequ
         labels = _labels(rows)
         table = {(r["label"], r["length"]): r[key] for r in rows}
         fmt = (lambda v: f"{100 * v:.0f}%") if key == "accuracy" else (lambda v: f"{v:.3f}" if v < 1e4 else f"{v:.3g}")
-        lines += [f"## {heading}", "", "| length | " + " | ".join(labels) + " |",
-                  "|---:|" + "---:|" * len(labels)]
+        lines += [f"## {heading}", "", "| length | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
         for length in sorted({r["length"] for r in rows}):
             cells = [fmt(table[(lb, length)]) if (lb, length) in table else "" for lb in labels]
             lines.append(f"| {_length_name(length)} | " + " | ".join(cells) + " |")
@@ -124,7 +134,9 @@ def _length_axis(ax, lengths: Sequence[int]) -> None:
     ax.minorticks_off()
 
 
-def plot_lines(rows: Sequence[dict], key: str, path: str | Path, *, title: str, ylabel: str, log_y: bool = False) -> Path:
+def plot_lines(
+    rows: Sequence[dict], key: str, path: str | Path, *, title: str, ylabel: str, log_y: bool = False
+) -> Path:
     """``key`` vs length, one line per run (accuracy or perplexity)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -133,8 +145,15 @@ def plot_lines(rows: Sequence[dict], key: str, path: str | Path, *, title: str, 
         pts = sorted((r["length"], r[key]) for r in rows if r["label"] == label and r[key] is not None)
         ys = [100 * y for _, y in pts] if key == "accuracy" else [y for _, y in pts]
         # distinct markers and dashes: runs with equal numbers still show up as separate lines
-        ax.plot([x for x, _ in pts], ys, marker="osD^v<>p"[k % 8], linestyle=["-", "--", "-.", ":"][k % 4],
-                markersize=7 - min(k, 4), alpha=0.85, label=label)
+        ax.plot(
+            [x for x, _ in pts],
+            ys,
+            marker="osD^v<>p"[k % 8],
+            linestyle=["-", "--", "-.", ":"][k % 4],
+            markersize=7 - min(k, 4),
+            alpha=0.85,
+            label=label,
+        )
     _length_axis(ax, lengths)
     if log_y:
         from matplotlib.ticker import FuncFormatter, LogLocator
@@ -188,8 +207,14 @@ def owned(name: str) -> bool:
     return name in FILES or name.endswith(".png")
 
 
-def write_report(out: str | Path, records: Sequence[dict], *, title: str = "rope-extend evaluation",
-                 notes: Sequence[str] = (), extra: dict[str, Any] | None = None) -> dict[str, Path]:
+def write_report(
+    out: str | Path,
+    records: Sequence[dict],
+    *,
+    title: str = "rope-extend evaluation",
+    notes: Sequence[str] = (),
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Path]:
     """Write results.json, results.csv, report.md and the plots into ``out``; return the paths by name."""
     out = Path(out)
     summary = summarize(records)
@@ -199,15 +224,25 @@ def write_report(out: str | Path, records: Sequence[dict], *, title: str = "rope
         "markdown": write_text(out / "report.md", markdown(summary, title, notes)),
     }
     if summary.get("passkey"):
-        files["passkey_plot"] = plot_lines(summary["passkey"], "accuracy", out / "passkey.png",
-                                           title="Passkey retrieval", ylabel="accuracy (%)")
+        files["passkey_plot"] = plot_lines(
+            summary["passkey"], "accuracy", out / "passkey.png", title="Passkey retrieval", ylabel="accuracy (%)"
+        )
     if summary.get("perplexity"):
-        files["perplexity_plot"] = plot_lines(summary["perplexity"], "perplexity", out / "perplexity.png",
-                                              title="Perplexity vs context length", ylabel="perplexity (log)", log_y=True)
+        files["perplexity_plot"] = plot_lines(
+            summary["perplexity"],
+            "perplexity",
+            out / "perplexity.png",
+            title="Perplexity vs context length",
+            ylabel="perplexity (log)",
+            log_y=True,
+        )
     for task in ("passkey", "niah"):
         rows = summary.get(f"{task}_depth", [])
         for label in _labels(rows):
             name = f"{task}_heatmap_{_slug(label)}"
-            files[name] = plot_heatmap([r for r in rows if r["label"] == label], out / f"{name}.png",
-                                       title=f"{'Passkey' if task == 'passkey' else 'Needle'} retrieval: {label}")
+            files[name] = plot_heatmap(
+                [r for r in rows if r["label"] == label],
+                out / f"{name}.png",
+                title=f"{'Passkey' if task == 'passkey' else 'Needle'} retrieval: {label}",
+            )
     return files

@@ -38,10 +38,26 @@ def greedy_config(tokenizer, max_new_tokens: int):
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     return GenerationConfig(
-        do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, min_new_tokens=0, temperature=1.0, top_p=1.0,
-        top_k=50, min_p=None, typical_p=1.0, repetition_penalty=1.0, no_repeat_ngram_size=0, length_penalty=1.0,
-        num_return_sequences=1, bad_words_ids=None, suppress_tokens=None, begin_suppress_tokens=None,
-        forced_bos_token_id=None, forced_eos_token_id=None, eos_token_id=eos, pad_token_id=pad,
+        do_sample=False,
+        num_beams=1,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=0,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=50,
+        min_p=None,
+        typical_p=1.0,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        length_penalty=1.0,
+        num_return_sequences=1,
+        bad_words_ids=None,
+        suppress_tokens=None,
+        begin_suppress_tokens=None,
+        forced_bos_token_id=None,
+        forced_eos_token_id=None,
+        eos_token_id=eos,
+        pad_token_id=pad,
     )
 
 
@@ -50,9 +66,10 @@ def greedy(model, tokenizer, input_ids: Sequence[int], max_new_tokens: int) -> s
     """The greedy continuation (``max_new_tokens`` at most) of ``input_ids``, as text."""
     device = next(model.parameters()).device
     ids = torch.tensor([list(input_ids)], device=device)
-    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                         generation_config=greedy_config(tokenizer, max_new_tokens))
-    return tokenizer.decode(out[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
+    out = model.generate(
+        input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=greedy_config(tokenizer, max_new_tokens)
+    )
+    return tokenizer.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True)
 
 
 @dataclass
@@ -85,11 +102,25 @@ def accuracy_tables(records: list[dict], grid: bool) -> tuple[dict, dict]:
     return (per_cell if grid else per_len), per_len
 
 
-def run_grid(model, tokenizer, *, task: str, lengths: list[int], depths: list[float] | None, trials: int,
-             seed: int, setting: dict[str, Any], make_trial: Callable[[int, float | None, int], tuple[Prompt, Any]],
-             score: Callable[[str, Any], tuple[Any, bool]], max_new_tokens: int, records: str | os.PathLike | None,
-             resume: bool, progress: bool, run: dict[str, Any] | None = None,
-             sliding_window: str = "auto") -> RetrievalResult:
+def run_grid(
+    model,
+    tokenizer,
+    *,
+    task: str,
+    lengths: list[int],
+    depths: list[float] | None,
+    trials: int,
+    seed: int,
+    setting: dict[str, Any],
+    make_trial: Callable[[int, float | None, int], tuple[Prompt, Any]],
+    score: Callable[[str, Any], tuple[Any, bool]],
+    max_new_tokens: int,
+    records: str | os.PathLike | None,
+    resume: bool,
+    progress: bool,
+    run: dict[str, Any] | None = None,
+    sliding_window: str = "auto",
+) -> RetrievalResult:
     """Run ``trials`` trials per (length, depth) and score them, through the evaluation runner.
 
     ``make_trial(length, depth_or_None, trial) -> (prompt, answer)`` must be deterministic in its arguments
@@ -101,8 +132,12 @@ def run_grid(model, tokenizer, *, task: str, lengths: list[int], depths: list[fl
     runner.check_reachable(model, max(lengths), cache=True, generated=max_new_tokens)  # before building a prompt
     for length in {min(lengths), max(lengths)}:  # a length the tokenizer or data cannot reach fails before any work
         make_trial(length, depths[0] if depths else 0.5, 0)
-    jobs = [{"length": n, "depth_grid": d, "trial": t}
-            for n in lengths for d in (depths if depths is not None else [None]) for t in range(trials)]
+    jobs = [
+        {"length": n, "depth_grid": d, "trial": t}
+        for n in lengths
+        for d in (depths if depths is not None else [None])
+        for t in range(trials)
+    ]
 
     def measure(job: dict) -> dict:
         prompt, answer = make_trial(job["length"], job["depth_grid"], job["trial"])
@@ -111,11 +146,29 @@ def run_grid(model, tokenizer, *, task: str, lengths: list[int], depths: list[fl
         output = greedy(model, tokenizer, prompt.input_ids, max_new_tokens)
         prediction, correct = score(output, answer)
         depth = job["depth_grid"] if job["depth_grid"] is not None else round(prompt.depth, 4)
-        return {"depth": depth, "actual_depth": round(prompt.actual_depth, 4), "answer": answer,
-                "prediction": prediction, "output": output, "correct": bool(correct)}
+        return {
+            "depth": depth,
+            "actual_depth": round(prompt.actual_depth, 4),
+            "answer": answer,
+            "prediction": prediction,
+            "output": output,
+            "correct": bool(correct),
+        }
 
-    done = runner.run(model, task=task, setting={**setting, "seed": seed, "max_new_tokens": max_new_tokens},
-                      jobs=jobs, measure=measure, longest=max(lengths), generated=max_new_tokens, records=records,
-                      resume=resume, progress=progress, run=run, sliding_window=sliding_window, cache=True)
+    done = runner.run(
+        model,
+        task=task,
+        setting={**setting, "seed": seed, "max_new_tokens": max_new_tokens},
+        jobs=jobs,
+        measure=measure,
+        longest=max(lengths),
+        generated=max_new_tokens,
+        records=records,
+        resume=resume,
+        progress=progress,
+        run=run,
+        sliding_window=sliding_window,
+        cache=True,
+    )
     accuracy, per_len = accuracy_tables(done, grid=depths is not None)
     return RetrievalResult(done, accuracy, per_len)

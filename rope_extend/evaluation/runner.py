@@ -76,10 +76,23 @@ def check_reachable(model, length: int, *, cache: bool, generated: int = 0) -> N
         )
 
 
-def run(model, *, task: str, setting: dict[str, Any], jobs: Sequence[dict[str, Any]],
-        measure: Callable[[dict[str, Any]], dict[str, Any]], longest: int, records: str | os.PathLike | None = None,
-        resume: bool = False, progress: bool = True, run: dict[str, Any] | None = None,
-        sliding_window: str = "auto", cache: bool = False, generated: int = 0, unit: str = "trial") -> list[dict]:
+def run(
+    model,
+    *,
+    task: str,
+    setting: dict[str, Any],
+    jobs: Sequence[dict[str, Any]],
+    measure: Callable[[dict[str, Any]], dict[str, Any]],
+    longest: int,
+    records: str | os.PathLike | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    run: dict[str, Any] | None = None,
+    sliding_window: str = "auto",
+    cache: bool = False,
+    generated: int = 0,
+    unit: str = "trial",
+) -> list[dict]:
     """Measure every job not already recorded; returns one record per job, in job order.
 
     A record is ``{"task", model and scaling fields, "setting", **job, **measure(job)}``. ``cache`` says

@@ -19,9 +19,15 @@ from ..methods import registry
 from .report import _pyplot, _save
 
 
-def spectrum(methods: Sequence[str], *, factor: float, head_dim: int = 128, base: float = 10000.0,
-             original_length: int = 4096, params: dict[str, dict[str, Any]] | None = None
-             ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+def spectrum(
+    methods: Sequence[str],
+    *,
+    factor: float,
+    head_dim: int = 128,
+    base: float = 10000.0,
+    original_length: int = 4096,
+    params: dict[str, dict[str, Any]] | None = None,
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """``({method: {"ratio": [...], "attention_scale": a}}, {method: why it was skipped})``."""
     from ..methods.registry import inv_freq
 
@@ -31,8 +37,9 @@ def spectrum(methods: Sequence[str], *, factor: float, head_dim: int = 128, base
         method = registry.get(name)  # unknown names raise, listing the known ones
         seq_len = math.ceil(factor * original_length) if method.dynamic else None
         try:
-            freqs, scale = inv_freq(name, head_dim, base, factor, original_length, seq_len=seq_len,
-                                    **(params or {}).get(name, {}))
+            freqs, scale = inv_freq(
+                name, head_dim, base, factor, original_length, seq_len=seq_len, **(params or {}).get(name, {})
+            )
         except (RopeExtendError, TypeError) as exc:  # e.g. longrope needs its searched factors
             skipped[name] = str(exc)
             continue
@@ -40,8 +47,16 @@ def spectrum(methods: Sequence[str], *, factor: float, head_dim: int = 128, base
     return curves, skipped
 
 
-def plot_spectrum(curves: dict[str, dict[str, Any]], path: str | Path, *, factor: float, head_dim: int = 128,
-                  base: float = 10000.0, original_length: int = 4096, x: str = "wavelength") -> Path:
+def plot_spectrum(
+    curves: dict[str, dict[str, Any]],
+    path: str | Path,
+    *,
+    factor: float,
+    head_dim: int = 128,
+    base: float = 10000.0,
+    original_length: int = 4096,
+    x: str = "wavelength",
+) -> Path:
     """Frequency ratio (log y) vs dimension index or original wavelength (log x), one line per method."""
     if x not in ("wavelength", "dim"):
         raise RopeExtendError(f"x must be 'wavelength' or 'dim', got {x!r}")
@@ -73,8 +88,10 @@ def plot_spectrum(curves: dict[str, dict[str, Any]], path: str | Path, *, factor
     ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else ""))
     ax.axhline(1 / factor, color="grey", linewidth=0.6, linestyle=":")
     ax.set_ylabel("frequency ratio θ'_i / θ_i (log)")
-    ax.set_title(f"How each method scales each rotary frequency (s = {factor:g}, head_dim {head_dim}, base {base:g})",
-                 fontsize=10)
+    ax.set_title(
+        f"How each method scales each rotary frequency (s = {factor:g}, head_dim {head_dim}, base {base:g})",
+        fontsize=10,
+    )
     ax.grid(True, alpha=0.3, which="both")
     ax.legend(fontsize=8)
     return _save(fig, path)

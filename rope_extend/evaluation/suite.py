@@ -28,8 +28,10 @@ from ..methods import registry as M
 from ..schema import option
 from .data import parse_depths, parse_lengths
 
-WINDOW_HELP = "sliding-window attention: auto widens a window every layer uses, keeps interleaved local layers; " \
-              "full widens all; keep none"
+WINDOW_HELP = (
+    "sliding-window attention: auto widens a window every layer uses, keeps interleaved local layers; "
+    "full widens all; keep none"
+)
 
 
 @dataclass
@@ -48,12 +50,15 @@ class MethodSpec:
             if self.factor is not None or self.target_length is not None or self.params:
                 raise RopeExtendError(
                     f"method none takes no factor, target_length or params (got factor={self.factor}, "
-                    f"target_length={self.target_length}, params={self.params}): name a method to scale the model")
+                    f"target_length={self.target_length}, params={self.params}): name a method to scale the model"
+                )
             return
         method = M.get(self.method)  # an unknown name raises, listing the known ones
         if (self.factor is None) == (self.target_length is None):
-            raise RopeExtendError(f"method {self.method}: give exactly one of factor and target_length, got "
-                                  f"factor={self.factor}, target_length={self.target_length}")
+            raise RopeExtendError(
+                f"method {self.method}: give exactly one of factor and target_length, got "
+                f"factor={self.factor}, target_length={self.target_length}"
+            )
         if self.factor is not None:
             M.check_factor(self.factor)
         else:
@@ -69,8 +74,12 @@ class MethodSpec:
         return f"{self.method} {size}"
 
     def patch_kwargs(self) -> dict[str, Any]:
-        return dict(factor=self.factor, target_length=self.target_length,
-                    original_max_position_embeddings=self.original_length, **self.params)
+        return dict(
+            factor=self.factor,
+            target_length=self.target_length,
+            original_max_position_embeddings=self.original_length,
+            **self.params,
+        )
 
 
 def _task_lengths(task) -> None:
@@ -96,8 +105,10 @@ class PasskeyTask:
 class TextTask:
     """Where a task's texts come from (the one document reader)."""
 
-    data: str | None = option(None, help="texts: a .txt file, folder, .jsonl, .parquet or a hub dataset "
-                                         "(default: the bundled held-out corpus)")
+    data: str | None = option(
+        None,
+        help="texts: a .txt file, folder, .jsonl, .parquet or a hub dataset (default: the bundled held-out corpus)",
+    )
     text_field: str = option("text", help="column holding the text (JSONL, Parquet, datasets)")
     split: str = option("train", help="dataset split (hub datasets)")
     sample_by: SampleBy = option("document", help="a text file is one document, or split by paragraph or line")

@@ -118,8 +118,11 @@ def scaling_from_dict(params: dict[str, Any], default_length: int, ignore_keys=(
     method = M.by_rope_type(rope_type)
     if method is None:
         return None
-    fields = {k: v for k, v in params.items()
-              if k not in BASE_KEYS + SCALING_KEYS + ("type",) and k not in set(ignore_keys or ())}
+    fields = {
+        k: v
+        for k, v in params.items()
+        if k not in BASE_KEYS + SCALING_KEYS + ("type",) and k not in set(ignore_keys or ())
+    }
     length = params.get("original_max_position_embeddings") or default_length
     if params.get("factor") is None:
         raise RopeExtendError(f"rope_parameters with rope_type {rope_type!r} needs a factor (a number >= 1)")
@@ -161,13 +164,15 @@ def restore(config, snap: dict[str, Any]) -> None:
         config.original_max_position_embeddings = snap["original_max_position_embeddings"]
 
 
-def plan(config, method: str, *, factor=None, target_length=None, original_max_position_embeddings=None,
-         **params) -> M.Scaling:
+def plan(
+    config, method: str, *, factor=None, target_length=None, original_max_position_embeddings=None, **params
+) -> M.Scaling:
     """Validate a configure/patch request against ``config`` and return the scaling; touches nothing."""
     m = M.get(method)
     length = original_length(config) if original_max_position_embeddings is None else original_max_position_embeddings
-    scaling = M.resolve(m, factor=factor, target_length=target_length, original_max_position_embeddings=length,
-                        params=params)
+    scaling = M.resolve(
+        m, factor=factor, target_length=target_length, original_max_position_embeddings=length, params=params
+    )
     layer_types = scaled_layer_types(config)
     if not layer_types:
         raise UnsupportedModelError(f"{type(config).__name__} has no global rope parameters to scale")
@@ -194,8 +199,7 @@ def write(config, scaling: M.Scaling) -> None:
     config.rope_parameters = params
 
 
-def configure(config, method: str, *, factor=None, target_length=None, original_max_position_embeddings=None,
-              **params):
+def configure(config, method: str, *, factor=None, target_length=None, original_max_position_embeddings=None, **params):
     """Write ``method`` into ``config.rope_parameters`` and raise ``max_position_embeddings`` to the target.
 
     ``factor`` is relative to the original pretraining length ``L`` (``original_max_position_embeddings``
@@ -204,18 +208,36 @@ def configure(config, method: str, *, factor=None, target_length=None, original_
     ``AutoModelForCausalLM.from_pretrained(name, config=config)`` builds the scaled model.
     """
     cfg = text_config(config)
-    scaling = plan(cfg, method, factor=factor, target_length=target_length,
-                   original_max_position_embeddings=original_max_position_embeddings, **params)
+    scaling = plan(
+        cfg,
+        method,
+        factor=factor,
+        target_length=target_length,
+        original_max_position_embeddings=original_max_position_embeddings,
+        **params,
+    )
     write(cfg, scaling)
     return config
 
 
-def rope_parameters(method: str, *, factor=None, target_length=None, original_max_position_embeddings: int,
-                    rope_theta: float = 10000.0, **params) -> dict[str, Any]:
+def rope_parameters(
+    method: str,
+    *,
+    factor=None,
+    target_length=None,
+    original_max_position_embeddings: int,
+    rope_theta: float = 10000.0,
+    **params,
+) -> dict[str, Any]:
     """The ``rope_parameters`` dict for ``method``, ready for a config: ``{"rope_type": ..., "factor": ...}``."""
     m = M.get(method)
-    scaling = M.resolve(m, factor=factor, target_length=target_length,
-                        original_max_position_embeddings=original_max_position_embeddings, params=params)
+    scaling = M.resolve(
+        m,
+        factor=factor,
+        target_length=target_length,
+        original_max_position_embeddings=original_max_position_embeddings,
+        params=params,
+    )
     return scaled_rope_dict({"rope_theta": float(rope_theta)}, scaling)
 
 

@@ -87,8 +87,13 @@ def lm_head(model: nn.Module, *, decoder: bool = False) -> LMHead:
     scale = getattr(inner, "logit_scale", None)
     if isinstance(scale, nn.Module):  # not Cohere's number (some models keep a learned module of that name)
         scale = None
-    return LMHead(output, body, scale=scale, divide=getattr(config, "logits_scaling", None),
-                  softcap=getattr(config, "final_logit_softcapping", None))
+    return LMHead(
+        output,
+        body,
+        scale=scale,
+        divide=getattr(config, "logits_scaling", None),
+        softcap=getattr(config, "final_logit_softcapping", None),
+    )
 
 
 @torch.no_grad()

@@ -9,6 +9,18 @@ from ._scaling import Scaling, resolve
 from .registry import by_rope_type, get, inv_freq, names, register
 
 __all__ = [
-    "Geometry", "Method", "Scaling", "by_rope_type", "check_factor", "check_int", "check_number", "get",
-    "inv_freq", "names", "register", "resolve", "rope_frequencies", "rotary_dim",
+    "Geometry",
+    "Method",
+    "Scaling",
+    "by_rope_type",
+    "check_factor",
+    "check_int",
+    "check_number",
+    "get",
+    "inv_freq",
+    "names",
+    "register",
+    "resolve",
+    "rope_frequencies",
+    "rotary_dim",
 ]

@@ -35,10 +35,11 @@ class Scaling:
         return freqs.to(torch.float32).contiguous(), float(scale)
 
     def describe(self) -> str:
-        extra = ", ".join(f"{k}={v}" for k, v in self.method.param_dict(self.params).items()
-                          if not isinstance(v, list))
-        return (f"{self.method.name} (factor {self.factor:g}, L={self.original_max_position_embeddings}, "
-                f"target {self.target_length}{', ' + extra if extra else ''})")
+        extra = ", ".join(f"{k}={v}" for k, v in self.method.param_dict(self.params).items() if not isinstance(v, list))
+        return (
+            f"{self.method.name} (factor {self.factor:g}, L={self.original_max_position_embeddings}, "
+            f"target {self.target_length}{', ' + extra if extra else ''})"
+        )
 
 
 def resolve(

@@ -25,6 +25,10 @@ def linear(params: LinearParams, geo: Geometry, factor: float, seq_len: int | No
 
 
 METHOD = Method(
-    "linear", LinearParams, linear, rope_type="linear", in_transformers=True,
+    "linear",
+    LinearParams,
+    linear,
+    rope_type="linear",
+    in_transformers=True,
     source="Chen et al. 2023, Positional Interpolation",
 )

@@ -26,9 +26,7 @@ class Llama3Params:
         low = check_number("low_freq_factor", self.low_freq_factor, above=0.0)
         high = check_number("high_freq_factor", self.high_freq_factor, above=0.0)
         if high <= low:
-            raise RopeExtendError(
-                f"high_freq_factor must be greater than low_freq_factor, got {high} <= {low}"
-            )
+            raise RopeExtendError(f"high_freq_factor must be greater than low_freq_factor, got {high} <= {low}")
 
 
 def llama3(params: Llama3Params, geo: Geometry, factor: float, seq_len: int | None) -> tuple[torch.Tensor, float]:
@@ -47,5 +45,10 @@ def llama3(params: Llama3Params, geo: Geometry, factor: float, seq_len: int | No
 
 
 METHOD = Method(
-    "llama3", Llama3Params, llama3, rope_type="llama3", in_transformers=True, source="Llama 3.1 (Meta 2024)",
+    "llama3",
+    Llama3Params,
+    llama3,
+    rope_type="llama3",
+    in_transformers=True,
+    source="Llama 3.1 (Meta 2024)",
 )

@@ -74,6 +74,11 @@ def longrope(params: LongRopeParams, geo: Geometry, factor: float, seq_len: int 
 
 
 METHOD = Method(
-    "longrope", LongRopeParams, longrope, rope_type="longrope", dynamic=True, in_transformers=True,
+    "longrope",
+    LongRopeParams,
+    longrope,
+    rope_type="longrope",
+    dynamic=True,
+    in_transformers=True,
     source="Ding et al. 2024, LongRoPE; Phi-3",
 )

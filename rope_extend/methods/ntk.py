@@ -63,6 +63,10 @@ def dynamic(params: DynamicParams, geo: Geometry, factor: float, seq_len: int | 
 NTK = Method("ntk", NTKParams, ntk, rope_type="ntk", source="bloc97 2023; YaRN paper eq. 16")
 DYNAMIC = Method(
     # Not transformers' `dynamic`: that one measures length against max_position_embeddings.
-    "dynamic", DynamicParams, dynamic, rope_type="dynamic_ntk", dynamic=True,
+    "dynamic",
+    DynamicParams,
+    dynamic,
+    rope_type="dynamic_ntk",
+    dynamic=True,
     source="emozilla 2023; YaRN paper section 3.3",
 )

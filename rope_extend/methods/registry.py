@@ -28,15 +28,21 @@ def register(method: Method) -> Method:
         raise RopeExtendError(f"a method named {method.name!r} is already registered")
     for other in _REGISTRY.values():
         if other.rope_type == method.rope_type:
-            raise RopeExtendError(
-                f"rope_type {method.rope_type!r} is already used by method {other.name!r}"
-            )
+            raise RopeExtendError(f"rope_type {method.rope_type!r} is already used by method {other.name!r}")
     _REGISTRY[method.name] = method
     return method
 
 
-for _m in (_linear.METHOD, _ntk.NTK, _ntk.DYNAMIC, _yarn.NTK_BY_PARTS, _yarn.YARN, _yarn.DYNAMIC_YARN,
-           _llama3.METHOD, _longrope.METHOD):
+for _m in (
+    _linear.METHOD,
+    _ntk.NTK,
+    _ntk.DYNAMIC,
+    _yarn.NTK_BY_PARTS,
+    _yarn.YARN,
+    _yarn.DYNAMIC_YARN,
+    _llama3.METHOD,
+    _longrope.METHOD,
+):
     register(_m)
 
 
@@ -49,9 +55,7 @@ def get(name: Any) -> Method:
     """The method called ``name``; an unknown name raises, listing the known ones."""
     if name in _REGISTRY:
         return _REGISTRY[name]
-    raise RopeExtendError(
-        f"unknown method {name!r}{closest(name, _REGISTRY)}; known methods: {', '.join(_REGISTRY)}"
-    )
+    raise RopeExtendError(f"unknown method {name!r}{closest(name, _REGISTRY)}; known methods: {', '.join(_REGISTRY)}")
 
 
 def by_rope_type(rope_type: str) -> Method | None:
@@ -89,5 +93,13 @@ def inv_freq(
 
 
 __all__ = [
-    "Geometry", "Method", "Scaling", "by_rope_type", "get", "inv_freq", "names", "register", "resolve",
+    "Geometry",
+    "Method",
+    "Scaling",
+    "by_rope_type",
+    "get",
+    "inv_freq",
+    "names",
+    "register",
+    "resolve",
 ]

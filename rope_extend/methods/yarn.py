@@ -24,7 +24,11 @@ from ._common import Geometry, Method, check_number, rope_frequencies
 
 
 def correction_range(
-    dim: int, base: float, original_max_position_embeddings: int, beta_fast: float, beta_slow: float,
+    dim: int,
+    base: float,
+    original_max_position_embeddings: int,
+    beta_fast: float,
+    beta_slow: float,
     truncate: bool = True,
 ) -> tuple[float, float]:
     """The ramp's ends ``(low, high)`` in dimension-index units, clamped to ``[0, d - 1]``."""
@@ -128,8 +132,9 @@ def yarn(params: YarnParams, geo: Geometry, factor: float, seq_len: int | None):
     return inv_freq, yarn_attention_scale(params, factor)
 
 
-def dynamic_yarn_factor(factor: float, original_max_position_embeddings: int, seq_len: int | None,
-                        finetuned: bool) -> float:
+def dynamic_yarn_factor(
+    factor: float, original_max_position_embeddings: int, seq_len: int | None, finetuned: bool
+) -> float:
     """``s_l = max(1, l / L)``; a model fine-tuned at ``s`` keeps ``s`` up to ``s L``: ``max(s, l / L)``."""
     length = original_max_position_embeddings if seq_len is None else seq_len
     return max(factor if finetuned else 1.0, length / original_max_position_embeddings)
@@ -142,14 +147,25 @@ def dynamic_yarn(params: DynamicYarnParams, geo: Geometry, factor: float, seq_le
 
 
 NTK_BY_PARTS = Method(
-    "ntk_by_parts", NTKByPartsParams, ntk_by_parts, rope_type="ntk_by_parts",
+    "ntk_by_parts",
+    NTKByPartsParams,
+    ntk_by_parts,
+    rope_type="ntk_by_parts",
     source="Peng et al. 2023, YaRN section 3.2",
 )
 YARN = Method(
-    "yarn", YarnParams, yarn, rope_type="yarn", in_transformers=True,
+    "yarn",
+    YarnParams,
+    yarn,
+    rope_type="yarn",
+    in_transformers=True,
     source="Peng et al. 2023, YaRN section 3.4",
 )
 DYNAMIC_YARN = Method(
-    "dynamic_yarn", DynamicYarnParams, dynamic_yarn, rope_type="dynamic_yarn", dynamic=True,
+    "dynamic_yarn",
+    DynamicYarnParams,
+    dynamic_yarn,
+    rope_type="dynamic_yarn",
+    dynamic=True,
     source="Peng et al. 2023, YaRN section 3.3",
 )

@@ -36,15 +36,25 @@ Scheduler = Literal[tuple(s.value for s in SchedulerType)]  # transformers.get_s
 class ModelArgs:
     """Where the model comes from: a saved folder, a shipped name or hub name, or a config for random weights."""
 
-    name_or_path: str | None = option(None, help="saved model folder, a name rope-extend ships (bundled), or a hub "
-                                                  "name; exactly one of name_or_path and config")
-    config: dict[str, Any] | None = option(None, help="build a random-weight model from this config (model_type "
-                                                      "plus config fields) instead; for tiny runs and tests")
-    tokenizer: str | None = option(None, help="tokenizer folder or name (default: name_or_path; with config, a "
-                                              "byte-level BPE of vocab_size trained on the data)")
+    name_or_path: str | None = option(
+        None,
+        help="saved model folder, a name rope-extend ships (bundled), or a hub "
+        "name; exactly one of name_or_path and config",
+    )
+    config: dict[str, Any] | None = option(
+        None,
+        help="build a random-weight model from this config (model_type "
+        "plus config fields) instead; for tiny runs and tests",
+    )
+    tokenizer: str | None = option(
+        None,
+        help="tokenizer folder or name (default: name_or_path; with config, a "
+        "byte-level BPE of vocab_size trained on the data)",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = option("float32", help="weights as loaded")
-    attn_implementation: str = option("sdpa", help="transformers attention implementation (sdpa, "
-                                                   "flash_attention_2, ...)")
+    attn_implementation: str = option(
+        "sdpa", help="transformers attention implementation (sdpa, flash_attention_2, ...)"
+    )
     trust_remote_code: bool = option(False, help="run the model repository's own code (off by default)")
 
 
@@ -63,8 +73,9 @@ class RopeArgs:
 class DataArgs:
     """Training text, read by the one document reader and packed into fixed windows."""
 
-    path: str | list[str] | None = option(None, help="a file, folder, glob or list of files (.txt, .jsonl, "
-                                                     ".parquet), or a hub dataset name")
+    path: str | list[str] | None = option(
+        None, help="a file, folder, glob or list of files (.txt, .jsonl, .parquet), or a hub dataset name"
+    )
     name: str | None = option(None, help="dataset configuration name (hub datasets)")
     split: str = option("train", help="dataset split (hub datasets)")
     text_field: str = option("text", help="column holding the text (JSONL, Parquet, datasets)")
@@ -72,11 +83,16 @@ class DataArgs:
     max_docs: int | None = option(None, help="read at most this many documents (quick runs)")
     max_seq_length: int = option(1024, help="tokens per training sequence (the training window)")
     document_boundaries: Literal["eos", "mask"] = option(
-        "eos", help="packed documents (EOS always between them): eos keeps positions running and attention "
-                    "crossing them (YaRN, LongLoRA on PG19); mask restarts positions per document and confines "
-                    "attention to it (varlen on flash_attention_2, an L x L block mask on sdpa)")
-    packing: bool = option(True, help="false: one document per sequence, cut to max_seq_length and padded "
-                                      "(padding masked out of attention and loss)")
+        "eos",
+        help="packed documents (EOS always between them): eos keeps positions running and attention "
+        "crossing them (YaRN, LongLoRA on PG19); mask restarts positions per document and confines "
+        "attention to it (varlen on flash_attention_2, an L x L block mask on sdpa)",
+    )
+    packing: bool = option(
+        True,
+        help="false: one document per sequence, cut to max_seq_length and padded "
+        "(padding masked out of attention and loss)",
+    )
 
 
 @dataclass
@@ -96,11 +112,14 @@ class LoraArgs:
     r: int = option(8, help="LoRA rank")
     lora_alpha: int = option(16, help="LoRA scaling numerator (scale = lora_alpha / r)")
     lora_dropout: float = option(0.0, help="dropout on the LoRA input")
-    target_modules: list[str] | str = option(help="modules that get adapters",
-                                             factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    target_modules: list[str] | str = option(
+        help="modules that get adapters", factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"]
+    )
     modules_to_save: list[str] | None = option(
         help="modules trained and saved whole with the adapter: LongLoRA's trainable embeddings and norms are "
-             "[embed_tokens, norm] (norm matches every *norm module)", factory=lambda: ["embed_tokens", "norm"])
+        "[embed_tokens, norm] (norm matches every *norm module)",
+        factory=lambda: ["embed_tokens", "norm"],
+    )
     bias: Literal["none", "all", "lora_only"] = option("none", help="which biases train")
 
 
@@ -113,12 +132,19 @@ class TrainArgs:
     lora: LoraArgs | None = option(help="LoRA adapters; null: full fine-tuning", factory=LoraArgs)
     output_dir: str = option("runs/rope-extend", help="the run folder (checkpoints, loss curve, final model)")
     overwrite_output_dir: bool = option(False, help="replace an earlier run in output_dir")
-    resume_from_checkpoint: bool | str = option(False, help="true: the latest checkpoint in output_dir; or a "
-                                                            "checkpoint folder")
-    resume_allow_changes: bool = option(False, help="resume even though the recipe differs from the one the run "
-                                                    "started with (the differing keys are refused otherwise)")
-    trust_pickled_checkpoint: bool = option(False, help="resume from a checkpoint written with pickle files "
-                                                        "(DeepSpeed, earlier versions): loading them can run code")
+    resume_from_checkpoint: bool | str = option(
+        False, help="true: the latest checkpoint in output_dir; or a checkpoint folder"
+    )
+    resume_allow_changes: bool = option(
+        False,
+        help="resume even though the recipe differs from the one the run "
+        "started with (the differing keys are refused otherwise)",
+    )
+    trust_pickled_checkpoint: bool = option(
+        False,
+        help="resume from a checkpoint written with pickle files "
+        "(DeepSpeed, earlier versions): loading them can run code",
+    )
     seed: int = option(42, help="seed of the data order, PoSE, dropout and random weights")
     max_steps: int = option(400, help="optimizer steps")
     per_device_train_batch_size: int = option(1, help="sequences per process per micro-batch")
@@ -149,23 +175,32 @@ class TrainArgs:
 
         m = self.model
         if (m.name_or_path is None) == (m.config is None):
-            bad("model", {"name_or_path": m.name_or_path, "config": m.config},
-                "exactly one of model.name_or_path or model.config")
+            bad(
+                "model",
+                {"name_or_path": m.name_or_path, "config": m.config},
+                "exactly one of model.name_or_path or model.config",
+            )
         if m.config is not None and "model_type" not in m.config:
             bad("model.config", m.config, "a mapping with model_type (e.g. llama) and config fields")
         r = self.rope
         if r.method == "none":
             if r.factor is not None or r.target_length is not None or r.params:
-                bad("rope", {"factor": r.factor, "target_length": r.target_length, "params": r.params},
-                    "no factor, target_length or params with rope.method none (the rope is left as it is)")
+                bad(
+                    "rope",
+                    {"factor": r.factor, "target_length": r.target_length, "params": r.params},
+                    "no factor, target_length or params with rope.method none (the rope is left as it is)",
+                )
         else:
             try:
                 method = M.get(r.method)
             except RopeExtendError as exc:
                 raise RecipeError(f"rope.method: {exc}") from None
             if (r.factor is None) == (r.target_length is None):
-                bad("rope", {"factor": r.factor, "target_length": r.target_length},
-                    "exactly one of rope.factor or rope.target_length")
+                bad(
+                    "rope",
+                    {"factor": r.factor, "target_length": r.target_length},
+                    "exactly one of rope.factor or rope.target_length",
+                )
             if r.factor is not None and r.factor < 1:
                 bad("rope.factor", r.factor, "a number >= 1 (target length / original length)")
             if r.target_length is not None and r.target_length < 1:
@@ -187,16 +222,25 @@ class TrainArgs:
             if r.method == "none":
                 bad("rope.method", r.method, "a scaling method with PoSE (PoSE trains for a longer target)")
             if d.document_boundaries != "eos":
-                bad("data.document_boundaries", d.document_boundaries,
-                    "eos with PoSE (PoSE sets the position ids; restarting them per document would undo it)")
+                bad(
+                    "data.document_boundaries",
+                    d.document_boundaries,
+                    "eos with PoSE (PoSE sets the position ids; restarting them per document would undo it)",
+                )
             if self.pose.num_chunks < 1 or self.pose.num_chunks > d.max_seq_length:
                 bad("pose.num_chunks", self.pose.num_chunks, f"1 .. data.max_seq_length ({d.max_seq_length})")
             if self.pose.target_length is not None and self.pose.target_length < d.max_seq_length:
                 bad("pose.target_length", self.pose.target_length, f">= data.max_seq_length ({d.max_seq_length})")
         if self.lora is not None and self.lora.r < 1:
             bad("lora.r", self.lora.r, "a positive rank")
-        for key in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "logging_steps",
-                    "save_steps", "loss_chunk_size"):
+        for key in (
+            "max_steps",
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+            "logging_steps",
+            "save_steps",
+            "loss_chunk_size",
+        ):
             if getattr(self, key) < 1:
                 bad(key, getattr(self, key), "a positive integer")
         if self.save_total_limit is not None and self.save_total_limit < 1:
@@ -210,8 +254,11 @@ class TrainArgs:
         if self.bf16 and self.fp16:
             bad("bf16/fp16", (self.bf16, self.fp16), "at most one of them true")
         if self.resume_from_checkpoint and self.overwrite_output_dir:
-            bad("resume_from_checkpoint/overwrite_output_dir", (self.resume_from_checkpoint, True),
-                "not both: overwriting discards the run you asked to resume")
+            bad(
+                "resume_from_checkpoint/overwrite_output_dir",
+                (self.resume_from_checkpoint, True),
+                "not both: overwriting discards the run you asked to resume",
+            )
         return self
 
 

@@ -49,7 +49,7 @@ def checkpoints(output_dir: str | Path) -> list[Path]:
     """Complete checkpoints in ``output_dir``, oldest first."""
     out = Path(output_dir)
     found = [p for p in out.glob(f"{PREFIX}*") if p.is_dir() and re.fullmatch(rf"{PREFIX}\d+", p.name)]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
 
 
 def latest(output_dir: str | Path) -> Path | None:
@@ -86,12 +86,22 @@ def resolve_output_dir(args: TrainArgs) -> Path | None:
     data = args.data.path if isinstance(args.data.path, list) else [args.data.path]
     for item in data:
         if isinstance(item, str) and Path(item).exists() and out.resolve() in Path(item).resolve().parents:
-            raise RecipeError(f"data.path {item} is inside output_dir {out}: a run must not write where its data "
-                              "lives; give another output_dir")
+            raise RecipeError(
+                f"data.path {item} is inside output_dir {out}: a run must not write where its data "
+                "lives; give another output_dir"
+            )
     resume = args.resume_from_checkpoint
-    claim_output_dir(out, kind="train", owned=owned(out.name), resume=bool(resume),
-                     overwrite=args.overwrite_output_dir, what="output_dir", check_only=True, error=RecipeError,
-                     how="pass resume_from_checkpoint=true to continue it or overwrite_output_dir=true to replace it")
+    claim_output_dir(
+        out,
+        kind="train",
+        owned=owned(out.name),
+        resume=bool(resume),
+        overwrite=args.overwrite_output_dir,
+        what="output_dir",
+        check_only=True,
+        error=RecipeError,
+        how="pass resume_from_checkpoint=true to continue it or overwrite_output_dir=true to replace it",
+    )
     if not resume:
         return None
     if isinstance(resume, str):
@@ -106,13 +116,17 @@ def resolve_output_dir(args: TrainArgs) -> Path | None:
     if run_file.is_file() and not args.resume_allow_changes:
         changed = _differences(yaml.safe_load(run_file.read_text(encoding="utf-8")) or {}, to_dict(args))
         if changed:
-            raise RecipeError(f"resuming {path} with a changed recipe: {'; '.join(changed[:6])}"
-                              f"{'; ...' if len(changed) > 6 else ''}. Resume with the recipe the run started with, "
-                              "or pass resume_allow_changes=true to continue with the new one")
+            raise RecipeError(
+                f"resuming {path} with a changed recipe: {'; '.join(changed[:6])}"
+                f"{'; ...' if len(changed) > 6 else ''}. Resume with the recipe the run started with, "
+                "or pass resume_allow_changes=true to continue with the new one"
+            )
     state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
     if state.get("format") != FORMAT and not args.trust_pickled_checkpoint:
-        raise RecipeError(f"{path} was written by accelerate's save_state (pickle files), which can run code when "
-                          "loaded; resume it only if you trust its origin, with trust_pickled_checkpoint=true")
+        raise RecipeError(
+            f"{path} was written by accelerate's save_state (pickle files), which can run code when "
+            "loaded; resume it only if you trust its origin, with trust_pickled_checkpoint=true"
+        )
     return path
 
 
@@ -120,8 +134,14 @@ def prepare_output_dir(args: TrainArgs, resume_from: Path | None) -> None:
     """Claim ``output_dir`` (main process, after every check passed): mark it, remove an overwritten run's
     entries and the temporaries of an interrupted checkpoint write, record the recipe."""
     out = Path(args.output_dir)
-    claim_output_dir(out, kind="train", owned=owned(out.name), resume=resume_from is not None,
-                     overwrite=args.overwrite_output_dir, what="output_dir")
+    claim_output_dir(
+        out,
+        kind="train",
+        owned=owned(out.name),
+        resume=resume_from is not None,
+        overwrite=args.overwrite_output_dir,
+        what="output_dir",
+    )
     for leftover in out.glob(f".{PREFIX}*"):
         if leftover.is_dir() and (leftover.name.endswith(".tmp") or ".old-" in leftover.name):
             shutil.rmtree(leftover, ignore_errors=True)
@@ -129,7 +149,7 @@ def prepare_output_dir(args: TrainArgs, resume_from: Path | None) -> None:
     if resume_from is not None and run_file.is_file():
         if not args.resume_allow_changes:
             return  # the run goes on with the recipe it started with
-        shutil.copy2(run_file, out / f"run_config.before-step-{resume_from.name[len(PREFIX):]}.yaml")
+        shutil.copy2(run_file, out / f"run_config.before-step-{resume_from.name[len(PREFIX) :]}.yaml")
     with atomic_path(run_file) as tmp:
         tmp.write_text(yaml.safe_dump(to_dict(args), sort_keys=False), encoding="utf-8")
 
@@ -191,15 +211,24 @@ def _load_scheduler(scheduler, state: dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------------------------ save / load
-def save(accelerator, run_state: dict[str, Any], *, output_dir: str | Path, step: int, model, optimizer, scheduler,
-         limit: int | None) -> Path:
+def save(
+    accelerator,
+    run_state: dict[str, Any],
+    *,
+    output_dir: str | Path,
+    step: int,
+    model,
+    optimizer,
+    scheduler,
+    limit: int | None,
+) -> Path:
     """Write ``checkpoint-<step>`` atomically from every process; keep the newest ``limit``."""
     from accelerate.utils import DistributedType, broadcast_object_list
 
     final = Path(output_dir) / f"{PREFIX}{step}"
     rank = accelerator.process_index
     holder = [None]
-    with (atomic_path(final) if accelerator.is_main_process else _nothing()) as tmp:
+    with atomic_path(final) if accelerator.is_main_process else _nothing() as tmp:
         if accelerator.is_main_process:
             tmp.mkdir()
             holder = [str(tmp)]
@@ -216,8 +245,10 @@ def save(accelerator, run_state: dict[str, Any], *, output_dir: str | Path, step
                 tensors = {n: _local(p) for n, p in _trainable(unwrapped).items()}
                 save_file(tensors, str(folder / (f"model-rank{rank}.safetensors" if sharded else "model.safetensors")))
             opt = optimizer.state_dict()
-            save_file({f"{i}.{k}": _local(v) for i, entry in opt["state"].items() for k, v in entry.items()},
-                      str(folder / f"optimizer-rank{rank}.safetensors"))
+            save_file(
+                {f"{i}.{k}": _local(v) for i, entry in opt["state"].items() for k, v in entry.items()},
+                str(folder / f"optimizer-rank{rank}.safetensors"),
+            )
             rng_tensors, rng_plain = _rng_state()
             save_file(rng_tensors, str(folder / f"rng-rank{rank}.safetensors"))
             (folder / f"rng-rank{rank}.json").write_text(json.dumps(rng_plain))
@@ -256,16 +287,20 @@ def load(accelerator, path: str | Path, *, model, optimizer, scheduler) -> dict[
         accelerator.load_state(str(path), strict=False)  # trusted by the user (trust_pickled_checkpoint)
         return state
     if state.get("processes") != accelerator.num_processes and state.get("sharded"):
-        raise RecipeError(f"{path} holds shards of {state.get('processes')} processes; resume it with as many "
-                          f"(this run has {accelerator.num_processes})")
+        raise RecipeError(
+            f"{path} holds shards of {state.get('processes')} processes; resume it with as many "
+            f"(this run has {accelerator.num_processes})"
+        )
     rank = accelerator.process_index if state.get("sharded") else 0
     unwrapped = accelerator.unwrap_model(model)
     saved = load_file(str(path / (f"model-rank{rank}.safetensors" if state.get("sharded") else "model.safetensors")))
     params = _trainable(unwrapped)
     if set(saved) != set(params):
         missing, extra = sorted(set(params) - set(saved)), sorted(set(saved) - set(params))
-        raise RecipeError(f"{path} does not match this model's trainable parameters (missing {missing[:3]}, "
-                          f"unexpected {extra[:3]}): was it written by another recipe?")
+        raise RecipeError(
+            f"{path} does not match this model's trainable parameters (missing {missing[:3]}, "
+            f"unexpected {extra[:3]}): was it written by another recipe?"
+        )
     with torch.no_grad():
         for name, param in params.items():
             target = param.to_local() if callable(getattr(param, "to_local", None)) else param

@@ -33,19 +33,33 @@ def _cmd_train(args: argparse.Namespace) -> int:
     result = train(train_args)
     if result.history and PartialState().is_main_process:
         last = result.history[-1]
-        print(json.dumps({"output_dir": str(result.output_dir), "final_dir": str(result.final_dir),
-                          "adapter_dir": str(result.adapter_dir) if result.adapter_dir else None,
-                          "step": last["step"], "loss": last["loss"]}))
+        print(
+            json.dumps(
+                {
+                    "output_dir": str(result.output_dir),
+                    "final_dir": str(result.final_dir),
+                    "adapter_dir": str(result.adapter_dir) if result.adapter_dir else None,
+                    "step": last["step"],
+                    "loss": last["loss"],
+                }
+            )
+        )
     return 0
 
 
 def register(subparsers) -> None:
     shipped = ", ".join(resources.names(resources.RECIPES))
-    p = subparsers.add_parser("train", help="fine-tune a model for a longer context from a YAML recipe",
-                              description="Fine-tune from a YAML recipe. Overrides: key=value, dotted keys for "
-                                          f"sections (rope.factor=8 lora.r=16 max_steps=10). Shipped: {shipped}.")
+    p = subparsers.add_parser(
+        "train",
+        help="fine-tune a model for a longer context from a YAML recipe",
+        description="Fine-tune from a YAML recipe. Overrides: key=value, dotted keys for "
+        f"sections (rope.factor=8 lora.r=16 max_steps=10). Shipped: {shipped}.",
+    )
     p.add_argument("recipe", help="recipe YAML file, or the name of a shipped recipe (e.g. tiny-cpu)")
     p.add_argument("overrides", nargs=argparse.REMAINDER, metavar="KEY=VALUE", help="recipe overrides; these win")
-    p.add_argument("--check", action="store_true",
-                   help="validate the recipe as the run would, print it resolved with each key's help, and exit")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the recipe as the run would, print it resolved with each key's help, and exit",
+    )
     p.set_defaults(func=_cmd_train)

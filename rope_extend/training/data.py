@@ -30,8 +30,14 @@ from .args import DataArgs, RecipeError
 def read_documents(args: DataArgs) -> list[str]:
     """The documents of ``data``, through the one reader (``rope_extend.documents``); errors name data.path."""
     try:
-        return documents.read_documents(args.path, text_field=args.text_field, split=args.split, name=args.name,
-                                        sample_by=args.sample_by, max_docs=args.max_docs)
+        return documents.read_documents(
+            args.path,
+            text_field=args.text_field,
+            split=args.split,
+            name=args.name,
+            sample_by=args.sample_by,
+            max_docs=args.max_docs,
+        )
     except RecipeError:
         raise
     except RopeExtendError as exc:
@@ -56,8 +62,10 @@ def pack(docs: list[list[int]], eos_token_id: int, max_seq_length: int, document
         stream += ids
     n = len(stream) // max_seq_length
     if n == 0:
-        raise RecipeError(f"data: {len(stream)} tokens in all, fewer than one window of data.max_seq_length="
-                          f"{max_seq_length}; use more text or a shorter window")
+        raise RecipeError(
+            f"data: {len(stream)} tokens in all, fewer than one window of data.max_seq_length="
+            f"{max_seq_length}; use more text or a shorter window"
+        )
     ids = torch.tensor(stream[: n * max_seq_length], dtype=torch.long).view(n, max_seq_length)
     restart = document_boundaries == "mask"
     if restart:
@@ -107,8 +115,11 @@ def pose_position_ids(window: int, target_length: int, num_chunks: int, generato
     if target_length < window:
         raise ValueError(f"pose target_length {target_length} is shorter than the window {window}")
     J = target_length - window
-    cuts = np.sort(generator.choice(np.arange(1, window), size=num_chunks - 1, replace=False)) if num_chunks > 1 \
+    cuts = (
+        np.sort(generator.choice(np.arange(1, window), size=num_chunks - 1, replace=False))
+        if num_chunks > 1
         else np.array([], dtype=np.int64)
+    )
     biases, low = [], 0
     for _ in range(num_chunks):
         low = int(generator.integers(low, J + 1))
@@ -121,8 +132,17 @@ def pose_position_ids(window: int, target_length: int, num_chunks: int, generato
 class Batches:
     """Deterministic batches by (step, micro-batch, process); see the module docstring."""
 
-    def __init__(self, packed: Packed, *, seed: int, batch_size: int, accumulation: int, num_processes: int,
-                 pose_target_length: int | None = None, pose_chunks: int = 2):
+    def __init__(
+        self,
+        packed: Packed,
+        *,
+        seed: int,
+        batch_size: int,
+        accumulation: int,
+        num_processes: int,
+        pose_target_length: int | None = None,
+        pose_chunks: int = 2,
+    ):
         self.packed = packed
         self.seed = seed
         self.B, self.G, self.P = batch_size, accumulation, num_processes
@@ -152,8 +172,17 @@ class Batches:
         w = [self.window(i) for i in rows]
         ids = self.packed.input_ids[w]
         if self.pose_target_length is not None:
-            pos = torch.stack([pose_position_ids(ids.shape[1], self.pose_target_length, self.pose_chunks,
-                                                 np.random.default_rng([self.seed, 1, i])) for i in rows])
+            pos = torch.stack(
+                [
+                    pose_position_ids(
+                        ids.shape[1],
+                        self.pose_target_length,
+                        self.pose_chunks,
+                        np.random.default_rng([self.seed, 1, i]),
+                    )
+                    for i in rows
+                ]
+            )
         else:
             pos = self.packed.position_ids[w]
         targets = torch.full_like(ids, -100)
@@ -181,15 +210,21 @@ def train_bpe_tokenizer(texts: list[str], vocab_size: int, *, min_frequency: int
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-                                  min_frequency=min_frequency)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+        min_frequency=min_frequency,
+    )
     tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   model_max_length=1 << 20)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", model_max_length=1 << 20
+    )
 
 
 def tokenize(texts: list[str], tokenizer) -> list[list[int]]:

@@ -75,8 +75,11 @@ def _setup_accelerator(args: TrainArgs):
     from accelerate import Accelerator
 
     trackers = [] if args.report_to in ("none", [], ["none"]) else args.report_to
-    accelerator = Accelerator(mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no",
-                              log_with=trackers or None, project_dir=args.output_dir)
+    accelerator = Accelerator(
+        mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no",
+        log_with=trackers or None,
+        project_dir=args.output_dir,
+    )
     return accelerator, list(trackers) if isinstance(trackers, list) else [trackers]
 
 
@@ -86,8 +89,14 @@ def _setup_model(args: TrainArgs, texts: list[str]):
     model, tokenizer = build_model(args.model, texts, args.seed)
     r = args.rope
     if r.method != "none":
-        patch(model, r.method, factor=r.factor, target_length=r.target_length,
-              original_max_position_embeddings=r.original_max_position_embeddings, **r.params)
+        patch(
+            model,
+            r.method,
+            factor=r.factor,
+            target_length=r.target_length,
+            original_max_position_embeddings=r.original_max_position_embeddings,
+            **r.params,
+        )
     scaling = patched(model)
     if args.gradient_checkpointing:
         checkpointing.enable(model)
@@ -96,9 +105,18 @@ def _setup_model(args: TrainArgs, texts: list[str]):
         from peft import LoraConfig, get_peft_model
 
         lora = args.lora
-        model = get_peft_model(model, LoraConfig(
-            r=lora.r, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout, bias=lora.bias,
-            target_modules=lora.target_modules, modules_to_save=lora.modules_to_save, task_type="CAUSAL_LM"))
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=lora.r,
+                lora_alpha=lora.lora_alpha,
+                lora_dropout=lora.lora_dropout,
+                bias=lora.bias,
+                target_modules=lora.target_modules,
+                modules_to_save=lora.modules_to_save,
+                task_type="CAUSAL_LM",
+            ),
+        )
     else:
         model.requires_grad_(True)
     return model, tokenizer, scaling
@@ -107,15 +125,22 @@ def _setup_model(args: TrainArgs, texts: list[str]):
 def _setup_data(args: TrainArgs, texts: list[str], tokenizer, target: int, processes: int) -> Batches:
     """Windows of max_seq_length tokens (packed, or one padded document each); PoSE stretches their positions."""
     if args.data.packing:
-        packed = pack(tokenize(texts, tokenizer), tokenizer.eos_token_id, args.data.max_seq_length,
-                      args.data.document_boundaries)
+        packed = pack(
+            tokenize(texts, tokenizer), tokenizer.eos_token_id, args.data.max_seq_length, args.data.document_boundaries
+        )
     else:
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         packed = pad_documents(tokenize(texts, tokenizer), tokenizer.eos_token_id, pad_id, args.data.max_seq_length)
     pose_target = (args.pose.target_length or target) if args.pose.enabled else None
-    return Batches(packed, seed=args.seed, batch_size=args.per_device_train_batch_size,
-                   accumulation=args.gradient_accumulation_steps, num_processes=processes,
-                   pose_target_length=pose_target, pose_chunks=args.pose.num_chunks)
+    return Batches(
+        packed,
+        seed=args.seed,
+        batch_size=args.per_device_train_batch_size,
+        accumulation=args.gradient_accumulation_steps,
+        num_processes=processes,
+        pose_target_length=pose_target,
+        pose_chunks=args.pose.num_chunks,
+    )
 
 
 def _setup_optimizer(args: TrainArgs, model):
@@ -128,10 +153,12 @@ def _setup_optimizer(args: TrainArgs, model):
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2),
-                                  eps=args.adam_epsilon)
-    scheduler = get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps,
-                              num_training_steps=args.max_steps)
+    optimizer = torch.optim.AdamW(
+        groups, lr=args.learning_rate, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon
+    )
+    scheduler = get_scheduler(
+        args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps, num_training_steps=args.max_steps
+    )
     return optimizer, scheduler
 
 
@@ -151,8 +178,10 @@ def setup(args: TrainArgs) -> Run:
     pc = getattr(accelerator, "parallelism_config", None)
     cp = pc.cp_size if pc is not None and pc.cp_enabled else 1
     if cp > 1 and args.pose.enabled:
-        raise RecipeError("pose.enabled with context parallelism (cp_size > 1) is not supported: the sharded "
-                          "PoSE position ids would be read as packed sequences")
+        raise RecipeError(
+            "pose.enabled with context parallelism (cp_size > 1) is not supported: the sharded "
+            "PoSE position ids would be read as packed sequences"
+        )
     processes = accelerator.num_processes // cp
     batches = _setup_data(args, texts, tokenizer, target, processes)
     # The loss applies the LM head itself (chunked): it must compute the logits the model computes.
@@ -168,9 +197,21 @@ def setup(args: TrainArgs) -> Run:
     if trackers:
         accelerator.init_trackers(out.name, config={k: str(v) for k, v in to_dict(args).items()})
     T = args.data.max_seq_length
-    run = Run(args, accelerator, model, tokenizer, lm_head(model), optimizer, scheduler, batches, out,
-              rank=accelerator.process_index // cp, cp=cp, trackers=trackers,
-              tokens_per_step=args.per_device_train_batch_size * args.gradient_accumulation_steps * processes * T)
+    run = Run(
+        args,
+        accelerator,
+        model,
+        tokenizer,
+        lm_head(model),
+        optimizer,
+        scheduler,
+        batches,
+        out,
+        rank=accelerator.process_index // cp,
+        cp=cp,
+        trackers=trackers,
+        tokens_per_step=args.per_device_train_batch_size * args.gradient_accumulation_steps * processes * T,
+    )
     if resume_from is not None:
         state = ckpt.load(accelerator, resume_from, model=model, optimizer=optimizer, scheduler=scheduler)
         run.step, run.history = state["step"], state["history"]
@@ -178,7 +219,8 @@ def setup(args: TrainArgs) -> Run:
     accelerator.print(
         f"{scaling.describe() if scaling else 'rope as is'} (max_position_embeddings {target})"
         f" | {batches.windows} windows of {T} tokens | {run.tokens_per_step} tokens/step | "
-        f"{n_trainable / 1e6:.2f}M trainable parameters | {processes} process(es)")
+        f"{n_trainable / 1e6:.2f}M trainable parameters | {processes} process(es)"
+    )
     return run
 
 
@@ -190,8 +232,9 @@ def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> T
     run = setup(args)
     acc, model, G = run.accelerator, run.model, args.gradient_accumulation_steps
     model.train()
-    bar = tqdm(total=args.max_steps, initial=run.step, disable=not acc.is_local_main_process, desc="train",
-               dynamic_ncols=True)
+    bar = tqdm(
+        total=args.max_steps, initial=run.step, disable=not acc.is_local_main_process, desc="train", dynamic_ncols=True
+    )
     clock, clock_tokens = time.perf_counter(), 0
     while run.step < args.max_steps:
         micro = [run.batches.get(run.step, m, run.rank) for m in range(G)]
@@ -207,8 +250,11 @@ def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> T
                 # DDP averages gradients over processes, and each CP rank holds part of the loss sum
                 acc.backward(loss * acc.num_processes / tokens)
             loss_sum += loss.detach()
-        grad_norm = acc.clip_grad_norm_(model.parameters(), args.max_grad_norm) \
-            if args.max_grad_norm > 0 else torch.tensor(float("nan"))
+        grad_norm = (
+            acc.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+            if args.max_grad_norm > 0
+            else torch.tensor(float("nan"))
+        )
         lr = run.scheduler.get_last_lr()[0]  # the rate this step used
         run.optimizer.step()
         run.scheduler.step()
@@ -219,8 +265,14 @@ def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> T
         if run.step % args.logging_steps == 0 or run.step == args.max_steps:
             loss_value = float(acc.reduce(loss_sum, reduction="sum") / tokens)
             elapsed = time.perf_counter() - clock
-            row = {"step": run.step, "loss": loss_value, "learning_rate": lr, "grad_norm": float(grad_norm),
-                   "tokens": run.step * run.tokens_per_step, "tokens_per_s": clock_tokens / max(elapsed, 1e-9)}
+            row = {
+                "step": run.step,
+                "loss": loss_value,
+                "learning_rate": lr,
+                "grad_norm": float(grad_norm),
+                "tokens": run.step * run.tokens_per_step,
+                "tokens_per_s": clock_tokens / max(elapsed, 1e-9),
+            }
             run.history.append(row)
             clock, clock_tokens = time.perf_counter(), 0
             bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{row['tokens_per_s']:.0f}", lr=f"{lr:.2e}")
@@ -230,8 +282,16 @@ def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> T
                 raise FloatingPointError(f"loss is {loss_value} at step {run.step}; lower learning_rate or check data")
         bar.update(1)
         if run.step % args.save_steps == 0 or run.step == args.max_steps:
-            ckpt.save(acc, {"step": run.step, "history": run.history}, output_dir=run.out, step=run.step,
-                      model=model, optimizer=run.optimizer, scheduler=run.scheduler, limit=args.save_total_limit)
+            ckpt.save(
+                acc,
+                {"step": run.step, "history": run.history},
+                output_dir=run.out,
+                step=run.step,
+                model=model,
+                optimizer=run.optimizer,
+                scheduler=run.scheduler,
+                limit=args.save_total_limit,
+            )
             if acc.is_main_process:
                 write_loss_curve(run.history, run.out)
         if on_step is not None:
@@ -249,8 +309,9 @@ def _context_parallel(accelerator, batch: dict, cp: int):
         return contextlib.nullcontext()
     batch.pop("attention_mask", None)  # CP needs plain causal SDPA; positions run on (document_boundaries: eos)
     buffers = [batch["input_ids"], batch["position_ids"], batch["targets"]]
-    return accelerator.maybe_context_parallel(buffers=buffers, buffer_seq_dims=[1, 1, 1],
-                                              no_restore_buffers=set(buffers))
+    return accelerator.maybe_context_parallel(
+        buffers=buffers, buffer_seq_dims=[1, 1, 1], no_restore_buffers=set(buffers)
+    )
 
 
 # ------------------------------------------------------------------------------------------ finish
@@ -268,9 +329,16 @@ def finish(run: Run) -> TrainResult:
         with atomic_path(out / "adapter") as tmp:
             unwrapped.save_pretrained(tmp, state_dict=state_dict)
             base = unwrapped.get_base_model().config.get_text_config()
-            (tmp / "rope_parameters.json").write_text(json.dumps({  # the patched base's rope settings
-                "rope_parameters": base.rope_parameters, "max_position_embeddings": base.max_position_embeddings},
-                indent=1, default=str))
+            (tmp / "rope_parameters.json").write_text(
+                json.dumps(
+                    {  # the patched base's rope settings
+                        "rope_parameters": base.rope_parameters,
+                        "max_position_embeddings": base.max_position_embeddings,
+                    },
+                    indent=1,
+                    default=str,
+                )
+            )
             run.tokenizer.save_pretrained(tmp)
         result.adapter_dir = out / "adapter"
         if args.merge_adapter:

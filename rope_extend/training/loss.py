@@ -49,11 +49,11 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_b = torch.zeros_like(bias, dtype=torch.float32) if want_b else None
         total = torch.zeros((), dtype=torch.float32, device=h.device)
         for start in range(0, h.shape[0], chunk_size):
-            tc = t[start:start + chunk_size]
+            tc = t[start : start + chunk_size]
             keep = tc != IGNORE
             if not keep.any():
                 continue
-            hc = h[start:start + chunk_size]
+            hc = h[start : start + chunk_size]
             raw = (hc @ w.T).float()
             if bias is not None:
                 raw = raw + bias.float()
@@ -79,7 +79,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             if multiplier != 1.0:
                 g.mul_(multiplier)
             if grad_h is not None:
-                grad_h[start:start + chunk_size] = (g.to(w.dtype) @ w).to(h.dtype)
+                grad_h[start : start + chunk_size] = (g.to(w.dtype) @ w).to(h.dtype)
             if grad_w is not None:
                 grad_w.addmm_(g.T, hc.float())
             if grad_b is not None:
@@ -99,16 +99,23 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         return gh, gw, gb, None, None, None, None
 
 
-def chunked_loss(hidden: torch.Tensor, head: nn.Module | LMHead, targets: torch.Tensor, chunk_size: int = 1024,
-                 softcap: float | None = None, head_forward=None) -> torch.Tensor:
+def chunked_loss(
+    hidden: torch.Tensor,
+    head: nn.Module | LMHead,
+    targets: torch.Tensor,
+    chunk_size: int = 1024,
+    softcap: float | None = None,
+    head_forward=None,
+) -> torch.Tensor:
     """Summed token cross-entropy of ``head(hidden)`` against ``targets``, never all logits at once.
 
     ``head`` is an ``LMHead`` (its logit transform applied) or a bare output module (with ``softcap``)."""
     lm = head if isinstance(head, LMHead) else LMHead(head, softcap=softcap)
     module = lm.output
     if type(module) is nn.Linear:
-        return ChunkedLinearCrossEntropy.apply(hidden, module.weight, module.bias, targets, chunk_size, lm.softcap,
-                                               lm.multiplier)
+        return ChunkedLinearCrossEntropy.apply(
+            hidden, module.weight, module.bias, targets, chunk_size, lm.softcap, lm.multiplier
+        )
     forward = head_forward or module.forward
     h = hidden.reshape(-1, hidden.shape[-1])
     t = targets.reshape(-1)
@@ -119,9 +126,9 @@ def chunked_loss(hidden: torch.Tensor, head: nn.Module | LMHead, targets: torch.
 
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, h.shape[0], chunk_size):
-        tc = t[start:start + chunk_size]
+        tc = t[start : start + chunk_size]
         if (tc != IGNORE).any():
-            total = total + checkpoint(piece, h[start:start + chunk_size], tc, use_reentrant=False)
+            total = total + checkpoint(piece, h[start : start + chunk_size], tc, use_reentrant=False)
     return total
 
 
@@ -145,8 +152,9 @@ def _loss_head(lm: LMHead, targets, chunk_size: int, slot: dict):
             head.forward = original
 
 
-def model_loss(model: nn.Module, batch: dict[str, torch.Tensor], chunk_size: int = 1024,
-               head: LMHead | None = None) -> tuple[torch.Tensor, int]:
+def model_loss(
+    model: nn.Module, batch: dict[str, torch.Tensor], chunk_size: int = 1024, head: LMHead | None = None
+) -> tuple[torch.Tensor, int]:
     """``(summed token loss, number of target tokens)`` for one batch, through the model's own forward.
 
     ``head`` is the model's ``LMHead`` (found once, and checked with ``hf.head.check``, by the caller that
@@ -157,5 +165,7 @@ def model_loss(model: nn.Module, batch: dict[str, torch.Tensor], chunk_size: int
     with _loss_head(lm, batch["targets"], chunk_size, slot):
         model(**inputs, use_cache=False)
     if "loss" not in slot:
-        raise RuntimeError(f"{type(unwrap(model)).__name__}'s forward did not call its LM head; cannot compute the loss")
+        raise RuntimeError(
+            f"{type(unwrap(model)).__name__}'s forward did not call its LM head; cannot compute the loss"
+        )
     return slot["loss"], int((batch["targets"] != IGNORE).sum())

@@ -13,8 +13,12 @@ from .data import train_bpe_tokenizer
 def build_model(args: ModelArgs, texts: list[str], seed: int):
     """``(model in train mode, tokenizer)``."""
     if args.name_or_path is not None:
-        model = load_model(args.name_or_path, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
-                           attn_implementation=args.attn_implementation)
+        model = load_model(
+            args.name_or_path,
+            dtype=args.dtype,
+            trust_remote_code=args.trust_remote_code,
+            attn_implementation=args.attn_implementation,
+        )
         tokenizer = load_tokenizer(args.tokenizer or args.name_or_path, trust_remote_code=args.trust_remote_code)
         return model.train(), tokenizer
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -29,6 +33,7 @@ def build_model(args: ModelArgs, texts: list[str], seed: int):
         fields.setdefault(name, getattr(tokenizer, name))
     config = AutoConfig.for_model(model_type, **fields)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=parse_dtype(args.dtype),
-                                             attn_implementation=args.attn_implementation)
+    model = AutoModelForCausalLM.from_config(
+        config, dtype=parse_dtype(args.dtype), attn_implementation=args.attn_implementation
+    )
     return model.train(), tokenizer

@@ -2,7 +2,28 @@ import pytest
 
 from tests.tiny import tiny_model, tiny_tokenizer
 
-WORDS = ["river", "stone", "window", "garden", "letter", "autumn", "signal", "harbor", "pencil", "meadow", "lantern", "copper", "violet", "engine", "candle", "forest", "mirror", "button", "planet", "ticket"]
+WORDS = [
+    "river",
+    "stone",
+    "window",
+    "garden",
+    "letter",
+    "autumn",
+    "signal",
+    "harbor",
+    "pencil",
+    "meadow",
+    "lantern",
+    "copper",
+    "violet",
+    "engine",
+    "candle",
+    "forest",
+    "mirror",
+    "button",
+    "planet",
+    "ticket",
+]
 
 
 def make_text(n_sentences: int, seed: int = 0) -> str:
@@ -10,8 +31,9 @@ def make_text(n_sentences: int, seed: int = 0) -> str:
     import random
 
     rng = random.Random(seed)
-    return " ".join(f"The {rng.choice(WORDS)} is near the {rng.choice(WORDS)} {rng.randint(0, 99)}."
-                    for _ in range(n_sentences))
+    return " ".join(
+        f"The {rng.choice(WORDS)} is near the {rng.choice(WORDS)} {rng.randint(0, 99)}." for _ in range(n_sentences)
+    )
 
 
 @pytest.fixture(scope="session")

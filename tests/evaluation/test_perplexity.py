@@ -132,8 +132,9 @@ def test_head_never_sees_more_than_a_chunk(llama, tok, texts, monkeypatch):
 
 
 def _windows(model):
-    return [model.config.sliding_window] + [m.sliding_window for m in model.modules()
-                                            if isinstance(getattr(m, "sliding_window", None), int)]
+    return [model.config.sliding_window] + [
+        m.sliding_window for m in model.modules() if isinstance(getattr(m, "sliding_window", None), int)
+    ]
 
 
 def test_a_window_every_layer_uses_is_widened(tok, texts):
@@ -152,8 +153,10 @@ def test_a_window_every_layer_uses_is_widened(tok, texts):
 def test_interleaved_local_layers_are_kept_unless_full(tok, texts):
     gemma2 = tiny_model("gemma2", sliding_window=8)
     before = _windows(gemma2)
-    ppl = {mode: perplexity(gemma2, tok, texts, [48], sliding_window=mode, progress=False).perplexity[48]
-           for mode in ("auto", "keep", "full")}
+    ppl = {
+        mode: perplexity(gemma2, tok, texts, [48], sliding_window=mode, progress=False).perplexity[48]
+        for mode in ("auto", "keep", "full")
+    }
     assert ppl["auto"] == ppl["keep"]
     assert abs(ppl["full"] - ppl["keep"]) > 1e-3 * ppl["keep"]
     assert _windows(gemma2) == before

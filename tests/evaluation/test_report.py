@@ -14,23 +14,49 @@ def synthetic_records():
         for length, a in table.items():
             for depth in (0.0, 0.5, 1.0):
                 for trial in range(4):
-                    recs.append({"task": "passkey", "label": label, "method": label.split("-")[0], "length": length,
-                                 "depth": depth, "depth_grid": depth, "trial": trial, "correct": trial < 4 * a})
+                    recs.append(
+                        {
+                            "task": "passkey",
+                            "label": label,
+                            "method": label.split("-")[0],
+                            "length": length,
+                            "depth": depth,
+                            "depth_grid": depth,
+                            "trial": trial,
+                            "correct": trial < 4 * a,
+                        }
+                    )
     for label, ppls in {"none": [8.0, 60.0, 900.0], "yarn-4": [8.2, 7.5, 7.1]}.items():
         for length, ppl in zip((1024, 2048, 4096), ppls):
             for doc, tokens in ((0, 100), (1, 300)):
                 import math
 
-                recs.append({"task": "perplexity", "label": label, "method": "x", "length": length, "doc": doc,
-                             "tokens": tokens, "nll": tokens * math.log(ppl), "params": {"a": 1}})
+                recs.append(
+                    {
+                        "task": "perplexity",
+                        "label": label,
+                        "method": "x",
+                        "length": length,
+                        "doc": doc,
+                        "tokens": tokens,
+                        "nll": tokens * math.log(ppl),
+                        "params": {"a": 1},
+                    }
+                )
     return recs
 
 
 def test_summary_and_markdown_numbers():
     summary = summarize(synthetic_records())
     pk = {(r["label"], r["length"]): r["accuracy"] for r in summary["passkey"]}
-    assert pk == {("none", 1024): 1.0, ("none", 2048): 0.5, ("none", 4096): 0.0,
-                  ("yarn-4", 1024): 1.0, ("yarn-4", 2048): 1.0, ("yarn-4", 4096): 0.75}
+    assert pk == {
+        ("none", 1024): 1.0,
+        ("none", 2048): 0.5,
+        ("none", 4096): 0.0,
+        ("yarn-4", 1024): 1.0,
+        ("yarn-4", 2048): 1.0,
+        ("yarn-4", 4096): 0.75,
+    }
     ppl = {(r["label"], r["length"]): r["perplexity"] for r in summary["perplexity"]}
     assert ppl[("none", 2048)] == pytest.approx(60.0) and ppl[("yarn-4", 4096)] == pytest.approx(7.1)
     assert len(summary["passkey_depth"]) == 18
@@ -43,8 +69,15 @@ def test_summary_and_markdown_numbers():
 def test_write_report_files(tmp_path):
     records = synthetic_records()
     files = write_report(tmp_path, records, title="synthetic")
-    assert set(files) == {"json", "csv", "markdown", "passkey_plot", "perplexity_plot",
-                          "passkey_heatmap_none", "passkey_heatmap_yarn-4"}
+    assert set(files) == {
+        "json",
+        "csv",
+        "markdown",
+        "passkey_plot",
+        "perplexity_plot",
+        "passkey_heatmap_none",
+        "passkey_heatmap_yarn-4",
+    }
     for path in files.values():
         assert path.is_file() and path.stat().st_size > 0
         if path.suffix == ".png":
@@ -55,11 +88,14 @@ def test_write_report_files(tmp_path):
 
 
 def test_spectrum_ratios():
-    curves, skipped = spectrum(["linear", "ntk", "yarn", "longrope"], factor=4, head_dim=128, base=10000,
-                               original_length=4096)
+    curves, skipped = spectrum(
+        ["linear", "ntk", "yarn", "longrope"], factor=4, head_dim=128, base=10000, original_length=4096
+    )
     assert set(skipped) == {"longrope"}
     assert curves["linear"]["ratio"] == pytest.approx([0.25] * 64)
-    assert curves["ntk"]["ratio"][0] == pytest.approx(1.0) and curves["ntk"]["ratio"][-1] == pytest.approx(0.25, rel=1e-4)
+    assert curves["ntk"]["ratio"][0] == pytest.approx(1.0) and curves["ntk"]["ratio"][-1] == pytest.approx(
+        0.25, rel=1e-4
+    )
     yarn = curves["yarn"]["ratio"]  # the YaRN ramp for head_dim 128, L 4096: low=20, high=46
     assert yarn[:21] == pytest.approx([1.0] * 21) and yarn[46:] == pytest.approx([0.25] * 18)
     assert curves["yarn"]["attention_scale"] == pytest.approx(1.1386, abs=1e-4)

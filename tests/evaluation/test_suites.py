@@ -87,13 +87,36 @@ def test_unknown_keys_name_the_closest_valid_ones():
 
 def test_cli_passkey_perplexity_and_errors(tiny_dir, data_file, tmp_path, capsys):
     out = tmp_path / "pk"
-    args = ["eval", "passkey", "--model", str(tiny_dir), "--lengths", "128,160", "--trials", "2",
-            "--depths", "0,1", "--method", "yarn", "--factor", "2", "--out", str(out), "--no-progress"]
+    args = [
+        "eval",
+        "passkey",
+        "--model",
+        str(tiny_dir),
+        "--lengths",
+        "128,160",
+        "--trials",
+        "2",
+        "--depths",
+        "0,1",
+        "--method",
+        "yarn",
+        "--factor",
+        "2",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert main(args) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {r["length"] for r in printed["summary"]["passkey"]} == {128, 160}
-    assert {p.name for p in out.iterdir()} >= {"records.jsonl", "results.json", "results.csv", "report.md",
-                                               "passkey.png", "passkey_heatmap_yarn_x2.png"}
+    assert {p.name for p in out.iterdir()} >= {
+        "records.jsonl",
+        "results.json",
+        "results.csv",
+        "report.md",
+        "passkey.png",
+        "passkey_heatmap_yarn_x2.png",
+    }
     records = json.loads((out / "results.json").read_text())["records"]
     assert len(records) == 8 and {r["method"] for r in records} == {"yarn"}
     before = (out / "records.jsonl").read_text()
@@ -101,30 +124,108 @@ def test_cli_passkey_perplexity_and_errors(tiny_dir, data_file, tmp_path, capsys
     assert "already holds results" in capsys.readouterr().err and (out / "records.jsonl").read_text() == before
     assert main(args + ["--resume"]) == 0 and (out / "records.jsonl").read_text() == before
 
-    assert main(["eval", "perplexity", "--model", str(tiny_dir), "--lengths", "64,128", "--data", str(data_file),
-                 "--stride", "32", "--out", str(tmp_path / "ppl"), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "perplexity",
+                "--model",
+                str(tiny_dir),
+                "--lengths",
+                "64,128",
+                "--data",
+                str(data_file),
+                "--stride",
+                "32",
+                "--out",
+                str(tmp_path / "ppl"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "ppl" / "perplexity.png").is_file()
     capsys.readouterr()
-    assert main(["eval", "passkey", "--model", str(tiny_dir), "--lengths", "128", "--method", "yarm",
-                 "--factor", "2", "--out", str(tmp_path / "x")]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "passkey",
+                "--model",
+                str(tiny_dir),
+                "--lengths",
+                "128",
+                "--method",
+                "yarm",
+                "--factor",
+                "2",
+                "--out",
+                str(tmp_path / "x"),
+            ]
+        )
+        == 2
+    )
     assert "unknown method 'yarm'" in capsys.readouterr().err
-    assert main(["eval", "perplexity", "--model", str(tiny_dir), "--lengths", "100000", "--data", str(data_file),
-                 "--out", str(tmp_path / "y"), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                "perplexity",
+                "--model",
+                str(tiny_dir),
+                "--lengths",
+                "100000",
+                "--data",
+                str(data_file),
+                "--out",
+                str(tmp_path / "y"),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     assert "cannot be reached" in capsys.readouterr().err
     assert main(["eval", "passkey", "--model", str(tiny_dir), "--lengths", "1.5", "--out", str(tmp_path / "z")]) == 2
     assert "positive integer" in capsys.readouterr().err
 
 
 def test_cli_niah_and_compare(tiny_dir, data_file, tmp_path):
-    assert main(["eval", "niah", "--model", str(tiny_dir), "--lengths", "128,256", "--data", str(data_file),
-                 "--depths", "grid:3", "--out", str(tmp_path / "n"), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "niah",
+                "--model",
+                str(tiny_dir),
+                "--lengths",
+                "128,256",
+                "--data",
+                str(data_file),
+                "--depths",
+                "grid:3",
+                "--out",
+                str(tmp_path / "n"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert (tmp_path / "n" / "niah_heatmap_none.png").is_file()
     suite = tmp_path / "s.yaml"
-    suite.write_text(yaml.safe_dump({"model": "x", "methods": [{"method": "none"}, {"method": "linear", "factor": 2}],
-                                     "perplexity": {"lengths": [64], "data": data_file.name}}))
+    suite.write_text(
+        yaml.safe_dump(
+            {
+                "model": "x",
+                "methods": [{"method": "none"}, {"method": "linear", "factor": 2}],
+                "perplexity": {"lengths": [64], "data": data_file.name},
+            }
+        )
+    )
     (tmp_path / data_file.name).write_text(data_file.read_text())  # relative data path: beside the suite
-    assert main(["eval", "compare", str(suite), "--model", str(tiny_dir), "--out", str(tmp_path / "c"),
-                 "--no-progress"]) == 0
+    assert (
+        main(["eval", "compare", str(suite), "--model", str(tiny_dir), "--out", str(tmp_path / "c"), "--no-progress"])
+        == 0
+    )
     rows = json.loads((tmp_path / "c" / "results.json").read_text())["summary"]["perplexity"]
     assert [r["label"] for r in rows] == ["none", "linear x2"]
     assert rows[0]["perplexity"] != rows[1]["perplexity"]  # the scaling changed the model
@@ -139,9 +240,16 @@ def test_cli_plot_spectrum(tmp_path, capsys):
 
 
 def test_compare_checks_every_method_against_the_model_before_the_first_runs(tiny_dir, tmp_path):
-    suite = parse_suite({"model": str(tiny_dir), "methods": [
-        {"method": "none"}, {"method": "longrope", "factor": 2, "params": {"short_factor": [1.0], "long_factor": [2.0]}}],
-        "passkey": {"lengths": [128], "trials": 1}})
+    suite = parse_suite(
+        {
+            "model": str(tiny_dir),
+            "methods": [
+                {"method": "none"},
+                {"method": "longrope", "factor": 2, "params": {"short_factor": [1.0], "long_factor": [2.0]}},
+            ],
+            "passkey": {"lengths": [128], "trials": 1},
+        }
+    )
     with pytest.raises(RopeExtendError, match="short_factor"):
         run_suite(suite, out=tmp_path / "r", progress=False)
     assert not (tmp_path / "r" / "records.jsonl").exists()  # `none` did not run first

@@ -31,40 +31,57 @@ def test_unknown_parameter_is_named_with_the_allowed_ones():
         inv_freq("linear", 64, 10000.0, 2.0, 2048, alpha=2)
 
 
-@pytest.mark.parametrize("method,params,needle", [
-    ("yarn", {"beta_fast": 1.0, "beta_slow": 2.0}, "beta_fast must be greater than beta_slow"),
-    ("yarn", {"beta_fast": -1.0}, "beta_fast must be > 0"),
-    ("yarn", {"attention_factor": 0}, "attention_factor must be > 0"),
-    ("yarn", {"truncate": "yes"}, "truncate must be true or false"),
-    ("dynamic_yarn", {"finetuned": 1}, "finetuned must be true or false"),
-    ("ntk", {"alpha": 0.5}, "alpha must be >= 1"),
-    ("llama3", {"low_freq_factor": 4.0, "high_freq_factor": 1.0}, "high_freq_factor must be greater"),
-    ("longrope", {}, "longrope needs short_factor"),
-    ("longrope", {"short_factor": [1.0] * 32, "long_factor": [1.0] * 31}, "same length"),
-    ("longrope", {"short_factor": [1.0] * 8, "long_factor": [1.0] * 8}, "needs d/2 = 32"),
-    ("longrope", {"short_factor": [1.0] * 31 + [0.0], "long_factor": [1.0] * 32}, r"short_factor\[31\] must be > 0"),
-])
+@pytest.mark.parametrize(
+    "method,params,needle",
+    [
+        ("yarn", {"beta_fast": 1.0, "beta_slow": 2.0}, "beta_fast must be greater than beta_slow"),
+        ("yarn", {"beta_fast": -1.0}, "beta_fast must be > 0"),
+        ("yarn", {"attention_factor": 0}, "attention_factor must be > 0"),
+        ("yarn", {"truncate": "yes"}, "truncate must be true or false"),
+        ("dynamic_yarn", {"finetuned": 1}, "finetuned must be true or false"),
+        ("ntk", {"alpha": 0.5}, "alpha must be >= 1"),
+        ("llama3", {"low_freq_factor": 4.0, "high_freq_factor": 1.0}, "high_freq_factor must be greater"),
+        ("longrope", {}, "longrope needs short_factor"),
+        ("longrope", {"short_factor": [1.0] * 32, "long_factor": [1.0] * 31}, "same length"),
+        ("longrope", {"short_factor": [1.0] * 8, "long_factor": [1.0] * 8}, "needs d/2 = 32"),
+        (
+            "longrope",
+            {"short_factor": [1.0] * 31 + [0.0], "long_factor": [1.0] * 32},
+            r"short_factor\[31\] must be > 0",
+        ),
+    ],
+)
 def test_invalid_parameter_values(method, params, needle):
     with pytest.raises(RopeExtendError, match=needle):
         inv_freq(method, 64, 10000.0, 2.0, 2048, **params)
 
 
-@pytest.mark.parametrize("kwargs,needle", [
-    (dict(head_dim=63), "even integer"),
-    (dict(head_dim=0), "head_dim must be an integer >= 2"),
-    (dict(partial_rotary_factor=1.5), r"partial_rotary_factor must be in \(0, 1\]"),
-    (dict(base=1.0), "base"),
-    (dict(original_max_position_embeddings=0), "original_max_position_embeddings"),
-    (dict(seq_len=0), "seq_len"),
-])
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(head_dim=63), "even integer"),
+        (dict(head_dim=0), "head_dim must be an integer >= 2"),
+        (dict(partial_rotary_factor=1.5), r"partial_rotary_factor must be in \(0, 1\]"),
+        (dict(base=1.0), "base"),
+        (dict(original_max_position_embeddings=0), "original_max_position_embeddings"),
+        (dict(seq_len=0), "seq_len"),
+    ],
+)
 def test_bad_geometry(kwargs, needle):
     args = dict(head_dim=64, base=10000.0, factor=2.0, original_max_position_embeddings=2048)
     args.update(kwargs)
     seq_len = args.pop("seq_len", None)
     prf = args.pop("partial_rotary_factor", 1.0)
     with pytest.raises(RopeExtendError, match=needle):
-        inv_freq("yarn", args["head_dim"], args["base"], args["factor"], args["original_max_position_embeddings"],
-                 seq_len=seq_len, partial_rotary_factor=prf)
+        inv_freq(
+            "yarn",
+            args["head_dim"],
+            args["base"],
+            args["factor"],
+            args["original_max_position_embeddings"],
+            seq_len=seq_len,
+            partial_rotary_factor=prf,
+        )
 
 
 def test_resolve_needs_exactly_one_of_factor_and_target_length():

@@ -26,9 +26,16 @@ def hf_config(head_dim, base, rope_parameters, max_position_embeddings, partial_
     rope_parameters = {"rope_theta": base, **rope_parameters}
     if partial_rotary_factor != 1.0:
         rope_parameters["partial_rotary_factor"] = partial_rotary_factor
-    return T.LlamaConfig(hidden_size=head_dim * 2, num_attention_heads=2, head_dim=head_dim, num_hidden_layers=1,
-                         intermediate_size=8, vocab_size=8, max_position_embeddings=max_position_embeddings,
-                         rope_parameters=rope_parameters)
+    return T.LlamaConfig(
+        hidden_size=head_dim * 2,
+        num_attention_heads=2,
+        head_dim=head_dim,
+        num_hidden_layers=1,
+        intermediate_size=8,
+        vocab_size=8,
+        max_position_embeddings=max_position_embeddings,
+        rope_parameters=rope_parameters,
+    )
 
 
 def hf(rope_type, config, seq_len=None):
@@ -66,20 +73,27 @@ def test_dynamic_matches_transformers_when_max_position_is_the_original_length(h
     assert ours[1] == theirs[1] == 1.0
 
 
-yarn_params = st.fixed_dictionaries({}, optional={
-    "beta_fast": st.sampled_from([16.0, 32.0, 64.0]),
-    "beta_slow": st.sampled_from([0.5, 1.0, 2.0]),
-    "attention_factor": st.floats(0.5, 2.0),
-    "truncate": st.booleans(),
-})
+yarn_params = st.fixed_dictionaries(
+    {},
+    optional={
+        "beta_fast": st.sampled_from([16.0, 32.0, 64.0]),
+        "beta_slow": st.sampled_from([0.5, 1.0, 2.0]),
+        "attention_factor": st.floats(0.5, 2.0),
+        "truncate": st.booleans(),
+    },
+)
 
 
 @settings(max_examples=80, deadline=None)
 @given(head_dims, bases, factors, lengths, partial, yarn_params)
 def test_yarn(head_dim, base, factor, length, prf, params):
-    config = hf_config(head_dim, base, {"rope_type": "yarn", "factor": factor,
-                                        "original_max_position_embeddings": length, **params},
-                       int(length * factor), prf)
+    config = hf_config(
+        head_dim,
+        base,
+        {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": length, **params},
+        int(length * factor),
+        prf,
+    )
     ours = inv_freq("yarn", head_dim, base, factor, length, partial_rotary_factor=prf, **params)
     assert_same(ours, hf("yarn", config), factor)
 
@@ -88,10 +102,16 @@ def test_yarn(head_dim, base, factor, length, prf, params):
 @given(head_dims, factors, st.floats(0.1, 2.0), st.floats(0.1, 2.0))
 def test_yarn_deepseek_mscale(head_dim, factor, mscale, mscale_all_dim):
     params = {"mscale": mscale, "mscale_all_dim": mscale_all_dim}
-    config = hf_config(head_dim, 10000.0, {"rope_type": "yarn", "factor": factor,
-                                           "original_max_position_embeddings": 4096, **params}, int(4096 * factor))
+    config = hf_config(
+        head_dim,
+        10000.0,
+        {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": 4096, **params},
+        int(4096 * factor),
+    )
     assert_same(inv_freq("yarn", head_dim, 10000.0, factor, 4096, **params), hf("yarn", config), factor)
-    expected = 1.0 if factor <= 1 else (0.1 * mscale * math.log(factor) + 1) / (0.1 * mscale_all_dim * math.log(factor) + 1)
+    expected = (
+        1.0 if factor <= 1 else (0.1 * mscale * math.log(factor) + 1) / (0.1 * mscale_all_dim * math.log(factor) + 1)
+    )
     assert inv_freq("yarn", head_dim, 10000.0, factor, 4096, **params)[1] == pytest.approx(expected)
 
 
@@ -100,8 +120,12 @@ def test_yarn_deepseek_mscale(head_dim, factor, mscale, mscale_all_dim):
 def test_llama3(head_dim, base, factor, length, low_high):
     low, high = low_high
     params = {"low_freq_factor": low, "high_freq_factor": high}
-    config = hf_config(head_dim, base, {"rope_type": "llama3", "factor": factor,
-                                        "original_max_position_embeddings": length, **params}, int(length * factor) + 1)
+    config = hf_config(
+        head_dim,
+        base,
+        {"rope_type": "llama3", "factor": factor, "original_max_position_embeddings": length, **params},
+        int(length * factor) + 1,
+    )
     assert_same(inv_freq("llama3", head_dim, base, factor, length, **params), hf("llama3", config), factor)
 
 
@@ -112,8 +136,12 @@ def test_longrope_short_and_long(head_dim, base, factor, length, data):
     short = data.draw(st.lists(st.floats(1.0, 4.0), min_size=n, max_size=n))
     long = data.draw(st.lists(st.floats(1.0, 64.0), min_size=n, max_size=n))
     params = {"short_factor": short, "long_factor": long}
-    config = hf_config(head_dim, base, {"rope_type": "longrope", "factor": factor,
-                                        "original_max_position_embeddings": length, **params}, int(length * factor))
+    config = hf_config(
+        head_dim,
+        base,
+        {"rope_type": "longrope", "factor": factor, "original_max_position_embeddings": length, **params},
+        int(length * factor),
+    )
     for seq_len in (None, length, length + 1, 4 * length):
         ours = inv_freq("longrope", head_dim, base, factor, length, seq_len=seq_len, **params)
         assert_same(ours, hf("longrope", config, seq_len))

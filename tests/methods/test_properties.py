@@ -33,8 +33,14 @@ def test_factor_one_is_plain_rope(method, d, b, L):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(["dynamic", "dynamic_yarn"]), head_dims.filter(lambda d: d > 2), bases, factors, lengths,
-       st.floats(0.0, 1.0))
+@given(
+    st.sampled_from(["dynamic", "dynamic_yarn"]),
+    head_dims.filter(lambda d: d > 2),
+    bases,
+    factors,
+    lengths,
+    st.floats(0.0, 1.0),
+)
 def test_dynamic_methods_are_plain_rope_inside_the_original_length(method, d, b, s, L, frac):
     seq_len = max(1, int(L * frac))
     freqs, scale = inv_freq(method, d, b, s, L, seq_len=seq_len)
@@ -42,8 +48,13 @@ def test_dynamic_methods_are_plain_rope_inside_the_original_length(method, d, b,
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(["ntk", "ntk_by_parts", "yarn", "llama3"]), head_dims.filter(lambda d: d > 2), bases,
-       factors, lengths)
+@given(
+    st.sampled_from(["ntk", "ntk_by_parts", "yarn", "llama3"]),
+    head_dims.filter(lambda d: d > 2),
+    bases,
+    factors,
+    lengths,
+)
 def test_highest_frequency_is_untouched(method, d, b, s, L):
     assume(method != "llama3" or 2 * math.pi < L / 4.0)  # llama3 keeps wavelengths below L/high_freq_factor
     # ntk_by_parts/yarn keep a frequency turning more than beta_fast times inside L (dim index below low)
@@ -73,8 +84,14 @@ def test_scaled_frequencies_never_exceed_plain_ones_and_stay_positive(method, d,
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(["dynamic", "dynamic_yarn"]), head_dims.filter(lambda d: d > 2), factors,
-       st.integers(256, 8192), st.integers(1, 50000), st.integers(1, 50000))
+@given(
+    st.sampled_from(["dynamic", "dynamic_yarn"]),
+    head_dims.filter(lambda d: d > 2),
+    factors,
+    st.integers(256, 8192),
+    st.integers(1, 50000),
+    st.integers(1, 50000),
+)
 def test_dynamic_frequencies_fall_as_the_length_grows(method, d, s, L, l1, l2):
     short, long = sorted((l1, l2))
     f_short, _ = inv_freq(method, d, 10000.0, s, L, seq_len=short)
@@ -84,7 +101,6 @@ def test_dynamic_frequencies_fall_as_the_length_grows(method, d, s, L, l1, l2):
 
 def test_every_method_returns_float32_of_half_the_rotary_dim():
     for method in methods():
-        freqs, scale = inv_freq(method, 64, 10000.0, 4.0, 2048, partial_rotary_factor=0.5,
-                                **params_for(method, 32))
+        freqs, scale = inv_freq(method, 64, 10000.0, 4.0, 2048, partial_rotary_factor=0.5, **params_for(method, 32))
         assert freqs.dtype == torch.float32 and freqs.shape == (16,)
         assert isinstance(scale, float) and scale > 0

@@ -1,4 +1,3 @@
-
 import pytest
 
 from rope_extend import resources
@@ -47,17 +46,20 @@ def test_overrides_win_and_dotted_keys_reach_sections():
     assert parse_overrides(["a.b.c=[1, 2]"]) == {"a": {"b": {"c": [1, 2]}}}
 
 
-@pytest.mark.parametrize("override,message", [
-    ("learnig_rate=1", r"unknown key 'learnig_rate'; did you mean 'learning_rate'"),
-    ("rope.factr=2", r"unknown key 'rope\.factr'; did you mean 'rope\.factor'"),
-    ("lora.lora_alfa=8", r"lora\.lora_alpha"),
-    ("max_steps=ten", r"max_steps: got 'ten' \(str\); expected int"),
-    ("rope.factor=0.5", r"rope\.factor: got 0\.5; expected a number >= 1"),
-    ("rope.target_length=4096", r"exactly one of rope\.factor or rope\.target_length"),
-    ("lr_scheduler_type=cosin", r"lr_scheduler_type: got 'cosin'"),
-    ("data.document_boundaries=none", r"data\.document_boundaries"),
-    ("max_steps", r"expected key=value"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("learnig_rate=1", r"unknown key 'learnig_rate'; did you mean 'learning_rate'"),
+        ("rope.factr=2", r"unknown key 'rope\.factr'; did you mean 'rope\.factor'"),
+        ("lora.lora_alfa=8", r"lora\.lora_alpha"),
+        ("max_steps=ten", r"max_steps: got 'ten' \(str\); expected int"),
+        ("rope.factor=0.5", r"rope\.factor: got 0\.5; expected a number >= 1"),
+        ("rope.target_length=4096", r"exactly one of rope\.factor or rope\.target_length"),
+        ("lr_scheduler_type=cosin", r"lr_scheduler_type: got 'cosin'"),
+        ("data.document_boundaries=none", r"data\.document_boundaries"),
+        ("max_steps", r"expected key=value"),
+    ],
+)
 def test_bad_keys_and_values_name_the_key(override, message):
     with pytest.raises(RecipeError, match=message):
         load_args("tiny-cpu", [override])
@@ -78,8 +80,12 @@ def test_output_dir_with_another_run_is_refused_unless_overwrite_or_resume(tmp_p
 
     from rope_extend.training.checkpoint import FORMAT
 
-    base = {"model": {"config": {"model_type": "llama"}}, "rope": {"factor": 2}, "data": {"path": "x.txt"},
-            "output_dir": str(tmp_path / "run")}
+    base = {
+        "model": {"config": {"model_type": "llama"}},
+        "rope": {"factor": 2},
+        "data": {"path": "x.txt"},
+        "output_dir": str(tmp_path / "run"),
+    }
     assert resolve_output_dir(load_args(base)) is None  # does not exist yet
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "notes.txt").write_text("mine")
@@ -119,8 +125,13 @@ def test_rope_method_none_takes_no_factor():
 def test_pickled_checkpoints_need_trust(tmp_path):
     import json
 
-    base = {"model": {"config": {"model_type": "llama"}}, "rope": {"factor": 2}, "data": {"path": "x.txt"},
-            "output_dir": str(tmp_path / "run"), "resume_from_checkpoint": True}
+    base = {
+        "model": {"config": {"model_type": "llama"}},
+        "rope": {"factor": 2},
+        "data": {"path": "x.txt"},
+        "output_dir": str(tmp_path / "run"),
+        "resume_from_checkpoint": True,
+    }
     (tmp_path / "run" / "checkpoint-4").mkdir(parents=True)
     (tmp_path / "run" / ".rope-extend").write_text(json.dumps({"kind": "train"}))
     (tmp_path / "run" / "checkpoint-4" / "trainer_state.json").write_text(json.dumps({"step": 4}))  # no format

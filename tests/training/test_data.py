@@ -54,8 +54,9 @@ def test_a_step_sees_the_same_sequences_however_it_is_split():
         a = sorted(one.get(step, m, 0)["input_ids"][0, 0].item() for m in range(4))
         b = sorted(r.item() for rank in range(2) for r in two.get(step, 0, rank)["input_ids"][:, 0])
         assert a == b
-    seen = [one.get(s, m, 0)["input_ids"][0, 0].item() for s in range(2) for m in range(4)] + \
-           [one.get(2, m, 0)["input_ids"][0, 0].item() for m in range(2)]
+    seen = [one.get(s, m, 0)["input_ids"][0, 0].item() for s in range(2) for m in range(4)] + [
+        one.get(2, m, 0)["input_ids"][0, 0].item() for m in range(2)
+    ]
     assert sorted(seen) == sorted(p.input_ids[:, 0].tolist())  # one epoch = every window once
 
 
@@ -69,8 +70,10 @@ def test_read_documents_names_missing_text_field(tmp_path):
 
 def test_read_documents_text_paragraphs_and_parquet(tmp_path):
     (tmp_path / "a.txt").write_text("first doc\nline two\n\nsecond doc\n")
-    assert read_documents(DataArgs(path=str(tmp_path / "a.txt"), sample_by="paragraph")) == \
-        ["first doc\nline two", "second doc"]
+    assert read_documents(DataArgs(path=str(tmp_path / "a.txt"), sample_by="paragraph")) == [
+        "first doc\nline two",
+        "second doc",
+    ]
     assert read_documents(DataArgs(path=str(tmp_path / "a.txt"))) == ["first doc\nline two\n\nsecond doc"]
     import datasets
 
@@ -141,8 +144,10 @@ def test_unpacked_documents_are_padded_and_masked_out_of_the_loss():
     assert packed.input_ids.tolist() == [[5, 6, 7, 2, 0, 0], [8] * 6]
     assert packed.attention_mask.tolist() == [[1, 1, 1, 1, 0, 0], [1] * 6]
     batch = Batches(packed, seed=0, batch_size=2, accumulation=1, num_processes=1).get(0, 0, 0)
-    rows = {tuple(r[:3]): (t, m) for r, t, m in zip(batch["input_ids"].tolist(), batch["targets"].tolist(),
-                                                      batch["attention_mask"].tolist())}
+    rows = {
+        tuple(r[:3]): (t, m)
+        for r, t, m in zip(batch["input_ids"].tolist(), batch["targets"].tolist(), batch["attention_mask"].tolist())
+    }
     targets, mask = rows[(5, 6, 7)]
     assert targets == [6, 7, 2, -100, -100, -100] and mask == [1, 1, 1, 1, 0, 0]
     assert rows[(8, 8, 8)][0] == [8, 8, 8, 8, 8, -100]

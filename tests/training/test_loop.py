@@ -16,8 +16,14 @@ from rope_extend.training import load_args, train
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = resources.RECIPES / "tiny-cpu.yaml"
 # Short windows keep each step well under a second on 2 cores.
-FAST = ["data.max_seq_length=256", "per_device_train_batch_size=2", "gradient_accumulation_steps=2",
-        "loss_chunk_size=64", "data.max_docs=120", "warmup_steps=2"]
+FAST = [
+    "data.max_seq_length=256",
+    "per_device_train_batch_size=2",
+    "gradient_accumulation_steps=2",
+    "loss_chunk_size=64",
+    "data.max_docs=120",
+    "warmup_steps=2",
+]
 
 
 def run_args(tmp_path, *extra):
@@ -57,8 +63,9 @@ def test_merged_model_reloads_with_plain_transformers_and_same_logits(tmp_path):
         got = reloaded(ids).logits
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # and the check can tell: the same weights with plain RoPE disagree far more
-    plain = AutoModelForCausalLM.from_pretrained(result.final_dir, rope_parameters={"rope_type": "default",
-                                                                                     "rope_theta": 10000.0})
+    plain = AutoModelForCausalLM.from_pretrained(
+        result.final_dir, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}
+    )
     with torch.no_grad():
         assert (plain(ids).logits - want).abs().max() > 100 * (got - want).abs().max() + 1e-4
 
@@ -89,14 +96,19 @@ def test_resume_after_kill_ends_with_the_same_weights(tmp_path):
     (tmp_path / "b" / "run" / "checkpoint-3" / "custom_checkpoint_0.pkl").write_bytes(pickle.dumps(Exploit()))
     (tmp_path / "b" / "run" / ".checkpoint-9.abc.tmp").mkdir()  # a write killed half-way: cleaned up
     with pytest.raises(Exception, match=r"changed recipe: max_steps \(6 -> 7\)"):
-        train(run_args(tmp_path / "b", "max_steps=7", "save_steps=3", "merge_adapter=false",
-                       "resume_from_checkpoint=true"))
-    resumed = train(run_args(tmp_path / "b", "max_steps=6", "save_steps=3", "merge_adapter=false",
-                             "resume_from_checkpoint=true"))
+        train(
+            run_args(
+                tmp_path / "b", "max_steps=7", "save_steps=3", "merge_adapter=false", "resume_from_checkpoint=true"
+            )
+        )
+    resumed = train(
+        run_args(tmp_path / "b", "max_steps=6", "save_steps=3", "merge_adapter=false", "resume_from_checkpoint=true")
+    )
     assert not (tmp_path / "pwned").exists()
     assert not list((tmp_path / "b" / "run").glob(".checkpoint-*"))
-    assert not list((tmp_path / "b" / "run").rglob("*.pkl")) or \
-        list((tmp_path / "b" / "run").rglob("*.pkl")) == [tmp_path / "b" / "run" / "checkpoint-3" / "custom_checkpoint_0.pkl"]
+    assert not list((tmp_path / "b" / "run").rglob("*.pkl")) or list((tmp_path / "b" / "run").rglob("*.pkl")) == [
+        tmp_path / "b" / "run" / "checkpoint-3" / "custom_checkpoint_0.pkl"
+    ]
     assert [r["step"] for r in resumed.history] == list(range(1, 7))
     a = {n: p for n, p in uninterrupted.model.named_parameters() if p.requires_grad}
     b = {n: p for n, p in resumed.model.named_parameters() if p.requires_grad}
@@ -112,8 +124,11 @@ def test_resume_after_kill_ends_with_the_same_weights(tmp_path):
 
 
 def test_full_fine_tuning_and_pose(tmp_path):
-    result = train(run_args(tmp_path, "max_steps=3", "lora=null", "pose.enabled=true", "learning_rate=1e-3",
-                            "data.max_seq_length=128"))
+    result = train(
+        run_args(
+            tmp_path, "max_steps=3", "lora=null", "pose.enabled=true", "learning_rate=1e-3", "data.max_seq_length=128"
+        )
+    )
     assert (tmp_path / "run" / "model" / "model.safetensors").is_file()
     assert all(p.requires_grad for p in result.model.parameters())
     assert result.history[-1]["loss"] < result.history[0]["loss"]
@@ -127,23 +142,56 @@ def test_two_processes_match_one_process(tmp_path):
     two CPU processes need the torchrun path: ``--multi_gpu`` with ``ACCELERATE_USE_CPU=1`` (gloo).
     """
     common = FAST + ["max_steps=4", "save_steps=100", "merge_adapter=false", "lora.lora_dropout=0.0"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     runs = {}
     for name, launcher, accumulation in [
         ("one", [sys.executable, "-m", "rope_extend"], 2),
-        ("two", [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                 "-m", "rope_extend"], 1),
+        (
+            "two",
+            [
+                sys.executable,
+                "-m",
+                "accelerate.commands.launch",
+                "--multi_gpu",
+                "--num_processes",
+                "2",
+                "--num_machines",
+                "1",
+                "--mixed_precision",
+                "no",
+                "--dynamo_backend",
+                "no",
+                "-m",
+                "rope_extend",
+            ],
+            1,
+        ),
     ]:
-        cmd = launcher + ["train", str(RECIPE), *common, f"gradient_accumulation_steps={accumulation}",
-                          f"output_dir={tmp_path / name}"]
-        proc = subprocess.run(cmd, check=False, cwd=tmp_path, env={**env, "ACCELERATE_USE_CPU": "1"}, capture_output=True,
-                              text=True, timeout=180)
+        cmd = launcher + [
+            "train",
+            str(RECIPE),
+            *common,
+            f"gradient_accumulation_steps={accumulation}",
+            f"output_dir={tmp_path / name}",
+        ]
+        proc = subprocess.run(
+            cmd,
+            check=False,
+            cwd=tmp_path,
+            env={**env, "ACCELERATE_USE_CPU": "1"},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert f"{2 if name == 'two' else 1} process(es)" in proc.stdout
-        runs[name] = [float(line.split(",")[1]) for line in
-                      (tmp_path / name / "loss.csv").read_text().splitlines()[1:]]
+        runs[name] = [float(line.split(",")[1]) for line in (tmp_path / name / "loss.csv").read_text().splitlines()[1:]]
     assert len(runs["one"]) == len(runs["two"]) == 4
     for a, b in zip(runs["one"], runs["two"]):
         assert a == pytest.approx(b, rel=2e-4)

@@ -44,9 +44,15 @@ def test_wrapped_head_uses_checkpointed_chunks_and_matches():
 def test_model_loss_equals_transformers_loss_and_gradients(lora_head):
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(tiny_model("llama").train(), LoraConfig(
-        r=4, target_modules=["q_proj", "v_proj"] + (["lm_head"] if lora_head else []), init_lora_weights=False,
-        modules_to_save=["norm"]))
+    model = get_peft_model(
+        tiny_model("llama").train(),
+        LoraConfig(
+            r=4,
+            target_modules=["q_proj", "v_proj"] + (["lm_head"] if lora_head else []),
+            init_lora_weights=False,
+            modules_to_save=["norm"],
+        ),
+    )
     ids = torch.randint(3, 512, (2, 40))
     targets = torch.cat([ids[:, 1:], torch.full((2, 1), -100)], 1)
     loss_sum, n = model_loss(model, {"input_ids": ids, "targets": targets}, chunk_size=16)
