@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .errors import NotPatchedError, UnsupportedModelError
+from .hf import cache
 from .hf import config as hf
 from .hf import rotary as R
 from .methods import registry as M
@@ -42,6 +43,7 @@ class PatchState:
     scaling: M.Scaling
     configs: list[tuple[Any, dict]] = field(default_factory=list)
     modules: list[tuple[nn.Module, _ModuleSnapshot]] = field(default_factory=list)
+    hooks: list[tuple[nn.Module, int]] = field(default_factory=list)  # cache keepers patch installed
 
 
 def _snapshot_module(module: nn.Module, config) -> _ModuleSnapshot:
@@ -85,6 +87,8 @@ def _restore(state: PatchState) -> None:
             buffers.append((module, name, value))
     for config, snap in state.configs:
         hf.restore(config, snap)
+    for decoder, key in state.hooks:
+        cache.remove(decoder, key)
     for module, name, value in buffers:
         module._buffers[name] = value
     for module, snap in state.modules:
@@ -178,13 +182,15 @@ def patch(
     # 3. Apply.
     for config in configs:
         hf.write(config, scaling)
-    for module, _, entries in plans:
+    for module, config, entries in plans:
         for lt, entry in entries.items():
             freqs, scale = entry.initial()
             R.set_frequencies(module, lt, freqs)
             setattr(module, R.scale_name(lt), scale)
             R.set_rope_type(module, lt, scaling.method.rope_type)
-        R.install(module, entries)
+        hook = cache.install(model, R.install(module, entries), config)
+        if hook is not None:
+            state.hooks.append(hook)
     model.__dict__[STATE_ATTR] = state
     return model
 

@@ -163,12 +163,15 @@ def test_cached_greedy_generation_equals_uncached_for_static_methods(method):
 
 
 def test_dynamic_frequencies_follow_the_longest_position_of_the_sequence():
+    from rope_extend.hf.rotary import bucket
+
+    assert [bucket(n, 256) for n in (1, 256, 257, 272, 273, 600)] == [1, 256, 272, 272, 289, 607]
     model = tiny_model()
     rope_extend.patch(model, "dynamic", factor=4)
     emb = model.model.rotary_emb
 
-    def expected(seq_len):
-        return rope_extend.inv_freq("dynamic", 16, 10000.0, 4, L, seq_len=seq_len)[0]
+    def expected(seq_len):  # frequencies follow the length on rope-extend's grid beyond L (hf.rotary.bucket)
+        return rope_extend.inv_freq("dynamic", 16, 10000.0, 4, L, seq_len=bucket(seq_len, L))[0]
 
     assert torch.equal(emb.inv_freq, expected(L))  # before any forward: plain RoPE at L
     with torch.no_grad():

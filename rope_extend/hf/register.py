@@ -8,15 +8,18 @@ What it changes in transformers, and nothing else:
 - ``RotaryEmbeddingConfigMixin`` gains a validator per such type, which raises on a bad parameter
   (transformers' own validators only warn);
 - ``PreTrainedModel.post_init`` is wrapped so that a model built from a config naming a rope-extend type
-  gets rope-extend's rotary runtime (``hf.rotary.attach_from_config``); models without one are untouched.
+  gets rope-extend's rotary runtime (``attach_from_config`` below, with the cache keeper of ``hf.cache``); models without one are untouched.
 """
 
 from __future__ import annotations
 
-from ..errors import RopeExtendError
+from torch import nn
+
+from ..errors import RopeExtendError, UnsupportedModelError
 from ..methods import registry as M
-from .config import config_scaling, original_length, rotary_geometry, scaling_from_dict
-from .rotary import attach_from_config
+from . import cache
+from . import rotary as R
+from .config import config_scaling, original_length, own_rope_type, rotary_geometry, scaling_from_dict
 
 
 def _init_function(config, device=None, seq_len=None, layer_type=None, **_ignored):
@@ -65,3 +68,32 @@ def register() -> None:
     post_init.__wrapped__ = original_post_init
     PreTrainedModel.post_init = post_init
     _registered = True
+
+
+def attach_from_config(model: nn.Module) -> None:
+    """Give a model built from a config that names a rope-extend type rope-extend's runtime.
+
+    Runs from transformers' ``post_init`` (see ``hf.register``); the buffers transformers computed through
+    rope-extend's registered init function stay; only dynamic behaviour (with the cache keeper, ``hf.cache``)
+    and the float32 guard are added.
+    """
+    for _, module in model.named_modules():
+        if "RotaryEmbedding" not in type(module).__name__ or "forward" in module.__dict__:
+            continue
+        config = getattr(module, "config", None)
+        if config is None or not getattr(config, "rope_parameters", None):
+            continue
+        try:
+            layer_types = R.module_layer_types(module)
+        except UnsupportedModelError:
+            continue
+        entries = {}
+        for lt in layer_types:
+            params = config.rope_parameters if lt is None else config.rope_parameters.get(lt)
+            if not params or not own_rope_type(params.get("rope_type")):
+                continue
+            scaling = config_scaling(config, lt)
+            dim, base = rotary_geometry(config, lt)
+            entries[lt] = R.Entry(scaling, dim, base)
+        if entries:
+            cache.install(model, R.install(module, entries), config)

@@ -85,6 +85,25 @@ def module_config(model: nn.Module, module: nn.Module):
 
 
 # ------------------------------------------------------------------------------------------ runtime
+STEP = 16  # dynamic frequencies change when the length grows past L * (1 + 1/STEP)^k (see ``bucket``)
+
+
+def bucket(length: int, original: int) -> int:
+    """The length dynamic frequencies are computed at: ``length`` up to ``L``, beyond it the next boundary of
+    the grid ``b_0 = L``, ``b_(k+1) = b_k + ceil(b_k / 16)`` (steps of about 6%).
+
+    Cached keys are re-rotated when the frequencies change (``hf.cache``); on this grid that happens about 23
+    times between ``L`` and ``4L`` whatever ``L`` is, instead of at every new token, which bounds the work
+    and the rounding. Cached and uncached forwards use the same grid, so they agree.
+    """
+    if length <= original:
+        return length
+    edge = original
+    while edge < length:
+        edge += -(-edge // STEP)
+    return edge
+
+
 @dataclass
 class Entry:
     """One frequency set a runtime manages."""
@@ -99,13 +118,23 @@ class Entry:
         if not self.scaling.method.dynamic:
             self.static = self.scaling.compute(self.dim, self.base)
 
+    @property
+    def dynamic(self) -> bool:
+        return self.static is None
+
+    def length(self, seen: int | None) -> int | None:
+        """The length the frequencies are computed at when the longest length seen is ``seen``."""
+        return None if seen is None else bucket(seen, self.scaling.original_max_position_embeddings)
+
     def initial(self) -> tuple[torch.Tensor, float]:
         """The frequencies before any forward: the static ones, or the dynamic ones at ``L``."""
         return self.static if self.static is not None else self.scaling.compute(self.dim, self.base)
 
     def current(self) -> tuple[torch.Tensor, float]:
         """The frequencies in use: the static ones, or the dynamic ones at the length seen so far."""
-        return self.static if self.static is not None else self.scaling.compute(self.dim, self.base, self.seen)
+        if self.static is not None:
+            return self.static
+        return self.scaling.compute(self.dim, self.base, self.length(self.seen))
 
 
 class RotaryRuntime:
@@ -133,25 +162,41 @@ class RotaryRuntime:
         layer_type = args[0] if args else kwargs.get("layer_type")
         entry = self.entries.get(layer_type)
         if entry is not None:
-            self._update(layer_type, entry, position_ids, x.device)
+            if entry.dynamic:
+                # One host sync for both ends; positions starting at 0 mean a new sequence.
+                low, high = torch.stack([position_ids.min(), position_ids.max()]).tolist()
+                self.advance(layer_type, next_seen(entry, int(low), int(high)), x.device)
+            elif _stale(self.module._buffers.get(buffer_name(layer_type))):
+                set_frequencies(self.module, layer_type, entry.static[0], x.device)
         with torch.no_grad():
             return _raw_forward(type(self.module))(self.module, x, position_ids, *args, **kwargs)
 
-    def _update(self, layer_type, entry: Entry, position_ids: torch.Tensor, device) -> None:
+    def advance(self, layer_type, seen: int, device) -> bool:
+        """Follow a dynamic set to the longest length ``seen``; returns whether its frequencies changed."""
+        entry = self.entries[layer_type]
         stale = _stale(self.module._buffers.get(buffer_name(layer_type)))
-        if not entry.scaling.method.dynamic:
-            if stale:
-                set_frequencies(self.module, layer_type, entry.static[0], device)
-            return
-        # One host sync for both ends; positions starting at 0 mean a new sequence.
-        low, high = torch.stack([position_ids.min(), position_ids.max()]).tolist()
-        length = int(high) + 1
-        seen = length if low == 0 or entry.seen is None else max(entry.seen, length)
-        if seen != entry.seen or stale:
-            freqs, scale = entry.scaling.compute(entry.dim, entry.base, seen)
+        changed = entry.length(seen) != entry.length(entry.seen)
+        entry.seen = seen
+        if changed or stale:
+            freqs, scale = entry.current()
             set_frequencies(self.module, layer_type, freqs, device)
             setattr(self.module, scale_name(layer_type), scale)
-            entry.seen = seen
+        return changed
+
+    def cos_sin(self, layer_type, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 cos and sin (attention scale included) for ``position_ids`` with the frequencies in use,
+        computed by the module's own forward, so laid out as the model lays them out."""
+        x = torch.empty(0, dtype=torch.float32, device=position_ids.device)
+        extra = () if layer_type is None else (layer_type,)
+        with torch.no_grad():
+            return _raw_forward(type(self.module))(self.module, x, position_ids, *extra)
+
+
+def next_seen(entry: Entry, low: int, high: int) -> int:
+    """The longest length after a forward over positions ``low .. high``: a forward from position 0 starts a
+    new sequence."""
+    length = high + 1
+    return length if low == 0 or entry.seen is None else max(entry.seen, length)
 
 
 _RAW_FORWARD: dict[type, Any] = {}
@@ -181,10 +226,11 @@ def set_frequencies(module: nn.Module, layer_type: str | None, freqs: torch.Tens
         module._buffers[original] = freqs.clone()
 
 
-def install(module: nn.Module, entries: dict[str | None, Entry]) -> None:
+def install(module: nn.Module, entries: dict[str | None, Entry]) -> RotaryRuntime:
     runtime = RotaryRuntime(module, entries)
     module.forward = runtime
     module._apply = runtime.apply
+    return runtime
 
 
 def _stale(buffer: torch.Tensor | None) -> bool:
@@ -201,31 +247,3 @@ def set_rope_type(module: nn.Module, layer_type: str | None, rope_type: str) -> 
         module.rope_type = rope_type
     elif isinstance(getattr(module, "rope_type", None), dict):
         module.rope_type[layer_type] = rope_type
-
-
-def attach_from_config(model: nn.Module) -> None:
-    """Give a model built from a config that names a rope-extend type rope-extend's runtime.
-
-    Runs from transformers' ``post_init`` (see ``hf.register``); the buffers transformers computed through
-    rope-extend's registered init function stay; only dynamic behaviour and the float32 guard are added.
-    """
-    for _, module in model.named_modules():
-        if "RotaryEmbedding" not in type(module).__name__ or "forward" in module.__dict__:
-            continue
-        config = getattr(module, "config", None)
-        if config is None or not getattr(config, "rope_parameters", None):
-            continue
-        try:
-            layer_types = module_layer_types(module)
-        except UnsupportedModelError:
-            continue
-        entries = {}
-        for lt in layer_types:
-            params = config.rope_parameters if lt is None else config.rope_parameters.get(lt)
-            if not params or not C.own_rope_type(params.get("rope_type")):
-                continue
-            scaling = C.config_scaling(config, lt)
-            dim, base = C.rotary_geometry(config, lt)
-            entries[lt] = Entry(scaling, dim, base)
-        if entries:
-            install(module, entries)

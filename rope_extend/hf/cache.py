@@ -1,0 +1,194 @@
+"""Keys in the KV cache kept consistent when dynamic frequencies change.
+
+Dynamic methods (``dynamic``, ``dynamic_yarn``, ``longrope``) change the rotary frequencies as the sequence
+grows, but the keys already in a KV cache were rotated with the frequencies of an earlier length: cached
+and uncached generation disagree (transformers issue 25104). RoPE rotations compose, so a cached key at
+position ``p`` is brought to new frequencies by one more rotation by ``p (theta' - theta)`` (and scaled by
+``m' / m`` when the attention scale changes with them).
+
+Design: ``CacheKeeper`` is a forward pre-hook on the decoder (the module that owns the rotary module and
+receives ``past_key_values``). Before each forward it works out the longest position of the sequence,
+advances the dynamic frequency sets (``RotaryRuntime.advance``) and, when a set's frequencies change,
+rotates every cached key of the layers that use it, in float32, with the angle differences taken from the
+model's own cos/sin for the old and the new frequencies (so the result is what the uncached forward
+computes, up to float32 rounding). Frequencies change only on a grid of lengths (``rotary.bucket``: about
+23 times between ``L`` and ``4L``), which bounds both the work and the rounding that repeated in-place
+rotations accumulate.
+
+Batches: one length per batch, the longest position of any row (per-batch semantics): every row of a
+batch uses the same frequencies, as a batched uncached forward does. The positions of the cached slots are
+the position ids the keeper saw when they were added (left padding included).
+
+Caches: transformers' ``DynamicCache`` (full and sliding-window layers) and ``StaticCache`` full layers.
+Others (quantized, static sliding-window, offloaded-indexed layers) cannot be re-rotated and are refused
+with an error naming the layer class, before anything is computed.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedModelError
+from .config import nested_layer_types, text_config
+from .rotary import RotaryRuntime, next_seen, scale_name
+
+
+def _supported(layer) -> bool:
+    from transformers import cache_utils as cu
+
+    sliding_static = getattr(cu, "StaticSlidingWindowLayer", ())
+    kinds = tuple(k for k in (getattr(cu, "DynamicLayer", None), getattr(cu, "StaticLayer", None)) if k)
+    unsupported = tuple(getattr(cu, n) for n in ("BaseQuantizedLayer", "QuantizedLayer") if hasattr(cu, n))
+    if sliding_static and isinstance(layer, sliding_static):
+        return False
+    if unsupported and isinstance(layer, unsupported):
+        return False
+    return isinstance(layer, kinds) and "Indexed" not in type(layer).__name__
+
+
+def _rotate_half(module: nn.Module):
+    fn = getattr(sys.modules.get(type(module).__module__), "rotate_half", None)
+    if fn is None:
+        raise UnsupportedModelError(
+            f"{type(module).__name__}'s module has no rotate_half: rope-extend cannot re-rotate its cached keys")
+    return fn
+
+
+class CacheKeeper:
+    """The decoder's forward pre-hook (see the module docstring)."""
+
+    def __init__(self, modules: list[nn.Module], config):
+        self.modules = modules  # rotary modules; their runtime is looked up at each call (a patch replaces it)
+        config = text_config(config)
+        nested = nested_layer_types(config)
+        # which frequency set each decoder layer's keys were rotated with
+        self.layer_sets = list(config.layer_types) if nested else None
+        self.history: torch.Tensor | None = None  # position ids of the cached slots, [batch, slots]
+
+    def _set_of(self, index: int):
+        return self.layer_sets[index] if self.layer_sets is not None and index < len(self.layer_sets) else None
+
+    def __call__(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        embeds = kwargs.get("inputs_embeds")
+        tokens = ids if ids is not None else embeds
+        if tokens is None:
+            return
+        batch, n = tokens.shape[0], tokens.shape[1]
+        cache = kwargs.get("past_key_values")
+        past = int(cache.get_seq_length()) if cache is not None else 0
+        positions = kwargs.get("position_ids")
+        if positions is None:
+            cache_position = kwargs.get("cache_position")
+            if cache_position is None:
+                cache_position = torch.arange(past, past + n, device=tokens.device)
+            positions = cache_position.view(1, -1)
+        positions = positions.expand(batch, -1)
+        low, high = (int(v) for v in torch.stack([positions.min(), positions.max()]).tolist())
+        cached = self._cached_positions(cache, past, batch, kwargs.get("attention_mask"), positions.device)
+        runtimes = [m.__dict__.get("forward") for m in self.modules]
+        for runtime in (r for r in runtimes if isinstance(r, RotaryRuntime)):
+            for layer_type, entry in runtime.entries.items():
+                if not entry.dynamic:
+                    continue
+                layers = self._layers(cache, layer_type)
+                seen = next_seen(entry, low, high)
+                if not layers or cached is None or entry.length(seen) == entry.length(entry.seen):
+                    runtime.advance(layer_type, seen, positions.device)
+                    continue
+                cos_old, sin_old = runtime.cos_sin(layer_type, cached)
+                scale_old = float(getattr(runtime.module, scale_name(layer_type)))
+                runtime.advance(layer_type, seen, positions.device)
+                cos_new, sin_new = runtime.cos_sin(layer_type, cached)
+                # rotation by (new - old): cos(b - a) and sin(b - a), times m'/m (the cos/sin carry m)
+                cos_d = (cos_new * cos_old + sin_new * sin_old) / scale_old**2
+                sin_d = (sin_new * cos_old - cos_new * sin_old) / scale_old**2
+                rotate_half = _rotate_half(runtime.module)
+                for layer in layers:
+                    _rotate(layer, cos_d, sin_d, rotate_half)
+        self.history = positions if cached is None or low == 0 else torch.cat([cached, positions], dim=1)
+        return
+
+    def _cached_positions(self, cache, past: int, batch: int, mask, device) -> torch.Tensor | None:
+        """Position ids of the ``past`` cached slots: as recorded, else from the attention mask (the
+        convention of ``generate``), else ``0 .. past-1``."""
+        if cache is None or past == 0:
+            return None
+        history = self.history
+        if history is not None and history.shape == (batch, past):
+            return history.to(device)
+        if mask is not None and mask.dim() == 2 and mask.shape[1] >= past:
+            positions = mask[:, :past].long().cumsum(-1) - 1
+            return positions.masked_fill(mask[:, :past] == 0, 1).to(device)
+        return torch.arange(past, device=device).expand(batch, -1)
+
+    def _layers(self, cache, layer_type) -> list:
+        """The cache layers whose keys use the frequency set ``layer_type``; refuses ones that cannot be re-rotated."""
+        if cache is None:
+            return []
+        found = []
+        for index, layer in enumerate(getattr(cache, "layers", [])):
+            if self._set_of(index) != layer_type:
+                continue
+            if not _supported(layer):
+                raise UnsupportedModelError(
+                    f"a dynamic rope method must re-rotate cached keys when its frequencies change, and cache layers "
+                    f"of type {type(layer).__name__} cannot be re-rotated; use a DynamicCache (generate's default) or "
+                    "a StaticCache, or a static method (yarn, ntk, linear)")
+            if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
+                found.append(layer)
+        if not found and cache is not None and not hasattr(cache, "layers"):
+            raise UnsupportedModelError(
+                f"{type(cache).__name__} is not a transformers Cache with layers: rope-extend cannot keep its keys "
+                "consistent with dynamic frequencies")
+        return found
+
+
+def _rotate(layer, cos: torch.Tensor, sin: torch.Tensor, rotate_half) -> None:
+    """Rotate the cached keys of ``layer`` (slots matching ``cos``: the last ones of a sliding window) in float32."""
+    from transformers.cache_utils import StaticLayer
+
+    keys = layer.keys
+    slots = min(keys.shape[-2], cos.shape[1])
+    static = isinstance(layer, StaticLayer)  # slots by cache position; a dynamic layer keeps the last ones
+    part = keys[:, :, :slots] if static else keys[:, :, -slots:]
+    c, s = cos[:, -slots:].unsqueeze(1), sin[:, -slots:].unsqueeze(1)
+    dim = c.shape[-1]
+    k = part.float()
+    rotated = torch.cat([k[..., :dim] * c + rotate_half(k[..., :dim]) * s, k[..., dim:]], dim=-1).to(keys.dtype)
+    if static:
+        keys[:, :, :slots].copy_(rotated)
+    else:
+        layer.keys = torch.cat([keys[:, :, :-slots], rotated], dim=2) if keys.shape[-2] > slots else rotated
+
+
+def owner(model: nn.Module, module: nn.Module) -> nn.Module | None:
+    """The module that holds ``module`` as a direct child (the decoder that owns its rotary module)."""
+    for candidate in model.modules():
+        if any(child is module for child in candidate.children()):
+            return candidate
+    return None
+
+
+def install(model: nn.Module, runtime: RotaryRuntime, config):
+    """Register a ``CacheKeeper`` for ``runtime`` on the decoder that owns its module, when it has dynamic sets
+    and none is there yet; returns ``(decoder, hook key)`` or None."""
+    if not any(entry.dynamic for entry in runtime.entries.values()):
+        return None
+    decoder = owner(model, runtime.module)
+    if decoder is None or keepers(decoder):
+        return None
+    handle = decoder.register_forward_pre_hook(CacheKeeper([runtime.module], config), with_kwargs=True)
+    return decoder, handle.id
+
+
+def remove(decoder: nn.Module, key) -> None:
+    decoder._forward_pre_hooks.pop(key, None)
+    decoder._forward_pre_hooks_with_kwargs.pop(key, None)
+
+
+def keepers(decoder: nn.Module) -> list[CacheKeeper]:
+    return [h for h in decoder._forward_pre_hooks.values() if isinstance(h, CacheKeeper)]
