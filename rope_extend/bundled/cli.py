@@ -14,7 +14,7 @@ def _cmd(args: argparse.Namespace) -> int:
         return 0
     if args.out is None:
         raise SystemExit("rope-extend: bundled-data needs --out DIR")
-    shares = {k: getattr(args, k) for k in ("passkey_share", "needle_share", "drill_share")
+    shares = {k: getattr(args, k) for k in ("passkey_share", "needle_share", "drill_share", "recall_share")
               if getattr(args, k) is not None}
     print(write_pretraining_data(args.out, seed=args.seed, documents=args.documents, vocab_size=args.vocab_size,
                                  context=args.context, **shares))
@@ -37,7 +37,7 @@ def register(sub) -> None:
     p.add_argument("--documents", type=int, default=60000)
     p.add_argument("--vocab-size", type=int, default=1024)
     p.add_argument("--context", type=int, default=256, help="window the documents are sized for")
-    for kind in ("passkey", "needle", "drill"):
+    for kind in ("passkey", "needle", "drill", "recall"):
         p.add_argument(f"--{kind}-share", type=float, help=f"fraction of {kind} documents (the rest: chronicles)")
     p.add_argument("--eval-corpus", action="store_true", help="rebuild the shipped held-out corpus instead")
     p.set_defaults(func=_cmd)
