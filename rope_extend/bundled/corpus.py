@@ -26,6 +26,7 @@ only Python's ``random.Random`` with an explicit seed is used.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 
 from ..evaluation.prompts import FILLER, KEY_LINE, QUESTION, TASK
@@ -206,25 +207,35 @@ def needle_example(rng: random.Random, words: int) -> str:
 
 
 VOCABULARY = sorted(set(FIRST + LAST + TOWNS + JOBS + COLOURS + THINGS + PLACES + DAYS + WEATHER + WORDS))
-DRILLS = ("words", "pseudo", "numbers")
-DRILL_TOKENS = {"words": 1.0, "pseudo": 3.2, "numbers": 6.0}  # rough tokens per item
+DRILLS = ("words", "pseudo", "numbers", "fragments")
+DRILL_TOKENS = {"words": 1.0, "pseudo": 3.2, "numbers": 6.0, "fragments": 1.6}  # rough tokens per item
+# every word the templates use, for fragments: word starts the tokenizer knows, in orders it never saw
+_TEMPLATE_WORDS = sorted(set(re.findall(r"[A-Za-z]{2,}", " ".join(
+    NARRATIVE + RECALL + [TASK, FILLER, KEY_LINE, QUESTION, Person("", "", "", 0, "", "").introduction()]))))
 
 
 def copy_drill(rng: random.Random, items: int, *, kind: str = "words") -> str:
-    """A list of distinct items, then the same list again: the plainest long-range copying. Items are corpus
-    words, non-words (several tokens each, as unfamiliar words are) or numbers (copied digit by digit, as a
-    pass key is). It teaches induction (find where the current token stood before and copy what followed)
-    far faster than passkeys do, whose digits repeat: with repeated tokens a one-token look-back is
-    ambiguous."""
+    """A list of items, then the same list again: the plainest long-range copying. Items are corpus words,
+    non-words (several tokens each, as unfamiliar words are), numbers (copied digit by digit, as a pass key
+    is) or fragments (the first letters of corpus words: tokens the model knows, in an order that its
+    knowledge of the text cannot predict, so only the copy can). Half the drills are cued ("Read this list:
+    ... Now the list again: ..."), half are the bare repetition, so copying does not wait for a cue. Drills
+    teach induction (find where the current token stood before and copy what followed) far faster than
+    passkeys do, whose digits repeat: with repeated tokens a one-token look-back is ambiguous."""
     if kind == "words":
         items_ = rng.sample(VOCABULARY, min(items, len(VOCABULARY)))
     elif kind == "pseudo":
         items_ = [pseudo_word(rng) for _ in range(items)]
     elif kind == "numbers":
         items_ = [str(rng.randint(1, 99999)) for _ in range(items)]
+    elif kind == "fragments":
+        items_ = [w[:rng.randint(2, len(w))] for w in rng.choices(VOCABULARY + _TEMPLATE_WORDS, k=items)]
     else:
         raise ValueError(f"drill kind must be one of {DRILLS}, got {kind!r}")
-    return f"Read this list: {' '.join(items_)}. Now the list again: {' '.join(items_)}."
+    text = " ".join(items_)
+    if rng.random() < 0.5:
+        return f"Read this list: {text}. Now the list again: {text}."
+    return f"{text} {text}"
 
 
 def training_documents(seed: int, n: int, *, context: int = 256, passkey_share: float = 0.3,
@@ -255,7 +266,8 @@ def training_documents(seed: int, n: int, *, context: int = 256, passkey_share: 
         elif kind < passkey_share + recall_share + needle_share + drill_share:
             drill = rng.choice(DRILLS)
             most = max(2, int((context - 24) / (2 * DRILL_TOKENS[drill])))
-            docs.append(copy_drill(rng, rng.randint(max(2, most // 3), most), kind=drill))
+            fewest = 2 if rng.random() < 0.5 else max(2, most // 3)  # short lists too: copying at every distance
+            docs.append(copy_drill(rng, rng.randint(fewest, most), kind=drill))
         else:
             docs.append(chronicle(rng, rng.randint(60, max_words)))
     return docs
