@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def _cmd(args: argparse.Namespace) -> int:
@@ -26,7 +27,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from .export import COMMANDS, export
 
     commands = args.commands.replace("\\n", "\n") if args.commands else COMMANDS
-    print(export(args.run, args.out or MODEL_DIR, commands=commands))
+    notes = Path(args.notes).read_text(encoding="utf-8") if args.notes else ""
+    print(export(args.run, args.out or MODEL_DIR, commands=commands, notes=notes))
     return 0
 
 
@@ -46,4 +48,5 @@ def register(sub) -> None:
     p.add_argument("run", help="the run's output_dir (holding model/ and loss.csv)")
     p.add_argument("--out", help="target folder (default: the package's bundled model folder)")
     p.add_argument("--commands", help="the commands that made it, for the model card")
+    p.add_argument("--notes", help="a markdown file for the model card: how it was trained, what it measures")
     p.set_defaults(func=_cmd_export)
