@@ -4,6 +4,7 @@ and a held-out corpus of long documents; everything offline.
     from rope_extend import bundled
     model, tokenizer = bundled.load()
     texts = bundled.eval_texts()          # long held-out documents (>= 16x the trained context)
+    filler = bundled.unseen_filler()      # prose sentences it never saw, for passkey(..., filler=filler)
 
 ``MODEL_DIR`` is the saved model folder (``from_pretrained(bundled.MODEL_DIR)`` works); its config's
 ``max_position_embeddings`` is the trained context. The model card (``MODEL_DIR / "README.md"``) gives
@@ -25,9 +26,25 @@ from ..loading import bundled_available as available
 MODEL_DIR = resources.BUNDLED_MODEL
 DATA_DIR = resources.BUNDLED_EVAL_CORPUS.parent
 EVAL_CORPUS = resources.BUNDLED_EVAL_CORPUS
+# Original prose written for this package (lighthouses, bread, glaciers, ...): no sentence of it, and none of
+# its sentence patterns, is in the training corpus (rope_extend.bundled.corpus makes that corpus from its own
+# word lists and templates only), so it is filler the model never saw; it holds no digits.
+UNSEEN_PROSE = DATA_DIR / "unseen_prose.txt"
 
-__all__ = ["DATA_DIR", "EVAL_CORPUS", "MODEL_DIR", "BundledModelMissing", "available", "card_checksums", "eval_texts",
-           "load", "sha256", "trained_length"]
+__all__ = [
+    "DATA_DIR",
+    "EVAL_CORPUS",
+    "MODEL_DIR",
+    "UNSEEN_PROSE",
+    "BundledModelMissing",
+    "available",
+    "card_checksums",
+    "eval_texts",
+    "load",
+    "sha256",
+    "trained_length",
+    "unseen_filler",
+]
 
 
 def sha256(path: Path) -> str:
@@ -52,6 +69,14 @@ def load(*, device: str | None = None, dtype=None):
 def trained_length() -> int:
     """The context the bundled model was pretrained at (its ``max_position_embeddings``)."""
     return int(json.loads((MODEL_DIR / "config.json").read_text())["max_position_embeddings"])
+
+
+def unseen_filler() -> list[str]:
+    """Sentences of prose the bundled model never saw in training (``UNSEEN_PROSE``), for a passkey test
+    whose filler it cannot know: ``passkey(model, tokenizer, [L], filler=bundled.unseen_filler())``."""
+    from ..evaluation.prompts import split_sentences
+
+    return split_sentences(UNSEEN_PROSE.read_text(encoding="utf-8"))
 
 
 def eval_texts() -> list[str]:

@@ -1,18 +1,22 @@
 """The bundled model's text: synthetic, license-clean, reproducible offline from a seed.
 
-Three kinds of document, all made here from word lists and templates:
+Five kinds of document, all made here from word lists and templates:
 
 - **Chronicles** with long-range structure: a town's ledger introduces people with facts (job, street,
   lucky number, a possession), then runs on with everyday narrative, and every so often *recalls* a
   fact stated earlier ("Mira Talbot, the baker from Elm Row, counted to 4821 again"). The recalled
   words can only be predicted by looking back, so a model that reads further predicts them better:
   perplexity on long chronicles measures whether the context is really used.
-- **Passkey examples** in the evaluation protocol's exact words (rope_extend.evaluation.prompts),
-  with the key at a uniform random depth and the answer after the question, so the model learns to
-  retrieve inside its trained context.
+- **Passkey examples** in the evaluation protocol's exact words (rope_extend.evaluation.prompts), with
+  the key at a uniform random depth and the answer after the question. The filler varies (the
+  protocol's own, chronicle sentences with their names and numbers, random corpus words, random
+  non-words), so retrieval has to come from reading the key, not from knowing the filler.
+- **Associative recall**: several "The code of NAME is NUMBER." lines in filler, then questions about
+  some of them: the answer is found only by matching the name.
 - **Needle questions**: a chronicle with one odd sentence ("The secret word of Oakridge is lantern.")
   and a question about it at the end.
-- **Copy drills**: a list of distinct words, then the list again, to bootstrap induction heads.
+- **Copy drills**: a list of words, non-words or numbers, then the list again; short ones, in a short
+  window, are what first forms the induction heads (recipes/bundled-pretrain.yaml).
 
 ``training_documents(seed, n)`` mixes them for pretraining; ``evaluation_documents(seed, n, words)``
 makes long held-out chronicles (a different seed stream). Same seed, same text, on any machine:
@@ -22,6 +26,7 @@ only Python's ``random.Random`` with an explicit seed is used.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 
 from ..evaluation.prompts import FILLER, KEY_LINE, QUESTION, TASK
@@ -120,18 +125,75 @@ def chronicle(rng: random.Random, words: int, *, recall_rate: float = 0.35) -> s
     return " ".join(parts)
 
 
-def passkey_example(rng: random.Random, filler_sentences: int, *, max_key: int = 99999) -> str:
-    """The passkey protocol's prompt with ``filler_sentences`` filler sentences, the key at a uniform
-    random depth, and the answer: ``... What is the pass key? The pass key is 4821.``"""
-    sentences = FILLER.split(". ")
-    sentences = [s if s.endswith(".") else s + "." for s in sentences]
-    start = rng.randrange(len(sentences))  # evaluation prompts cut the filler anywhere
-    filler = [sentences[(start + i) % len(sentences)] for i in range(filler_sentences)]
+CONSONANTS = "bdfgklmnprstvz"
+VOWELS = "aeiou"
+
+
+def pseudo_word(rng: random.Random) -> str:
+    """A pronounceable non-word of one to three syllables (``"kemirad"``): text the model cannot know, whose
+    tokens split into fragments the way words outside its corpus do."""
+    syllables = [rng.choice(CONSONANTS) + rng.choice(VOWELS) for _ in range(rng.randint(1, 3))]
+    return "".join(syllables) + (rng.choice(CONSONANTS) if rng.random() < 0.5 else "")
+
+
+def _sentence(words: list[str]) -> str:
+    return " ".join([words[0].capitalize()] + words[1:]) + "."
+
+
+FILLERS = ("standard", "chronicle", "words", "pseudo")
+# rough tokens per filler sentence of each kind in the bundled tokenizer, to size examples to a window
+FILLER_TOKENS = {"standard": 5, "chronicle": 13, "words": 8, "pseudo": 17}
+
+
+def haystack_sentences(rng: random.Random, kind: str, n: int) -> list[str]:
+    """``n`` sentences of haystack of one kind: ``standard`` (the protocol's filler, from a random sentence
+    on), ``chronicle`` (a run of chronicle sentences, with their names and numbers as distractors),
+    ``words`` (random corpus words) or ``pseudo`` (random non-words). Varied filler makes retrieval come
+    from reading the key rather than from knowing the text around it."""
+    if kind == "standard":
+        sentences = [s if s.endswith(".") else s + "." for s in FILLER.split(". ")]
+        start = rng.randrange(len(sentences))  # evaluation prompts cut the filler anywhere
+        return [sentences[(start + i) % len(sentences)] for i in range(n)]
+    if kind == "chronicle":
+        text = chronicle(rng, 14 * n + 40).split(". ")
+        start = rng.randint(0, max(0, len(text) - n))
+        return [s if s.endswith(".") else s + "." for s in text[start:start + n]]
+    if kind == "words":
+        return [_sentence(rng.sample(VOCABULARY, rng.randint(3, 8))) for _ in range(n)]
+    if kind == "pseudo":
+        return [_sentence([pseudo_word(rng) for _ in range(rng.randint(3, 7))]) for _ in range(n)]
+    raise ValueError(f"filler kind must be one of {FILLERS}, got {kind!r}")
+
+
+def passkey_example(rng: random.Random, filler_sentences: int, *, max_key: int = 99999,
+                    filler: str = "standard") -> str:
+    """The passkey protocol's prompt with ``filler_sentences`` filler sentences of kind ``filler`` (see
+    ``haystack_sentences``), the key at a uniform random depth, and the answer:
+    ``... What is the pass key? The pass key is 4821.``"""
+    sentences = haystack_sentences(rng, filler, filler_sentences)
     cut = rng.randint(0, filler_sentences)
     key = rng.randint(1, max_key)
-    parts = [TASK, " ".join(filler[:cut]), KEY_LINE.format(key=key), " ".join(filler[cut:]),
+    parts = [TASK, " ".join(sentences[:cut]), KEY_LINE.format(key=key), " ".join(sentences[cut:]),
              f"{QUESTION} {key}."]
     return "\n".join(p for p in parts if p)
+
+
+def recall_example(rng: random.Random, facts: int, filler_sentences: int, *, queries: int = 3) -> str:
+    """Associative recall: ``facts`` lines "The code of NAME is NUMBER." scattered through filler, then
+    ``queries`` questions about some of them, each answered. Several numbers stand in the text, so the
+    answer is found only by matching the name: content lookup, which is what induction heads do."""
+    people = rng.sample([f"{f} {l}" for f in FIRST for l in LAST], facts)
+    codes = [rng.randint(1, 99999) for _ in people]
+    sentences = haystack_sentences(rng, rng.choice(FILLERS), filler_sentences)
+    slots = sorted(rng.choices(range(len(sentences) + 1), k=facts))
+    parts, last = [], 0
+    for slot, name, code in zip(slots, people, codes):
+        parts += sentences[last:slot] + [f"The code of {name} is {code}."]
+        last = slot
+    parts += sentences[last:]
+    asked = rng.sample(range(facts), min(queries, facts))
+    questions = [f"What is the code of {people[i]}? The code of {people[i]} is {codes[i]}." for i in asked]
+    return " ".join(parts) + "\n" + " ".join(questions)
 
 
 def needle_example(rng: random.Random, words: int) -> str:
@@ -145,35 +207,67 @@ def needle_example(rng: random.Random, words: int) -> str:
 
 
 VOCABULARY = sorted(set(FIRST + LAST + TOWNS + JOBS + COLOURS + THINGS + PLACES + DAYS + WEATHER + WORDS))
+DRILLS = ("words", "pseudo", "numbers", "fragments")
+DRILL_TOKENS = {"words": 1.0, "pseudo": 3.2, "numbers": 6.0, "fragments": 1.6}  # rough tokens per item
+# every word the templates use, for fragments: word starts the tokenizer knows, in orders it never saw
+_TEMPLATE_WORDS = sorted(set(re.findall(r"[A-Za-z]{2,}", " ".join(
+    NARRATIVE + RECALL + [TASK, FILLER, KEY_LINE, QUESTION, Person("", "", "", 0, "", "").introduction()]))))
 
 
-def copy_drill(rng: random.Random, items: int) -> str:
-    """A list of distinct words, then the same list again: the plainest long-range copying. It teaches a
-    small model induction (find where the current token stood before and copy what followed) far faster
-    than passkeys do, whose digits repeat: with repeated tokens a one-token look-back is ambiguous."""
-    words = rng.sample(VOCABULARY, min(items, len(VOCABULARY)))
-    return f"Read this list: {' '.join(words)}. Now the list again: {' '.join(words)}."
+def copy_drill(rng: random.Random, items: int, *, kind: str = "words") -> str:
+    """A list of items, then the same list again: the plainest long-range copying. Items are corpus words,
+    non-words (several tokens each, as unfamiliar words are), numbers (copied digit by digit, as a pass key
+    is) or fragments (the first letters of corpus words: tokens the model knows, in an order that its
+    knowledge of the text cannot predict, so only the copy can). Half the drills are cued ("Read this list:
+    ... Now the list again: ..."), half are the bare repetition, so copying does not wait for a cue. Drills
+    teach induction (find where the current token stood before and copy what followed) far faster than
+    passkeys do, whose digits repeat: with repeated tokens a one-token look-back is ambiguous."""
+    if kind == "words":
+        items_ = rng.sample(VOCABULARY, min(items, len(VOCABULARY)))
+    elif kind == "pseudo":
+        items_ = [pseudo_word(rng) for _ in range(items)]
+    elif kind == "numbers":
+        items_ = [str(rng.randint(1, 99999)) for _ in range(items)]
+    elif kind == "fragments":
+        items_ = [w[:rng.randint(2, len(w))] for w in rng.choices(VOCABULARY + _TEMPLATE_WORDS, k=items)]
+    else:
+        raise ValueError(f"drill kind must be one of {DRILLS}, got {kind!r}")
+    text = " ".join(items_)
+    if rng.random() < 0.5:
+        return f"Read this list: {text}. Now the list again: {text}."
+    return f"{text} {text}"
 
 
 def training_documents(seed: int, n: int, *, context: int = 256, passkey_share: float = 0.3,
-                       needle_share: float = 0.1, drill_share: float = 0.3) -> list[str]:
-    """``n`` training documents for a ``context``-token window, mixed: passkey examples that fit it (the
-    protocol's fixed parts take ~56 tokens, a filler sentence ~5: up to 40 sentences at 256), needle
-    questions, copy drills (without them a model this small took over 3600 steps and never learned to
-    copy: passkey digits repeat, so they teach induction poorly), and chronicles of up to ``25/16``
-    words per token of context (most fill the window; 400 words at 256)."""
+                       needle_share: float = 0.05, drill_share: float = 0.25, recall_share: float = 0.15) -> list[str]:
+    """``n`` training documents for a ``context``-token window, mixed: passkey examples with filler of every
+    kind in ``FILLERS``, associative recall, needle questions, copy drills of every kind in ``DRILLS``
+    (without them a model this small never learned to copy), and chronicles (the rest) of up to ``25/16``
+    words per token of context (most fill the window; 400 words at 256). Retrieval examples are sized
+    from rough tokens-per-sentence figures to end inside the window (the protocol's fixed parts take ~64
+    tokens), since the evaluation asks at the full window."""
     rng = random.Random(seed)
     max_words = context * 25 // 16
-    filler_range = (3, max(4, (context - 56) // 5))
+    room = context - 80  # tokens for filler beside the passkey protocol's fixed parts (~74), with a margin
     docs = []
     for _ in range(n):
         kind = rng.random()
         if kind < passkey_share:
-            docs.append(passkey_example(rng, rng.randint(*filler_range)))
-        elif kind < passkey_share + needle_share:
-            docs.append(needle_example(rng, rng.randint(40, max_words // 2)))
-        elif kind < passkey_share + needle_share + drill_share:
-            docs.append(copy_drill(rng, rng.randint(5, min(len(VOCABULARY), context // 4))))
+            filler = rng.choice(FILLERS)
+            most = max(2, room // FILLER_TOKENS[filler])
+            docs.append(passkey_example(rng, rng.randint(max(1, most // 3), most), filler=filler))
+        elif kind < passkey_share + recall_share:
+            facts = rng.randint(2, 6)
+            per = FILLER_TOKENS["pseudo"]  # the widest filler; a fact line takes ~14 tokens, a question ~30
+            most = max(2, (context - 30 * min(3, facts) - 14 * facts - 8) // per)
+            docs.append(recall_example(rng, facts, rng.randint(max(1, most // 3), most)))
+        elif kind < passkey_share + recall_share + needle_share:
+            docs.append(needle_example(rng, rng.randint(40, max_words // 3)))
+        elif kind < passkey_share + recall_share + needle_share + drill_share:
+            drill = rng.choice(DRILLS)
+            most = max(2, int((context - 24) / (2 * DRILL_TOKENS[drill])))
+            fewest = 2 if rng.random() < 0.5 else max(2, most // 3)  # short lists too: copying at every distance
+            docs.append(copy_drill(rng, rng.randint(fewest, most), kind=drill))
         else:
             docs.append(chronicle(rng, rng.randint(60, max_words)))
     return docs

@@ -18,14 +18,18 @@ from ..io import atomic_path
 from . import MODEL_DIR, sha256
 
 COMMANDS = """\
-# stage 1: the text, from scratch at a 256-token context
-rope-extend bundled-data --out runs/bundled-data
-rope-extend train bundled-pretrain
-# stage 2: copying and retrieval, continuing from stage 1
-rope-extend bundled-data --out runs/bundled-data-retrieval --seed 2 --documents 20000 \\
-    --passkey-share 0.35 --needle-share 0.05 --drill-share 0.55
-rope-extend train bundled-retrieval
-rope-extend bundled-export runs/bundled-retrieval"""
+rope-extend bundled-data --out runs/bundled-data          # the mixed documents and the tokenizer
+rope-extend bundled-data --out runs/bundled-data-copy64 --context 64 --documents 80000 \\
+    --passkey-share 0 --needle-share 0 --recall-share 0 --drill-share 1
+rope-extend bundled-data --out runs/bundled-data-copy256 --context 256 --documents 20000 \\
+    --passkey-share 0 --needle-share 0 --recall-share 0 --drill-share 1
+# stage 1: copy drills in a 64-token window, from scratch: induction heads form
+OMP_NUM_THREADS=1 rope-extend train bundled-pretrain
+# stage 2: copy drills in the 256-token window: the heads reach across the context
+OMP_NUM_THREADS=1 rope-extend train bundled-copy
+# stage 3: the whole mix (chronicles, passkeys with varied filler, recall, needles, drills)
+OMP_NUM_THREADS=1 rope-extend train bundled-retrieval
+rope-extend bundled-export runs/bundled-retrieval --notes rope_extend/recipes/bundled-model-card.md"""
 
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
@@ -42,16 +46,18 @@ testbed, not a general language model: it knows only the synthetic text it was t
 | vocabulary | {vocab} (byte-level BPE trained on the corpus, digits one per token) |
 | trained context | {context} tokens (`max_position_embeddings`) |
 | rotary | `rope_theta` {theta:g}: {turning} of {pairs} frequency pairs complete a full turn inside the trained context ({turning_share:.0%}; Llama 2 at 4k: 45 of 64, 70%) |
-| training | {steps} steps x {tokens_per_step:,} tokens = {tokens:,} tokens, final loss {final_loss:.3f} (mean of the last 20 steps) |
+| training | last stage: {steps} steps x {tokens_per_step:,} tokens = {tokens:,} tokens, final loss {final_loss:.3f} (mean of the last 20 steps) |
 
 ## Data
 Synthetic and license-clean, made by `rope_extend.bundled.corpus` from word lists and templates with
 `random.Random(seed)`: town chronicles that introduce people with facts and recall them later (long-range
-structure), passkey-retrieval examples in the evaluation protocol's exact wording, and needle
-questions. The held-out corpus (`rope_extend/bundled/data/eval.jsonl`) is 8 chronicles of about 6k
-tokens each from a separate seed stream.
+structure), passkey-retrieval examples in the evaluation protocol's exact wording with varied filler,
+associative recall, needle questions and copy drills. The held-out corpus
+(`rope_extend/bundled/data/eval.jsonl`) is 8 chronicles of about 6k tokens each from a separate seed
+stream; `rope_extend/bundled/data/unseen_prose.txt` is original prose that is not in the training corpus
+(filler for a passkey test the model cannot know).
 
-## How it was made
+{notes}## How it was made
 ```
 {commands}
 ```
@@ -68,7 +74,9 @@ def _turning_pairs(theta: float, head_dim: int, context: int) -> int:
     return sum(1 for i in range(head_dim // 2) if 2 * math.pi * theta ** (2 * i / head_dim) < context)
 
 
-def export(run_dir: str | Path, out: str | Path = MODEL_DIR, *, commands: str) -> Path:
+def export(run_dir: str | Path, out: str | Path = MODEL_DIR, *, commands: str, notes: str = "") -> Path:
+    """Copy ``run_dir/model`` to ``out`` with a model card; ``notes`` (markdown: how it was trained, what it
+    measures) goes into the card before the commands."""
     run_dir = Path(run_dir)
     source = run_dir / "model"
     if not (source / "model.safetensors").is_file():
@@ -103,6 +111,7 @@ def export(run_dir: str | Path, out: str | Path = MODEL_DIR, *, commands: str) -
             pairs=head_dim // 2, turning_share=turning / (head_dim // 2), steps=steps,
             tokens_per_step=tokens // max(steps, 1), tokens=tokens,
             final_loss=sum(tail) / len(tail) if tail else float("nan"), commands=commands.strip(),
+            notes=notes.strip() + "\n\n" if notes.strip() else "",
             checksums="\n".join(f"| `{name}` | `{sha256(tmp / name)}` |" for name in FILES if (tmp / name).is_file()),
         )
         (tmp / "README.md").write_text(card, encoding="utf-8")

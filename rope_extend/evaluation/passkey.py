@@ -8,6 +8,7 @@ counts of the whole prompt in the model's own tokenizer. Accuracy per length (an
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import re
@@ -16,7 +17,7 @@ from typing import Any
 
 from ..errors import RopeExtendError
 from .data import parse_depths, parse_lengths
-from .prompts import passkey_prompt
+from .prompts import passkey_prompt, split_sentences
 from .retrieval import RetrievalResult, run_grid
 
 _INTEGER = re.compile(r"\d+")
@@ -42,7 +43,8 @@ def trial_rng(seed: int, task: str, length: int, depth: float | None, trial: int
 def passkey(model, tokenizer, lengths: str | Iterable[Any], *, depths: str | Iterable[Any] | None = None,
             trials: int = 10, seed: int = 0, key_range: tuple[int, int] = (1, 50000), max_new_tokens: int = 10,
             records: str | os.PathLike | None = None, resume: bool = False, progress: bool = True,
-            run: dict[str, Any] | None = None, sliding_window: str = "auto") -> RetrievalResult:
+            run: dict[str, Any] | None = None, filler: str | Iterable[str] | None = None,
+            sliding_window: str = "auto") -> RetrievalResult:
     """Passkey accuracy of ``model`` at each of ``lengths`` (token counts, e.g. ``"1k,2k,4k"``).
 
     ``depths=None`` draws a uniform random depth per trial; a list (``[0, 0.5, 1]`` or ``"grid:5"``) runs
@@ -50,6 +52,9 @@ def passkey(model, tokenizer, lengths: str | Iterable[Any], *, depths: str | Ite
     inclusive (published runs use 1..50000). ``records`` is a JSONL file each trial is appended to; with
     ``resume=True`` the trials already in it are not run again. ``run`` adds fields (e.g. a label) to records.
     ``sliding_window`` is the runner's policy (``"auto"``, ``"full"``, ``"keep"``; see ``evaluation.runner``).
+    ``filler`` (a text, or a list of sentences) replaces the protocol's repeated filler; each trial then
+    reads it from a random sentence on (drawn after the key and the depth, so keys and depths are those of
+    the standard filler's trials).
     """
     lengths = parse_lengths(lengths)
     grid = parse_depths(depths)
@@ -57,13 +62,21 @@ def passkey(model, tokenizer, lengths: str | Iterable[Any], *, depths: str | Ite
     if not (isinstance(low, int) and isinstance(high, int) and 0 <= low <= high):
         raise RopeExtendError(f"key_range must be two integers 0 <= low <= high, got {key_range!r}")
 
+    sentences = None if filler is None else split_sentences(filler if isinstance(filler, str) else list(filler))
+    setting: dict[str, Any] = {"key_range": [low, high], "depths": grid, "trials": trials}
+    if sentences is not None:  # only then: the standard filler's records keep their setting id
+        setting["filler"] = hashlib.sha1("\n".join(sentences).encode()).hexdigest()[:12]
+
     def make_trial(length: int, depth: float | None, trial: int):
         rng = trial_rng(seed, "passkey", length, depth, trial)
         key = rng.randint(low, high)
         where = rng.random() if depth is None else depth
-        return passkey_prompt(tokenizer, length, key, where), key
+        if sentences is None:
+            return passkey_prompt(tokenizer, length, key, where), key
+        start = rng.randrange(len(sentences))
+        return passkey_prompt(tokenizer, length, key, where, filler=sentences, start=start), key
 
     return run_grid(model, tokenizer, task="passkey", lengths=lengths, depths=grid, trials=trials, seed=seed,
-                    setting={"key_range": [low, high], "depths": grid, "trials": trials}, make_trial=make_trial,
+                    setting=setting, make_trial=make_trial,
                     score=score, max_new_tokens=max_new_tokens, records=records, resume=resume, progress=progress,
                     run=run, sliding_window=sliding_window)

@@ -14,6 +14,7 @@ exact budget, so it may end mid-sentence). ``depth = 0`` puts the needle right a
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -112,9 +113,34 @@ def filler_ids(tokenizer, n_tokens: int) -> list[int]:
     return _FILLER_CACHE[key]
 
 
-def passkey_prompt(tokenizer, length: int, key: int, depth: float) -> Prompt:
-    """The passkey prompt for ``key`` at ``depth``, exactly ``length`` tokens of ``tokenizer``."""
-    haystack = filler_ids(tokenizer, length)
+def split_sentences(text: str | Sequence[str]) -> list[str]:
+    """A text's sentences (split after ``.``, ``!`` or ``?`` and whitespace), or a list of sentences as given."""
+    sentences = re.split(r"(?<=[.!?])\s+", text.strip()) if isinstance(text, str) else [str(s).strip() for s in text]
+    sentences = [s for s in sentences if s]
+    if not sentences:
+        raise RopeExtendError("filler: got no sentences; give a text or a non-empty list of sentences")
+    return sentences
+
+
+def text_filler_ids(tokenizer, sentences: Sequence[str], start: int, n_tokens: int) -> list[int]:
+    """At least ``n_tokens`` tokens of ``sentences`` joined by spaces, from sentence ``start`` on, wrapping
+    around to the first after the last."""
+    ids: list[int] = []
+    i = start
+    while len(ids) < n_tokens + 16:
+        chunk = " ".join(sentences[(i + j) % len(sentences)] for j in range(8))
+        ids += encode(tokenizer, (" " if ids else "") + chunk)
+        i += 8
+    return ids
+
+
+def passkey_prompt(tokenizer, length: int, key: int, depth: float, *, filler: Sequence[str] | None = None,
+                   start: int = 0) -> Prompt:
+    """The passkey prompt for ``key`` at ``depth``, exactly ``length`` tokens of ``tokenizer``.
+
+    ``filler``: sentences to use as the haystack instead of the protocol's repeated ``FILLER``, read from
+    sentence ``start`` on (wrapping around): a test that retrieval does not depend on knowing the filler."""
+    haystack = filler_ids(tokenizer, length) if filler is None else text_filler_ids(tokenizer, filler, start, length)
     return build(tokenizer, length, depth, head=TASK, needle=KEY_LINE.format(key=key), tail=QUESTION,
                  haystack=haystack, ends=sentence_ends(tokenizer, haystack[: min(len(haystack), 4096)]))
 

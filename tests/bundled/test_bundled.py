@@ -1,6 +1,7 @@
 """The bundled testbed: files and checksums, loading, the data generator, the pretraining recipe."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -26,7 +27,7 @@ def test_load_gives_the_model_at_its_trained_context():
     model, tokenizer = bundled.load()
     config = model.config
     assert config.max_position_embeddings == bundled.trained_length() == 256
-    assert config.rope_parameters == {"rope_type": "default", "rope_theta": 300.0}
+    assert config.rope_parameters == {"rope_type": "default", "rope_theta": 1600.0}
     assert not model.training and model.model.rotary_emb.inv_freq.dtype == torch.float32
     ids = tokenizer("The pass key is 4821.", return_tensors="pt").input_ids
     assert tokenizer.convert_ids_to_tokens(ids[0, -5:-1].tolist()) == ["4", "8", "2", "1"]  # one digit per token
@@ -35,29 +36,28 @@ def test_load_gives_the_model_at_its_trained_context():
 
 
 @needs_model
-def test_the_shipped_model_copies_the_key_it_was_just_told():
-    """What the shipped model reliably learned: the key line's second mention ("Remember it. 4821 is the
-    pass key.") is copied from a few tokens back; a random-weight model pays ln(10) per digit there.
-    (Retrieval from the end of the prompt is weaker; eval/benchmarks/testbed_quality.py measures it.)"""
+def test_the_shipped_model_retrieves_the_key_and_copies():
+    """What the model card's numbers rest on, in small: passkey retrieval at the trained context with the
+    protocol's filler and with prose it never saw, and a repeated list of random words predicted far better
+    the second time (eval/benchmarks/testbed_quality.py and induction_probe.py measure them in full)."""
     import random
 
     import torch.nn.functional as F
 
-    from rope_extend.bundled.corpus import passkey_example
-    from rope_extend.evaluation.prompts import KEY_LINE
+    from rope_extend.evaluation import passkey
 
     model, tokenizer = bundled.load()
-    losses = []
-    for key in (4821, 90417, 3356, 71829):
-        prompt = passkey_example(random.Random(key), 12)
-        text = prompt[: prompt.index("The pass key is")] + KEY_LINE.format(key=key)
-        ids = tokenizer(text, return_tensors="pt").input_ids
-        with torch.no_grad():
-            nll = F.cross_entropy(model(ids).logits[0, :-1], ids[0, 1:], reduction="none")
-        digits = len(str(key))
-        end = ids.shape[1] - 1 - len(tokenizer(" is the pass key.", add_special_tokens=False).input_ids)
-        losses += nll[end - digits:end].tolist()  # the second mention's digits
-    assert sum(losses) / len(losses) < 0.5
+    L = bundled.trained_length()
+    assert passkey(model, tokenizer, [L], trials=10, seed=7, progress=False).accuracy[L] >= 0.9
+    assert passkey(model, tokenizer, [L], trials=10, seed=7, progress=False,
+                   filler=bundled.unseen_filler()).accuracy[L] >= 0.6
+    words = [i for i in range(len(tokenizer)) if tokenizer.decode([i])[1:].isalpha() and
+             tokenizer.decode([i]).startswith(" ") and len(tokenizer.decode([i])) > 2]
+    seq = random.Random(0).choices(words, k=40)
+    ids = torch.tensor([seq + seq])
+    with torch.no_grad():
+        nll = F.cross_entropy(model(ids).logits[0, :-1], ids[0, 1:], reduction="none")
+    assert nll[:39].mean() - nll[40:].mean() > 2.0  # nats per token
 
 
 def test_generator_is_deterministic_under_a_seed():
@@ -77,20 +77,49 @@ def test_shipped_eval_corpus_is_the_generators_and_long_enough():
 
 @needs_model
 def test_passkey_training_examples_use_the_protocols_words_and_fit_the_window():
-    from rope_extend.evaluation.prompts import QUESTION, TASK
+    from rope_extend.evaluation.prompts import FILLER, QUESTION, TASK
 
     _, tokenizer = bundled.load()
-    docs = [d for d in training_documents(3, 300) if d.startswith(TASK)]
-    assert len(docs) > 50
-    fits = 0
+    docs = [d for d in training_documents(3, 400) if d.startswith(TASK)]
+    assert len(docs) > 80
+    fits = standard = 0
     for doc in docs:
         question, answer = doc.rsplit(QUESTION, 1)
         key = int(answer.strip().rstrip("."))
         assert f"The pass key is {key}. Remember it. {key} is the pass key." in question
-        fits += len(tokenizer(doc).input_ids) <= 256
-    # ~85% fit: the filler cap (40 sentences) assumed 5 tokens a sentence; the longest lose their answer to
-    # the 256-token cut (a known flaw of the shipped data, kept so the recipe reproduces the shipped model)
-    assert fits >= 0.8 * len(docs)
+        fits += len(tokenizer(doc).input_ids) < 256  # with the EOS, inside the window
+        standard += any(s in doc for s in FILLER.split(". "))
+    assert fits >= 0.97 * len(docs)
+    assert 0.15 * len(docs) < standard < 0.4 * len(docs)  # one filler kind in four is the protocol's
+
+
+def test_recall_examples_answer_from_the_facts():
+    import random
+    import re
+
+    from rope_extend.bundled.corpus import recall_example
+
+    for seed in range(20):
+        doc = recall_example(random.Random(seed), 4, 10)
+        facts = dict(re.findall(r"The code of ([A-Z]\w+ [A-Z]\w+) is (\d+)\.", doc.split("\n")[0]))
+        asked = re.findall(r"What is the code of ([\w ]+)\? The code of \1 is (\d+)\.", doc.split("\n")[1])
+        assert len(facts) == 4 and len(asked) == 3
+        assert all(facts[name] == code for name, code in asked)
+
+
+def test_unseen_filler_is_not_in_the_training_corpus():
+    from rope_extend.bundled.corpus import NARRATIVE, RECALL
+
+    filler = bundled.unseen_filler()
+    text = " ".join(filler)
+    assert len(filler) >= 50 and not any(ch.isdigit() for ch in text)
+    corpus = "\n".join(training_documents(0, 3000))
+    assert not any(sentence in corpus for sentence in filler)
+    # and none of the templates' fixed words: e.g. "walked to the", "still lives on"
+    for template in NARRATIVE + RECALL:
+        for piece in re.split(r"\{\w+\}", template):
+            if len(piece.strip()) > 12:
+                assert piece.strip() not in text, piece
 
 
 def test_pretraining_recipe_runs_from_scratch(tmp_path):

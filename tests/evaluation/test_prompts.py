@@ -67,3 +67,26 @@ def test_niah_scoring_is_case_insensitive_substring():
     assert niah_score(" eat a sandwich in DOLORES   park.", "Dolores Park")[1]
     assert not niah_score(" eat a sandwich in the park.", "Dolores Park")[1]
     assert re.search("Park", niah_score("  Dolores Park  ", "Dolores Park")[0])
+
+
+PROSE = ["A heron stood in the shallows.", "Rain drummed on the tin roof!", "Who left the gate open?"]
+
+
+@pytest.mark.parametrize("length, depth, start", [(120, 0.0, 0), (300, 0.5, 2), (900, 1.0, 1)])
+def test_passkey_prompt_with_other_filler(length, depth, start):
+    p = passkey_prompt(TOK, length, 4821, depth, filler=PROSE, start=start)
+    assert len(p.input_ids) == length
+    text = TOK.decode(p.input_ids)
+    assert text.startswith(TASK) and text.endswith(QUESTION) and text.count(KEY_LINE.format(key=4821)) == 1
+    assert "The grass is green" not in text and "heron" in text and "tin roof" in text
+    body = text[len(TASK):].lstrip()
+    assert body.startswith(KEY_LINE.format(key=4821) if depth == 0 else PROSE[start])
+
+
+def test_split_sentences():
+    from rope_extend.evaluation.prompts import split_sentences
+
+    assert split_sentences(" ".join(PROSE) + "\n") == PROSE
+    assert split_sentences(["  One. ", "Two."]) == ["One.", "Two."]
+    with pytest.raises(RopeExtendError, match="no sentences"):
+        split_sentences("  ")

@@ -140,3 +140,14 @@ def test_a_length_that_cannot_fit_fails_before_any_prompt_is_built(llama, tok, m
     assert built == []
     monkeypatch.setattr(runner, "_available_bytes", lambda device: None)  # unknown: no refusal
     assert runner.memory_needed(llama, 4096, cache=True) > runner.memory_needed(llama, 4096, cache=False) > 0
+def test_passkey_with_other_filler_keeps_the_keys_and_changes_the_haystack(llama, tok, monkeypatch):
+    calls = answer_from_prompt(tok, monkeypatch)
+    prose = "A heron stood in the shallows. Rain drummed on the tin roof. Who left the gate open? Nobody knew."
+    plain = passkey(llama, tok, [160], trials=4, seed=2, progress=False)
+    other = passkey(llama, tok, [160], trials=4, seed=2, progress=False, filler=prose)
+    assert [r["answer"] for r in other.records] == [r["answer"] for r in plain.records]
+    assert [r["depth"] for r in other.records] == [r["depth"] for r in plain.records]
+    assert other.accuracy == {160: 1.0} and other.records[0]["setting"] != plain.records[0]["setting"]
+    texts = [tok.decode(c) for c in calls]
+    assert all("grass" in t for t in texts[:4]) and not any("grass" in t for t in texts[4:])
+    assert all("heron" in t or "roof" in t or "gate" in t for t in texts[4:])
