@@ -23,8 +23,18 @@ from .io import claim_output_dir
 
 METHODS = ["none", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn"]
 # what a demo writes into its folder (--overwrite removes these, and refuses a folder holding anything else)
-OWNED = {"zero-shot", "fine-tuned", "finetune", "data-4x", "records.jsonl", "results.json", "results.csv",
-         "report.md", "passkey.png", "perplexity.png"}
+OWNED = {
+    "zero-shot",
+    "fine-tuned",
+    "finetune",
+    "data-4x",
+    "records.jsonl",
+    "results.json",
+    "results.csv",
+    "report.md",
+    "passkey.png",
+    "perplexity.png",
+}
 FACTOR = 4.0
 FINETUNED = "yarn x4 fine-tuned"
 
@@ -38,21 +48,36 @@ class Plan:
 
     @staticmethod
     def of(quick: bool) -> Plan:
-        return Plan(trials=3, ppl_docs=2, steps=12, documents=150) if quick else \
-            Plan(trials=10, ppl_docs=8, steps=200, documents=3000)
+        return (
+            Plan(trials=3, ppl_docs=2, steps=12, documents=150)
+            if quick
+            else Plan(trials=20, ppl_docs=8, steps=200, documents=3000)
+        )
 
 
-def evaluate(model, tokenizer, methods: list[str], lengths: list[int], plan: Plan, out: Path, *, seed: int,
-             labels: dict[str, str] | None = None) -> list[dict]:
+def evaluate(
+    model,
+    tokenizer,
+    methods: list[str],
+    lengths: list[int],
+    plan: Plan,
+    out: Path,
+    *,
+    seed: int,
+    labels: dict[str, str] | None = None,
+) -> list[dict]:
     """Passkey and perplexity of ``model`` under each method, records appended to ``out/records.jsonl``."""
     from . import bundled
     from .evaluation.compare import run_suite
     from .evaluation.suite import MethodSpec, PasskeyTask, PerplexityTask, Suite
 
-    specs = [MethodSpec(method=m, factor=None if m == "none" else FACTOR, label=(labels or {}).get(m))
-             for m in methods]
-    suite = Suite(model="bundled", methods=specs, passkey=PasskeyTask(lengths=lengths, trials=plan.trials, seed=seed),
-                  perplexity=PerplexityTask(lengths=lengths, data=str(bundled.EVAL_CORPUS), max_docs=plan.ppl_docs))
+    specs = [MethodSpec(method=m, factor=None if m == "none" else FACTOR, label=(labels or {}).get(m)) for m in methods]
+    suite = Suite(
+        model="bundled",
+        methods=specs,
+        passkey=PasskeyTask(lengths=lengths, trials=plan.trials, seed=seed),
+        perplexity=PerplexityTask(lengths=lengths, data=str(bundled.EVAL_CORPUS), max_docs=plan.ppl_docs),
+    )
     return run_suite(suite, out=out, model=model, tokenizer=tokenizer)["records"]
 
 
@@ -62,10 +87,18 @@ def finetune(out: Path, L: int, plan: Plan, seed: int):
     from .training import load_args, train
 
     data = write_pretraining_data(out / "data-4x", seed=seed + 1, documents=plan.documents, context=int(FACTOR * L))
-    args = load_args("bundled-yarn-4x", [
-        f"data.path={data / 'train.jsonl'}", f"output_dir={out / 'finetune'}", "overwrite_output_dir=true",
-        f"max_steps={plan.steps}", f"seed={seed}", f"save_steps={plan.steps}",
-        f"warmup_steps={max(1, plan.steps // 20)}"])
+    args = load_args(
+        "bundled-yarn-4x",
+        [
+            f"data.path={data / 'train.jsonl'}",
+            f"output_dir={out / 'finetune'}",
+            "overwrite_output_dir=true",
+            f"max_steps={plan.steps}",
+            f"seed={seed}",
+            f"save_steps={plan.steps}",
+            f"warmup_steps={max(1, plan.steps // 20)}",
+        ],
+    )
     return train(args).final_dir
 
 
@@ -77,11 +110,14 @@ def table(summary: dict, lengths: list[int]) -> str:
     for r in summary.get("perplexity", []):
         rows.setdefault(r["label"], {})[("ppl", r["length"])] = f"{r['perplexity']:.2f}" if r["perplexity"] else "-"
     head = ["method"] + [f"passkey {n}" for n in lengths] + [f"ppl {n}" for n in lengths]
-    lines = [head] + [[label] + [cells.get(("passkey", n), "-") for n in lengths] +
-                      [cells.get(("ppl", n), "-") for n in lengths] for label, cells in rows.items()]
+    lines = [head] + [
+        [label] + [cells.get(("passkey", n), "-") for n in lengths] + [cells.get(("ppl", n), "-") for n in lengths]
+        for label, cells in rows.items()
+    ]
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    text = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
-            for line in lines]
+    text = [
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))) for line in lines
+    ]
     return "\n".join([text[0], "-" * len(text[0])] + text[1:])
 
 
@@ -91,34 +127,50 @@ def run(out: Path, *, quick: bool, seed: int, overwrite: bool, finetune_too: boo
     from . import bundled
     from .evaluation.report import summarize, write_report
 
-    claim_output_dir(out, kind="demo", owned=OWNED.__contains__, overwrite=overwrite,
-                     how="pass --overwrite to replace it")
+    claim_output_dir(
+        out, kind="demo", owned=OWNED.__contains__, overwrite=overwrite, how="pass --overwrite to replace it"
+    )
     torch.manual_seed(seed)
     plan = Plan.of(quick)
     start = time.perf_counter()
     model, tokenizer = bundled.load()
     L = bundled.trained_length()
     lengths = [L, 2 * L, 4 * L, 8 * L]
-    print(f"[demo] bundled model trained at L={L}; lengths {lengths}; {plan.trials} passkey trials per length",
-          file=sys.stderr)
+    print(
+        f"[demo] bundled model trained at L={L}; lengths {lengths}; {plan.trials} passkey trials per length",
+        file=sys.stderr,
+    )
     records = evaluate(model, tokenizer, METHODS, lengths, plan, out / "zero-shot", seed=seed)
     if finetune_too:
         tuned_dir = finetune(out, L, plan, seed)
         from .loading import load_model, load_tokenizer
 
         tuned, tuned_tok = load_model(str(tuned_dir)), load_tokenizer(str(tuned_dir))
-        records += evaluate(tuned, tuned_tok, ["none"], lengths, plan, out / "fine-tuned", seed=seed,
-                            labels={"none": FINETUNED})
+        records += evaluate(
+            tuned, tuned_tok, ["none"], lengths, plan, out / "fine-tuned", seed=seed, labels={"none": FINETUNED}
+        )
     summary = summarize(records)
-    notes = [(f"bundled model trained at {L} tokens; static methods at factor {FACTOR:g}; dynamic ones follow "
-             "the length"), (f"passkey: {plan.trials} trials per length; perplexity: {plan.ppl_docs} held-out "
-             "documents, one truncated window each"), (f"`{FINETUNED}`: recipe bundled-yarn-4x, "
-             f"{plan.steps} steps"), f"seed {seed}; {'quick' if quick else 'full'} run"]
-    files = write_report(out, records, title="rope-extend demo: the bundled model", notes=notes,
-                         extra={"seed": seed, "quick": quick, "lengths": lengths})
+    notes = [
+        (f"bundled model trained at {L} tokens; static methods at factor {FACTOR:g}; dynamic ones follow the length"),
+        (
+            f"passkey: {plan.trials} trials per length; perplexity: {plan.ppl_docs} held-out "
+            "documents, one truncated window each"
+        ),
+        (f"`{FINETUNED}`: recipe bundled-yarn-4x, {plan.steps} steps"),
+        f"seed {seed}; {'quick' if quick else 'full'} run",
+    ]
+    files = write_report(
+        out,
+        records,
+        title="rope-extend demo: the bundled model",
+        notes=notes,
+        extra={"seed": seed, "quick": quick, "lengths": lengths},
+    )
     text = table(summary, lengths)
     print(text)
-    print(f"\n[demo] report: {files['markdown']} (plots beside it); {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    print(
+        f"\n[demo] report: {files['markdown']} (plots beside it); {time.perf_counter() - start:.0f} s", file=sys.stderr
+    )
     return {"summary": summary, "files": files, "table": text}
 
 
@@ -129,5 +181,8 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.add_argument("--no-finetune", action="store_true", help="zero-shot evaluation only")
-    p.set_defaults(func=lambda a: run(Path(a.out), quick=a.quick, seed=a.seed, overwrite=a.overwrite,
-                                      finetune_too=not a.no_finetune) and 0)
+    p.set_defaults(
+        func=lambda a: (
+            run(Path(a.out), quick=a.quick, seed=a.seed, overwrite=a.overwrite, finetune_too=not a.no_finetune) and 0
+        )
+    )

@@ -79,8 +79,15 @@ def test_cached_greedy_generation_equals_uncached(family, method):
 
     def run(model, use_cache):
         with torch.no_grad():
-            out = model.generate(prompt, do_sample=False, max_new_tokens=256, min_new_tokens=256, use_cache=use_cache,
-                                 output_logits=True, return_dict_in_generate=True)
+            out = model.generate(
+                prompt,
+                do_sample=False,
+                max_new_tokens=256,
+                min_new_tokens=256,
+                use_cache=use_cache,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
         return out.sequences, torch.stack(out.logits)[:, 0]
 
     def gap(a, b):
@@ -107,8 +114,13 @@ def test_left_padded_batches_use_one_length_per_batch():
     with torch.no_grad():
         out = model(ids[:, :50], attention_mask=mask[:, :50], position_ids=positions[:, :50], use_cache=True)
         for t in range(50, 170):
-            out = model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], position_ids=positions[:, t : t + 1],
-                        past_key_values=out.past_key_values, use_cache=True)
+            out = model(
+                ids[:, t : t + 1],
+                attention_mask=mask[:, : t + 1],
+                position_ids=positions[:, t : t + 1],
+                past_key_values=out.past_key_values,
+                use_cache=True,
+            )
         full = model(ids, attention_mask=mask, position_ids=positions, use_cache=True)
     got, want = out.past_key_values.layers[0].keys, full.past_key_values.layers[0].keys
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
@@ -143,9 +155,15 @@ def test_unpatch_removes_the_keeper_and_static_methods_install_none():
 
 
 def test_a_config_naming_a_dynamic_type_gets_the_keeper():
-    config = tiny_config(rope_parameters={"rope_type": "dynamic_yarn", "factor": 4.0,
-                                          "original_max_position_embeddings": L, "rope_theta": 10000.0},
-                         max_position_embeddings=4 * L)
+    config = tiny_config(
+        rope_parameters={
+            "rope_type": "dynamic_yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": L,
+            "rope_theta": 10000.0,
+        },
+        max_position_embeddings=4 * L,
+    )
     model = T.LlamaForCausalLM(config).eval()
     assert len(C.keepers(model.model)) == 1
     ids = torch.randint(3, 500, (1, 3 * L))

@@ -93,8 +93,10 @@ def dynamic(args) -> dict:
     base = build(args)
     half = base.config.head_dim // 2
     longrope = {"short_factor": [1.0] * half, "long_factor": [1.0 + 3.0 * i / half for i in range(half)]}
-    models = {name: rope_extend.patch(copy.deepcopy(base), name, factor=4, **(longrope if name == "longrope" else {}))
-              for name in ("yarn", "dynamic", "dynamic_yarn", "longrope")}
+    models = {
+        name: rope_extend.patch(copy.deepcopy(base), name, factor=4, **(longrope if name == "longrope" else {}))
+        for name in ("yarn", "dynamic", "dynamic_yarn", "longrope")
+    }
     torch.manual_seed(1)
     ids = torch.randint(0, args.vocab, (1, original // 2), device=args.device)
     for model in models.values():
@@ -102,18 +104,26 @@ def dynamic(args) -> dict:
     steps: dict[str, list[list[float]]] = {name: [] for name in models}
     names = list(models)
     for i in range(args.repeats):
-        for name in names[i % len(names):] + names[: i % len(names)]:  # rotate the order each repeat
+        for name in names[i % len(names) :] + names[: i % len(names)]:  # rotate the order each repeat
             steps[name].append(decode_steps(models[name], ids, args.dynamic_steps, args.device))
     # per step, the median over repeats; then the mean over steps
-    per_step = {name: [statistics.median(r[j] for r in runs) for j in range(args.dynamic_steps)]
-                for name, runs in steps.items()}
+    per_step = {
+        name: [statistics.median(r[j] for r in runs) for j in range(args.dynamic_steps)] for name, runs in steps.items()
+    }
     mean = {name: statistics.fmean(ts) for name, ts in per_step.items()}
     yarn_median = statistics.median(per_step["yarn"])
-    print(f"device {args.device}, {args.layers} layers x {args.hidden} hidden, L={original}, decode "
-          f"{original // 2} -> {original // 2 + args.dynamic_steps} tokens, median of {args.repeats} per step")
+    print(
+        f"device {args.device}, {args.layers} layers x {args.hidden} hidden, L={original}, decode "
+        f"{original // 2} -> {original // 2 + args.dynamic_steps} tokens, median of {args.repeats} per step"
+    )
     print(f"{'method':14}{'mean step (ms)':>16}{'ratio to yarn':>16}{'worst step / yarn median':>28}")
-    result = {"benchmark": "patch_overhead_dynamic", "device": args.device, "original_length": original,
-              "steps": args.dynamic_steps, "target": 1.05}
+    result = {
+        "benchmark": "patch_overhead_dynamic",
+        "device": args.device,
+        "original_length": original,
+        "steps": args.dynamic_steps,
+        "target": 1.05,
+    }
     for name in names:
         ratio, worst = mean[name] / mean["yarn"], max(per_step[name]) / yarn_median
         print(f"{name:14}{mean[name] * 1e3:>16.2f}{ratio:>16.3f}{worst:>28.2f}")

@@ -2,6 +2,7 @@
 
     python eval/benchmarks/perplexity_memory.py                 # CPU: random Llama, 32k vocab, 8192 tokens
     python eval/benchmarks/perplexity_memory.py --gpu           # GPU: Llama-3-8B-shaped bf16, 32k/64k/128k
+    python eval/benchmarks/perplexity_memory.py --model smollm2-135m --lengths 16384 --repeats 1   # a real model
 
 Each variant runs in a fresh subprocess, so one variant's allocations cannot hide in the other's peak.
 CPU memory is the process's peak RSS (``resource.getrusage(...).ru_maxrss``): the table shows the peak and
@@ -52,20 +53,26 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
 
 
-def worker(variant: str, length: int, shape: str, device: str, repeats: int, seed: int) -> dict:
+def worker(variant: str, length: int, shape: str, device: str, repeats: int, seed: int, name: str | None) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from rope_extend.evaluation import perplexity
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    config = LlamaConfig(**SHAPES[shape], max_position_embeddings=max(length, 8192))
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(seed)
-    torch.set_default_dtype(dtype)
-    with torch.device(device):
-        model = LlamaForCausalLM(config).eval()
-    torch.set_default_dtype(torch.float32)
+    if name:  # a real model by path or name (smollm2-135m), loaded the way rope-extend loads models
+        from rope_extend.loading import load_model
+
+        model = load_model(name, dtype=dtype, device=device)
+        config = model.config
+    else:
+        config = LlamaConfig(**SHAPES[shape], max_position_embeddings=max(length, 8192))
+        config._attn_implementation = "sdpa"
+        torch.manual_seed(seed)
+        torch.set_default_dtype(dtype)
+        with torch.device(device):
+            model = LlamaForCausalLM(config).eval()
+        torch.set_default_dtype(torch.float32)
     ids = torch.randint(3, config.vocab_size, (length,), generator=torch.Generator().manual_seed(seed))
 
     class Ids:  # the harness's tokenizer interface, handing over fixed ids
@@ -130,7 +137,7 @@ def spawn(variant: str, args) -> dict:
         str(args.repeats),
         "--seed",
         str(args.seed),
-    ]
+    ] + (["--model", args.model] if args.model else [])
     proc = subprocess.run(
         cmd, check=False, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     )
@@ -145,15 +152,16 @@ def main() -> None:
     p.add_argument("--lengths", help="comma-separated token counts (default 8192; with --gpu 32768,65536,131072)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", help="a model folder or name (smollm2-135m) instead of a random Llama")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--length", type=int, help=argparse.SUPPRESS)
     p.add_argument("--shape", default=None, help=argparse.SUPPRESS)
     p.add_argument("--device", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.length, args.shape, args.device, args.repeats, args.seed)))
+        print(json.dumps(worker(args.worker, args.length, args.shape, args.device, args.repeats, args.seed, args.model)))
         return
-    args.shape = args.shape or ("llama3-8b" if args.gpu else "cpu")
+    args.shape = args.model or args.shape or ("llama3-8b" if args.gpu else "cpu")
     args.device = args.device or ("cuda" if args.gpu else "cpu")
     lengths = [int(x) for x in (args.lengths or ("32768,65536,131072" if args.gpu else "8192")).split(",")]
     rows, ratios = [], {}

@@ -39,8 +39,9 @@ def main():
     texts = bundled.eval_texts()
     model, tok = bundled.load()
     base_pk = passkey(model, tok, [L], trials=args.trials, seed=args.seed + 1000).accuracy[L]
-    unseen_pk = passkey(model, tok, [L], trials=args.trials, seed=args.seed + 1000,
-                        filler=bundled.unseen_filler()).accuracy[L]
+    unseen_pk = passkey(
+        model, tok, [L], trials=args.trials, seed=args.seed + 1000, filler=bundled.unseen_filler()
+    ).accuracy[L]
     base_ppl = perplexity(model, tok, texts, [L]).perplexity[L]
 
     if args.finetuned:
@@ -59,14 +60,21 @@ def main():
     print(f"{'bundled, L, unseen filler':28}{100 * unseen_pk:>9.0f}%{'':>12}")
     print(f"{'fine-tuned, L':28}{100 * pk[L]:>9.0f}%{ppl[L]:>12.3f}")
     print(f"{'fine-tuned, 4L=' + str(4 * L):28}{100 * pk[4 * L]:>9.0f}%{ppl[4 * L]:>12.3f}")
-    result = {"benchmark": "testbed_quality", "trials": args.trials, "passkey_1x": base_pk,
-              "passkey_1x_unseen_filler": unseen_pk, "passkey_4x": pk[4 * L], "passkey_1x_finetuned": pk[L], "ppl_1x": ppl[L], "ppl_4x": ppl[4 * L],
-              "ppl_1x_pretrained": base_ppl, "ppl_ratio_4x_1x": ppl[4 * L] / ppl[L],
-              "targets": {"passkey_1x": 0.95, "passkey_1x_unseen_filler": 0.80, "passkey_4x": 0.90,
-                          "ppl_ratio_4x_1x": 1.10},
-              "finetuned": str(tuned_dir)}
-    result["pass"] = (base_pk >= 0.95 and unseen_pk >= 0.80 and pk[4 * L] >= 0.90
-                      and result["ppl_ratio_4x_1x"] <= 1.10)
+    result = {
+        "benchmark": "testbed_quality",
+        "trials": args.trials,
+        "passkey_1x": base_pk,
+        "passkey_1x_unseen_filler": unseen_pk,
+        "passkey_4x": pk[4 * L],
+        "passkey_1x_finetuned": pk[L],
+        "ppl_1x": ppl[L],
+        "ppl_4x": ppl[4 * L],
+        "ppl_1x_pretrained": base_ppl,
+        "ppl_ratio_4x_1x": ppl[4 * L] / ppl[L],
+        "targets": {"passkey_1x": 0.95, "passkey_1x_unseen_filler": 0.80, "passkey_4x": 0.90, "ppl_ratio_4x_1x": 1.10},
+        "finetuned": str(tuned_dir),
+    }
+    result["pass"] = base_pk >= 0.95 and unseen_pk >= 0.80 and pk[4 * L] >= 0.90 and result["ppl_ratio_4x_1x"] <= 1.10
     print(json.dumps(result))
 
 

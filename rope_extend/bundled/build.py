@@ -23,8 +23,15 @@ def write_jsonl(path: Path, texts: list[str]) -> None:
         fh.writelines(json.dumps({"text": text}) + "\n" for text in texts)
 
 
-def write_pretraining_data(out_dir: str | Path, *, seed: int = 0, documents: int = 60000,
-                           vocab_size: int = 1024, context: int = 256, **shares: float) -> Path:
+def write_pretraining_data(
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    documents: int = 60000,
+    vocab_size: int = 1024,
+    context: int = 256,
+    **shares: float,
+) -> Path:
     """``out_dir/train.jsonl`` (``documents`` mixed documents sized for ``context``) and ``out_dir/tokenizer``
     (trained on the first documents of the 256-token stream of seed 0, the bundled model's tokenizer)."""
     out_dir = Path(out_dir)

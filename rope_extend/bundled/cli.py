@@ -17,10 +17,21 @@ def _cmd(args: argparse.Namespace) -> int:
         return 0
     if args.out is None:
         raise RopeExtendError("bundled-data needs --out DIR (or --eval-corpus to rebuild the shipped corpus)")
-    shares = {k: getattr(args, k) for k in ("passkey_share", "needle_share", "drill_share", "recall_share")
-              if getattr(args, k) is not None}
-    print(write_pretraining_data(args.out, seed=args.seed, documents=args.documents, vocab_size=args.vocab_size,
-                                 context=args.context, **shares))
+    shares = {
+        k: getattr(args, k)
+        for k in ("passkey_share", "needle_share", "drill_share", "recall_share")
+        if getattr(args, k) is not None
+    }
+    print(
+        write_pretraining_data(
+            args.out,
+            seed=args.seed,
+            documents=args.documents,
+            vocab_size=args.vocab_size,
+            context=args.context,
+            **shares,
+        )
+    )
     return 0
 
 

@@ -31,26 +31,165 @@ from dataclasses import dataclass
 
 from ..evaluation.prompts import FILLER, KEY_LINE, QUESTION, TASK
 
-FIRST = ["Mira", "Tomas", "Ada", "Bruno", "Celia", "Dario", "Elena", "Felix", "Greta", "Hugo", "Ines", "Jonas",
-         "Karla", "Leon", "Maya", "Nico", "Olga", "Pavel", "Rosa", "Stefan", "Tilda", "Ugo", "Vera", "Walter",
-         "Yara", "Zeno", "Alma", "Boris", "Clara", "Emil", "Frida", "Gustav", "Hanna", "Ivo", "Julia", "Kasper"]
-LAST = ["Talbot", "Reyes", "Holm", "Varga", "Lindqvist", "Moreau", "Okafor", "Petrov", "Quint", "Santos",
-        "Ueda", "Weber", "Novak", "Castell", "Brandt", "Fischer", "Ivers", "Kowal", "Marsh", "Oyelaran"]
-TOWNS = ["Oakridge", "Millbrook", "Stonehaven", "Larkfield", "Westmere", "Ashby", "Fernvale", "Redcliff",
-         "Brightwater", "Hollowmere", "Kingsford", "Dunmore"]
-JOBS = ["baker", "smith", "weaver", "miller", "potter", "carpenter", "fisher", "tailor", "cooper", "mason",
-        "glassblower", "bookbinder", "gardener", "clockmaker", "shepherd", "brewer"]
-STREETS = ["Elm Row", "Mill Lane", "Harbour Street", "Chapel Hill", "Orchard Way", "Bridge Street", "Wheel Yard",
-           "Kiln Road", "Market Square", "Willow Walk", "Gate Street", "Fern Close"]
+FIRST = [
+    "Mira",
+    "Tomas",
+    "Ada",
+    "Bruno",
+    "Celia",
+    "Dario",
+    "Elena",
+    "Felix",
+    "Greta",
+    "Hugo",
+    "Ines",
+    "Jonas",
+    "Karla",
+    "Leon",
+    "Maya",
+    "Nico",
+    "Olga",
+    "Pavel",
+    "Rosa",
+    "Stefan",
+    "Tilda",
+    "Ugo",
+    "Vera",
+    "Walter",
+    "Yara",
+    "Zeno",
+    "Alma",
+    "Boris",
+    "Clara",
+    "Emil",
+    "Frida",
+    "Gustav",
+    "Hanna",
+    "Ivo",
+    "Julia",
+    "Kasper",
+]
+LAST = [
+    "Talbot",
+    "Reyes",
+    "Holm",
+    "Varga",
+    "Lindqvist",
+    "Moreau",
+    "Okafor",
+    "Petrov",
+    "Quint",
+    "Santos",
+    "Ueda",
+    "Weber",
+    "Novak",
+    "Castell",
+    "Brandt",
+    "Fischer",
+    "Ivers",
+    "Kowal",
+    "Marsh",
+    "Oyelaran",
+]
+TOWNS = [
+    "Oakridge",
+    "Millbrook",
+    "Stonehaven",
+    "Larkfield",
+    "Westmere",
+    "Ashby",
+    "Fernvale",
+    "Redcliff",
+    "Brightwater",
+    "Hollowmere",
+    "Kingsford",
+    "Dunmore",
+]
+JOBS = [
+    "baker",
+    "smith",
+    "weaver",
+    "miller",
+    "potter",
+    "carpenter",
+    "fisher",
+    "tailor",
+    "cooper",
+    "mason",
+    "glassblower",
+    "bookbinder",
+    "gardener",
+    "clockmaker",
+    "shepherd",
+    "brewer",
+]
+STREETS = [
+    "Elm Row",
+    "Mill Lane",
+    "Harbour Street",
+    "Chapel Hill",
+    "Orchard Way",
+    "Bridge Street",
+    "Wheel Yard",
+    "Kiln Road",
+    "Market Square",
+    "Willow Walk",
+    "Gate Street",
+    "Fern Close",
+]
 COLOURS = ["red", "blue", "green", "yellow", "white", "black", "silver", "golden", "brown", "grey"]
-THINGS = ["lantern", "kettle", "violin", "compass", "ladder", "wagon", "bell", "map", "clock", "boat", "hammer",
-          "basket", "mirror", "drum", "key", "coat"]
-PLACES = ["market", "river", "mill", "chapel", "harbour", "bakery", "orchard", "square", "bridge", "forest",
-          "library", "workshop"]
+THINGS = [
+    "lantern",
+    "kettle",
+    "violin",
+    "compass",
+    "ladder",
+    "wagon",
+    "bell",
+    "map",
+    "clock",
+    "boat",
+    "hammer",
+    "basket",
+    "mirror",
+    "drum",
+    "key",
+    "coat",
+]
+PLACES = [
+    "market",
+    "river",
+    "mill",
+    "chapel",
+    "harbour",
+    "bakery",
+    "orchard",
+    "square",
+    "bridge",
+    "forest",
+    "library",
+    "workshop",
+]
 DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 WEATHER = ["cold", "warm", "windy", "grey", "bright", "wet", "foggy", "still"]
-WORDS = ["lantern", "harvest", "meadow", "thimble", "anchor", "saffron", "pebble", "cinder", "velvet", "quill",
-         "marble", "juniper", "copper", "ember", "walnut", "tundra"]
+WORDS = [
+    "lantern",
+    "harvest",
+    "meadow",
+    "thimble",
+    "anchor",
+    "saffron",
+    "pebble",
+    "cinder",
+    "velvet",
+    "quill",
+    "marble",
+    "juniper",
+    "copper",
+    "ember",
+    "walnut",
+    "tundra",
+]
 
 NARRATIVE = [
     "On {day} the weather in {town} was {weather}.",
@@ -84,14 +223,18 @@ class Person:
     thing: str
 
     def introduction(self) -> str:
-        return (f"{self.name} is a {self.job} who lives on {self.street}. The lucky number of {self.name} is "
-                f"{self.number}. {self.name} owns a {self.colour} {self.thing}.")
+        return (
+            f"{self.name} is a {self.job} who lives on {self.street}. The lucky number of {self.name} is "
+            f"{self.number}. {self.name} owns a {self.colour} {self.thing}."
+        )
 
 
 def _people(rng: random.Random, count: int) -> list[Person]:
     names = rng.sample([f"{f} {l}" for f in FIRST for l in LAST], count)
-    return [Person(n, rng.choice(JOBS), rng.choice(STREETS), rng.randint(10, 9999), rng.choice(COLOURS),
-                   rng.choice(THINGS)) for n in names]
+    return [
+        Person(n, rng.choice(JOBS), rng.choice(STREETS), rng.randint(10, 9999), rng.choice(COLOURS), rng.choice(THINGS))
+        for n in names
+    ]
 
 
 def chronicle(rng: random.Random, words: int, *, recall_rate: float = 0.35) -> str:
@@ -112,14 +255,28 @@ def chronicle(rng: random.Random, words: int, *, recall_rate: float = 0.35) -> s
                 continue
         elif rng.random() < recall_rate:
             p = rng.choice(people)
-            sentence = rng.choice(RECALL).format(name=p.name, job=p.job, street=p.street, number=p.number,
-                                                 colour=p.colour, thing=p.thing, town=town,
-                                                 place=rng.choice(PLACES))
+            sentence = rng.choice(RECALL).format(
+                name=p.name,
+                job=p.job,
+                street=p.street,
+                number=p.number,
+                colour=p.colour,
+                thing=p.thing,
+                town=town,
+                place=rng.choice(PLACES),
+            )
         else:
             a, b = rng.sample(people, 2)
-            sentence = rng.choice(NARRATIVE).format(day=rng.choice(DAYS), town=town, weather=rng.choice(WEATHER),
-                                                    a=a.name, b=b.name, place=rng.choice(PLACES),
-                                                    thing=rng.choice(THINGS), street=rng.choice(STREETS))
+            sentence = rng.choice(NARRATIVE).format(
+                day=rng.choice(DAYS),
+                town=town,
+                weather=rng.choice(WEATHER),
+                a=a.name,
+                b=b.name,
+                place=rng.choice(PLACES),
+                thing=rng.choice(THINGS),
+                street=rng.choice(STREETS),
+            )
         parts.append(sentence)
         count += len(sentence.split())
     return " ".join(parts)
@@ -157,7 +314,7 @@ def haystack_sentences(rng: random.Random, kind: str, n: int) -> list[str]:
     if kind == "chronicle":
         text = chronicle(rng, 14 * n + 40).split(". ")
         start = rng.randint(0, max(0, len(text) - n))
-        return [s if s.endswith(".") else s + "." for s in text[start:start + n]]
+        return [s if s.endswith(".") else s + "." for s in text[start : start + n]]
     if kind == "words":
         return [_sentence(rng.sample(VOCABULARY, rng.randint(3, 8))) for _ in range(n)]
     if kind == "pseudo":
@@ -165,16 +322,16 @@ def haystack_sentences(rng: random.Random, kind: str, n: int) -> list[str]:
     raise ValueError(f"filler kind must be one of {FILLERS}, got {kind!r}")
 
 
-def passkey_example(rng: random.Random, filler_sentences: int, *, max_key: int = 99999,
-                    filler: str = "standard") -> str:
+def passkey_example(
+    rng: random.Random, filler_sentences: int, *, max_key: int = 99999, filler: str = "standard"
+) -> str:
     """The passkey protocol's prompt with ``filler_sentences`` filler sentences of kind ``filler`` (see
     ``haystack_sentences``), the key at a uniform random depth, and the answer:
     ``... What is the pass key? The pass key is 4821.``"""
     sentences = haystack_sentences(rng, filler, filler_sentences)
     cut = rng.randint(0, filler_sentences)
     key = rng.randint(1, max_key)
-    parts = [TASK, " ".join(sentences[:cut]), KEY_LINE.format(key=key), " ".join(sentences[cut:]),
-             f"{QUESTION} {key}."]
+    parts = [TASK, " ".join(sentences[:cut]), KEY_LINE.format(key=key), " ".join(sentences[cut:]), f"{QUESTION} {key}."]
     return "\n".join(p for p in parts if p)
 
 
@@ -210,8 +367,16 @@ VOCABULARY = sorted(set(FIRST + LAST + TOWNS + JOBS + COLOURS + THINGS + PLACES 
 DRILLS = ("words", "pseudo", "numbers", "fragments")
 DRILL_TOKENS = {"words": 1.0, "pseudo": 3.2, "numbers": 6.0, "fragments": 1.6}  # rough tokens per item
 # every word the templates use, for fragments: word starts the tokenizer knows, in orders it never saw
-_TEMPLATE_WORDS = sorted(set(re.findall(r"[A-Za-z]{2,}", " ".join(
-    NARRATIVE + RECALL + [TASK, FILLER, KEY_LINE, QUESTION, Person("", "", "", 0, "", "").introduction()]))))
+_TEMPLATE_WORDS = sorted(
+    set(
+        re.findall(
+            r"[A-Za-z]{2,}",
+            " ".join(
+                NARRATIVE + RECALL + [TASK, FILLER, KEY_LINE, QUESTION, Person("", "", "", 0, "", "").introduction()]
+            ),
+        )
+    )
+)
 
 
 def copy_drill(rng: random.Random, items: int, *, kind: str = "words") -> str:
@@ -229,7 +394,7 @@ def copy_drill(rng: random.Random, items: int, *, kind: str = "words") -> str:
     elif kind == "numbers":
         items_ = [str(rng.randint(1, 99999)) for _ in range(items)]
     elif kind == "fragments":
-        items_ = [w[:rng.randint(2, len(w))] for w in rng.choices(VOCABULARY + _TEMPLATE_WORDS, k=items)]
+        items_ = [w[: rng.randint(2, len(w))] for w in rng.choices(VOCABULARY + _TEMPLATE_WORDS, k=items)]
     else:
         raise ValueError(f"drill kind must be one of {DRILLS}, got {kind!r}")
     text = " ".join(items_)
@@ -238,8 +403,16 @@ def copy_drill(rng: random.Random, items: int, *, kind: str = "words") -> str:
     return f"{text} {text}"
 
 
-def training_documents(seed: int, n: int, *, context: int = 256, passkey_share: float = 0.3,
-                       needle_share: float = 0.05, drill_share: float = 0.25, recall_share: float = 0.15) -> list[str]:
+def training_documents(
+    seed: int,
+    n: int,
+    *,
+    context: int = 256,
+    passkey_share: float = 0.3,
+    needle_share: float = 0.05,
+    drill_share: float = 0.25,
+    recall_share: float = 0.15,
+) -> list[str]:
     """``n`` training documents for a ``context``-token window, mixed: passkey examples with filler of every
     kind in ``FILLERS``, associative recall, needle questions, copy drills of every kind in ``DRILLS``
     (without them a model this small never learned to copy), and chronicles (the rest) of up to ``25/16``

@@ -40,11 +40,23 @@ def trial_rng(seed: int, task: str, length: int, depth: float | None, trial: int
     return random.Random(f"{task}:{seed}:{length}:{depth}:{trial}")
 
 
-def passkey(model, tokenizer, lengths: str | Iterable[Any], *, depths: str | Iterable[Any] | None = None,
-            trials: int = 10, seed: int = 0, key_range: tuple[int, int] = (1, 50000), max_new_tokens: int = 10,
-            records: str | os.PathLike | None = None, resume: bool = False, progress: bool = True,
-            run: dict[str, Any] | None = None, filler: str | Iterable[str] | None = None,
-            sliding_window: str = "auto") -> RetrievalResult:
+def passkey(
+    model,
+    tokenizer,
+    lengths: str | Iterable[Any],
+    *,
+    depths: str | Iterable[Any] | None = None,
+    trials: int = 10,
+    seed: int = 0,
+    key_range: tuple[int, int] = (1, 50000),
+    max_new_tokens: int = 10,
+    records: str | os.PathLike | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    run: dict[str, Any] | None = None,
+    filler: str | Iterable[str] | None = None,
+    sliding_window: str = "auto",
+) -> RetrievalResult:
     """Passkey accuracy of ``model`` at each of ``lengths`` (token counts, e.g. ``"1k,2k,4k"``).
 
     ``depths=None`` draws a uniform random depth per trial; a list (``[0, 0.5, 1]`` or ``"grid:5"``) runs
@@ -76,7 +88,21 @@ def passkey(model, tokenizer, lengths: str | Iterable[Any], *, depths: str | Ite
         start = rng.randrange(len(sentences))
         return passkey_prompt(tokenizer, length, key, where, filler=sentences, start=start), key
 
-    return run_grid(model, tokenizer, task="passkey", lengths=lengths, depths=grid, trials=trials, seed=seed,
-                    setting=setting, make_trial=make_trial,
-                    score=score, max_new_tokens=max_new_tokens, records=records, resume=resume, progress=progress,
-                    run=run, sliding_window=sliding_window)
+    return run_grid(
+        model,
+        tokenizer,
+        task="passkey",
+        lengths=lengths,
+        depths=grid,
+        trials=trials,
+        seed=seed,
+        setting=setting,
+        make_trial=make_trial,
+        score=score,
+        max_new_tokens=max_new_tokens,
+        records=records,
+        resume=resume,
+        progress=progress,
+        run=run,
+        sliding_window=sliding_window,
+    )

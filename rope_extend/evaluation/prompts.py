@@ -20,8 +20,10 @@ from dataclasses import dataclass
 
 from ..errors import RopeExtendError
 
-TASK = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
-        "I will quiz you about the important information there.")
+TASK = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. "
+    "I will quiz you about the important information there."
+)
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 KEY_LINE = "The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "What is the pass key? The pass key is"
@@ -64,8 +66,17 @@ def _boundary(filler: Sequence[int], target: int, ends: set[int]) -> int:
     return min(near, key=lambda b: (abs(b - target), b))
 
 
-def build(tokenizer, length: int, depth: float, *, head: str, needle: str, tail: str,
-          haystack: Sequence[int], ends: set[int] | None = None) -> Prompt:
+def build(
+    tokenizer,
+    length: int,
+    depth: float,
+    *,
+    head: str,
+    needle: str,
+    tail: str,
+    haystack: Sequence[int],
+    ends: set[int] | None = None,
+) -> Prompt:
     """``head \\n haystack[:a] \\n needle \\n haystack[a:budget] \\n tail`` in exactly ``length`` tokens.
 
     ``head`` is tokenized with the tokenizer's special tokens (a BOS if it adds one); the other parts without.
@@ -134,15 +145,24 @@ def text_filler_ids(tokenizer, sentences: Sequence[str], start: int, n_tokens: i
     return ids
 
 
-def passkey_prompt(tokenizer, length: int, key: int, depth: float, *, filler: Sequence[str] | None = None,
-                   start: int = 0) -> Prompt:
+def passkey_prompt(
+    tokenizer, length: int, key: int, depth: float, *, filler: Sequence[str] | None = None, start: int = 0
+) -> Prompt:
     """The passkey prompt for ``key`` at ``depth``, exactly ``length`` tokens of ``tokenizer``.
 
     ``filler``: sentences to use as the haystack instead of the protocol's repeated ``FILLER``, read from
     sentence ``start`` on (wrapping around): a test that retrieval does not depend on knowing the filler."""
     haystack = filler_ids(tokenizer, length) if filler is None else text_filler_ids(tokenizer, filler, start, length)
-    return build(tokenizer, length, depth, head=TASK, needle=KEY_LINE.format(key=key), tail=QUESTION,
-                 haystack=haystack, ends=sentence_ends(tokenizer, haystack[: min(len(haystack), 4096)]))
+    return build(
+        tokenizer,
+        length,
+        depth,
+        head=TASK,
+        needle=KEY_LINE.format(key=key),
+        tail=QUESTION,
+        haystack=haystack,
+        ends=sentence_ends(tokenizer, haystack[: min(len(haystack), 4096)]),
+    )
 
 
 def haystack_ids(tokenizer, texts: Sequence[str], n_tokens: int) -> list[int]:

@@ -53,7 +53,8 @@ def _rotate_half(module: nn.Module):
     fn = getattr(sys.modules.get(type(module).__module__), "rotate_half", None)
     if fn is None:
         raise UnsupportedModelError(
-            f"{type(module).__name__}'s module has no rotate_half: rope-extend cannot re-rotate its cached keys")
+            f"{type(module).__name__}'s module has no rotate_half: rope-extend cannot re-rotate its cached keys"
+        )
     return fn
 
 
@@ -137,13 +138,15 @@ class CacheKeeper:
                 raise UnsupportedModelError(
                     f"a dynamic rope method must re-rotate cached keys when its frequencies change, and cache layers "
                     f"of type {type(layer).__name__} cannot be re-rotated; use a DynamicCache (generate's default) or "
-                    "a StaticCache, or a static method (yarn, ntk, linear)")
+                    "a StaticCache, or a static method (yarn, ntk, linear)"
+                )
             if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
                 found.append(layer)
         if not found and cache is not None and not hasattr(cache, "layers"):
             raise UnsupportedModelError(
                 f"{type(cache).__name__} is not a transformers Cache with layers: rope-extend cannot keep its keys "
-                "consistent with dynamic frequencies")
+                "consistent with dynamic frequencies"
+            )
         return found
 
 

@@ -49,10 +49,17 @@ def test_the_shipped_model_retrieves_the_key_and_copies():
     model, tokenizer = bundled.load()
     L = bundled.trained_length()
     assert passkey(model, tokenizer, [L], trials=10, seed=7, progress=False).accuracy[L] >= 0.9
-    assert passkey(model, tokenizer, [L], trials=10, seed=7, progress=False,
-                   filler=bundled.unseen_filler()).accuracy[L] >= 0.6
-    words = [i for i in range(len(tokenizer)) if tokenizer.decode([i])[1:].isalpha() and
-             tokenizer.decode([i]).startswith(" ") and len(tokenizer.decode([i])) > 2]
+    assert (
+        passkey(model, tokenizer, [L], trials=10, seed=7, progress=False, filler=bundled.unseen_filler()).accuracy[L]
+        >= 0.6
+    )
+    words = [
+        i
+        for i in range(len(tokenizer))
+        if tokenizer.decode([i])[1:].isalpha()
+        and tokenizer.decode([i]).startswith(" ")
+        and len(tokenizer.decode([i])) > 2
+    ]
     seq = random.Random(0).choices(words, k=40)
     ids = torch.tensor([seq + seq])
     with torch.no_grad():
@@ -129,10 +136,20 @@ def test_pretraining_recipe_runs_from_scratch(tmp_path):
 
     data = write_pretraining_data(tmp_path / "data", documents=120)
     assert json.loads((data / "train.jsonl").read_text().splitlines()[0])["text"]
-    args = load_args(find_recipe("bundled-pretrain"), [
-        f"data.path={data / 'train.jsonl'}", f"model.tokenizer={data / 'tokenizer'}", f"output_dir={tmp_path / 'run'}",
-        "max_steps=6", "per_device_train_batch_size=4", "warmup_steps=1", "save_steps=6", "logging_steps=1",
-        "learning_rate=3e-3"])
+    args = load_args(
+        find_recipe("bundled-pretrain"),
+        [
+            f"data.path={data / 'train.jsonl'}",
+            f"model.tokenizer={data / 'tokenizer'}",
+            f"output_dir={tmp_path / 'run'}",
+            "max_steps=6",
+            "per_device_train_batch_size=4",
+            "warmup_steps=1",
+            "save_steps=6",
+            "logging_steps=1",
+            "learning_rate=3e-3",
+        ],
+    )
     result = train(args)
     losses = [row["loss"] for row in result.history]
     assert len(losses) == 6 and losses[-1] < losses[0]
@@ -158,6 +175,5 @@ def test_induction_probe_measures_the_shipped_model(tmp_path):
     assert result["loss_first_copy"] > 1  # random words are surprising
     assert len(result["passkey_digit_accuracy"]) == 5
     assert all(0 <= a <= 1 for a in result["passkey_digit_accuracy"])
-    run = probe.formation(types.SimpleNamespace(seed=0, lr=1e-3, batch=2, seq=40, vocab=50, train_steps=2,
-                                                log_every=1))
+    run = probe.formation(types.SimpleNamespace(seed=0, lr=1e-3, batch=2, seq=40, vocab=50, train_steps=2, log_every=1))
     assert [row["step"] for row in run["log"]] == [1, 2] and run["formed_at"] is None

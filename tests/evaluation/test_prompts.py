@@ -22,7 +22,7 @@ def test_passkey_prompt_exact_length_and_key_recoverable(length, depth, key):
     assert text.count(KEY_LINE.format(key=key)) == 1
     assert text.startswith(TASK) and text.endswith(QUESTION)
     # the needle tokens decode to the key line, and sit where the prompt says
-    assert KEY_LINE.format(key=key) in TOK.decode(p.input_ids[p.needle_start:p.needle_end])
+    assert KEY_LINE.format(key=key) in TOK.decode(p.input_ids[p.needle_start : p.needle_end])
     # on a sentence boundary, within one filler sentence (<= 8 tokens here) of the requested depth
     assert abs(p.actual_depth - depth) * p.filler_tokens <= 8
     before = TOK.decode(p.input_ids[: p.needle_start]).rstrip()
@@ -35,7 +35,7 @@ def test_depth_extremes_and_monotonic():
     first, last = passkey_prompt(TOK, 1000, 1234, 0.0), passkey_prompt(TOK, 1000, 1234, 1.0)
     assert first.actual_depth == 0.0 and last.actual_depth == 1.0
     assert TOK.decode(first.input_ids[: first.needle_start]).strip() == TASK
-    assert TOK.decode(last.input_ids[last.needle_end:]).strip() == QUESTION
+    assert TOK.decode(last.input_ids[last.needle_end :]).strip() == QUESTION
 
 
 def test_too_short_length_names_the_minimum():
@@ -49,9 +49,16 @@ def test_haystack_too_short_is_an_error():
         build(TOK, 500, 0.5, head="Read.", needle="A needle.", tail="Q?", haystack=ids)
 
 
-@pytest.mark.parametrize("text, expected", [
-    (" 48213. Remember it.", 48213), ("is 007 and 12", 7), ("no digits here", None), ("x12y34", 12), ("", None),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (" 48213. Remember it.", 48213),
+        ("is 007 and 12", 7),
+        ("no digits here", None),
+        ("x12y34", 12),
+        ("", None),
+    ],
+)
 def test_first_integer(text, expected):
     assert first_integer(text) == expected
 
@@ -79,7 +86,7 @@ def test_passkey_prompt_with_other_filler(length, depth, start):
     text = TOK.decode(p.input_ids)
     assert text.startswith(TASK) and text.endswith(QUESTION) and text.count(KEY_LINE.format(key=4821)) == 1
     assert "The grass is green" not in text and "heron" in text and "tin roof" in text
-    body = text[len(TASK):].lstrip()
+    body = text[len(TASK) :].lstrip()
     assert body.startswith(KEY_LINE.format(key=4821) if depth == 0 else PROSE[start])
 
 

@@ -66,7 +66,7 @@ def test_greedy_ignores_the_checkpoint_sampling_config(tok):
     with torch.no_grad():
         for _ in range(8):
             x = torch.cat([x, model(x).logits[:, -1].argmax(-1, keepdim=True)], 1)
-    assert out == tok.decode(x[0, len(ids):].tolist(), skip_special_tokens=True)
+    assert out == tok.decode(x[0, len(ids) :].tolist(), skip_special_tokens=True)
 
 
 def test_records_name_the_patched_method(llama, tok, monkeypatch):
@@ -87,10 +87,17 @@ def test_model_that_cannot_generate(tok):
         passkey(LlamaModel(tiny_config("llama")), tok, [128], trials=1, progress=False)
 
 
-@pytest.mark.parametrize("lengths, match", [
-    ("0", "positive integer"), ("-5", "positive integer"), ("1.5", "positive integer"), ("abc", "positive integer"),
-    ("", "no lengths"), ("40", "too short"),
-])
+@pytest.mark.parametrize(
+    "lengths, match",
+    [
+        ("0", "positive integer"),
+        ("-5", "positive integer"),
+        ("1.5", "positive integer"),
+        ("abc", "positive integer"),
+        ("", "no lengths"),
+        ("40", "too short"),
+    ],
+)
 def test_bad_lengths(llama, tok, lengths, match):
     with pytest.raises(RopeExtendError, match=match):
         passkey(llama, tok, lengths, trials=1, progress=False)
@@ -140,6 +147,8 @@ def test_a_length_that_cannot_fit_fails_before_any_prompt_is_built(llama, tok, m
     assert built == []
     monkeypatch.setattr(runner, "_available_bytes", lambda device: None)  # unknown: no refusal
     assert runner.memory_needed(llama, 4096, cache=True) > runner.memory_needed(llama, 4096, cache=False) > 0
+
+
 def test_passkey_with_other_filler_keeps_the_keys_and_changes_the_haystack(llama, tok, monkeypatch):
     calls = answer_from_prompt(tok, monkeypatch)
     prose = "A heron stood in the shallows. Rain drummed on the tin roof. Who left the gate open? Nobody knew."
