@@ -159,7 +159,9 @@ def main() -> None:
     p.add_argument("--device", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.length, args.shape, args.device, args.repeats, args.seed, args.model)))
+        print(
+            json.dumps(worker(args.worker, args.length, args.shape, args.device, args.repeats, args.seed, args.model))
+        )
         return
     args.shape = args.model or args.shape or ("llama3-8b" if args.gpu else "cpu")
     args.device = args.device or ("cuda" if args.gpu else "cpu")
