@@ -97,6 +97,7 @@ class CacheKeeper:
                     continue
                 layers = self._layers(cache, layer_type)
                 seen = next_seen(entry, low, high)
+                runtime.ready.add(layer_type)
                 if not layers or cached is None or entry.length(seen) == entry.length(entry.seen):
                     runtime.advance(layer_type, seen, positions.device)
                     continue

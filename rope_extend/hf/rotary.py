@@ -143,6 +143,7 @@ class RotaryRuntime:
     def __init__(self, module: nn.Module, entries: dict[str | None, Entry]):
         self.module = module
         self.entries = entries
+        self.ready: set = set()  # sets the cache keeper already advanced for the coming forward
 
     def apply(self, fn, *args, **kwargs):
         """``nn.Module._apply`` (what ``.to``/``.half``/``.cuda``/``.to_empty`` call), then the frequencies
@@ -162,7 +163,9 @@ class RotaryRuntime:
         layer_type = args[0] if args else kwargs.get("layer_type")
         entry = self.entries.get(layer_type)
         if entry is not None:
-            if entry.dynamic:
+            if layer_type in self.ready:  # the cache keeper saw these positions: no second host sync
+                self.ready.discard(layer_type)
+            elif entry.dynamic:
                 # One host sync for both ends; positions starting at 0 mean a new sequence.
                 low, high = torch.stack([position_ids.min(), position_ids.max()]).tolist()
                 self.advance(layer_type, next_seen(entry, int(low), int(high)), x.device)
