@@ -244,7 +244,10 @@ def register(subparsers) -> None:
     p.set_defaults(func=_cmd_perplexity)
 
     p = sub.add_parser("compare", help="run a YAML suite: one model under several methods, one report")
-    p.add_argument("suite", help="suite YAML file, or the name of a shipped suite (smoke, llama2-7b-yarn)")
+    p.add_argument(
+        "suite",
+        help="suite YAML file, or the name of a shipped suite (rope-extend recipes lists them: smoke, smollm2, ...)",
+    )
     p.add_argument("--model", help="override the suite's model")
     p.add_argument("--out", help="report folder (default: the suite's out, else runs/<suite name>)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a suite key, e.g. passkey.trials=2")
