@@ -27,6 +27,16 @@ from .patch import patch, patched, unpatch
 
 __version__ = "0.1.0"
 
+
+def search(model, tokenizer, factor, texts, **options):
+    """LongRoPE factor search (``rope_extend.factor_search.run.search``): per-frequency rescale factors for
+    ``factor`` x the trained length, with perplexity on ``texts`` as fitness. Returns a ``SearchResult``;
+    ``patch(model, "longrope", **result.patch_kwargs())`` applies it."""
+    from .factor_search.run import search as run
+
+    return run(model, tokenizer, factor, texts, **options)
+
+
 _register()
 
 __all__ = [
@@ -41,5 +51,6 @@ __all__ = [
     "patch",
     "patched",
     "rope_parameters",
+    "search",
     "unpatch",
 ]

@@ -17,9 +17,10 @@ from . import demo
 from .arguments import add_method_arguments, method_kwargs, parse_params
 from .bundled import cli as bundled_cli
 from .evaluation import cli as evaluation_cli
+from .factor_search import cli as search_cli
 from .training import cli as training_cli
 
-SUBCOMMANDS = (evaluation_cli, training_cli, bundled_cli, demo)
+SUBCOMMANDS = (evaluation_cli, training_cli, search_cli, bundled_cli, demo)
 
 __all__ = ["add_method_arguments", "build_parser", "main", "method_kwargs", "parse_params"]
 

@@ -48,6 +48,19 @@ CASES = {
         ".",
         r"did not write \(notes.txt\)",
     ),
+    "search overwrite someone's folder": (
+        ["search", "--model", "bundled", "--factor", "2", "--evals", "4", "--out", "mine", "--overwrite"],
+        {"mine/notes.txt": "x"},
+        ".",
+        r"did not write \(notes.txt\)",
+    ),
+    "search a factor that does not extend": (
+        ["search", "--model", "bundled", "--factor", "1", "--out", "s"],
+        {},
+        ".",
+        "extension factor > 1",
+    ),
+    "search without texts": (["search", "--model", "m", "--factor", "2", "--out", "s"], {}, ".", "--data is required"),
     "demo overwrite the working folder": (
         ["demo", "--quick", "--out", ".", "--overwrite"],
         {"a.txt": "x"},

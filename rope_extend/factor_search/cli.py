@@ -1,0 +1,70 @@
+"""``rope-extend search``: the LongRoPE factor search from the command line."""
+
+from __future__ import annotations
+
+import json
+
+
+def _cmd_search(args) -> int:
+    from ..documents import read_documents
+    from ..errors import RopeExtendError
+    from ..loading import load_model, load_tokenizer
+    from .run import search
+
+    if args.data is None:
+        if args.model != "bundled":
+            raise RopeExtendError("--data is required (texts at least factor x the trained length long)")
+        from .. import bundled
+
+        texts = bundled.eval_texts()[:4]  # the held-out chronicles 0-3; 4-7 stay unseen for evaluation
+    else:
+        texts = read_documents(args.data, text_field=args.text_field, max_docs=args.max_docs)
+    model = load_model(args.model, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code)
+    tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code)
+    result = search(
+        model,
+        tokenizer,
+        args.factor,
+        texts,
+        max_evaluations=args.evals,
+        max_seconds=args.seconds,
+        population=args.population,
+        seed=args.seed,
+        out=args.out,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        progress=args.progress,
+    )
+    print(
+        json.dumps(
+            {"out": args.out, "fitness": result.fitness, "seeds": result.seeds, "evaluations": result.evaluations}
+        )
+    )
+    return 0
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "search",
+        help="search LongRoPE rescale factors (one per frequency) with perplexity as fitness",
+        description="Evolutionary search for LongRoPE factors (Ding et al. 2024), seeded from PI, NTK and YaRN. "
+        "Writes longrope.json (rope_parameters for patch/configure), report.md, search.png and a resumable state.",
+    )
+    p.add_argument("--model", required=True, help="saved model folder, .gguf file or shipped name (bundled, ...)")
+    p.add_argument("--factor", type=float, required=True, help="extension ratio s (target = s x trained length)")
+    p.add_argument("--data", help="texts to search on (.txt, folder, .jsonl, canterbury); default for bundled: "
+                   "its held-out chronicles 0-3")  # fmt: skip
+    p.add_argument("--text-field", default="text", help="column holding the text (JSONL, Parquet)")
+    p.add_argument("--max-docs", type=int, help="use at most this many documents")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--evals", type=int, default=64, help="budget: fitness evaluations (default 64)")
+    p.add_argument("--seconds", type=float, help="budget: seconds (stops at a generation's end; not reproducible)")
+    p.add_argument("--population", type=int, default=16, help="candidates per generation (default 16)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="continue the search in --out")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier search in --out")
+    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 or auto")
+    p.add_argument("--device", help="e.g. cuda, cpu (default: where the model loads)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--no-progress", dest="progress", action="store_false")
+    p.set_defaults(func=_cmd_search)

@@ -1,0 +1,102 @@
+"""The LongRoPE search space and its evolution operators, on plain lists of numbers.
+
+Ding et al. 2024, "LongRoPE: Extending LLM Context Window Beyond 2 Million Tokens", section 3.2. A candidate
+is one rescale factor per rotary frequency pair, ``lambda_0 .. lambda_{d/2-1}`` from the highest frequency to
+the lowest, applied as ``inv_freq'_i = theta_i / lambda_i``. The paper's constraints:
+
+- non-decreasing, ``lambda_i <= lambda_{i+1}``: low frequencies are interpolated at least as much as high ones;
+- bounded, ``1 <= lambda_i <= 1.25 s`` for an extension ratio ``s`` (the paper's range), on a grid of 0.01.
+
+``repair`` maps any list into that space (clip, then running maximum, then round up to the grid, so the
+order survives rounding); mutation and crossover end with it, so every candidate they make is valid.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..errors import RopeExtendError
+
+STEP = 0.01  # the paper's grid
+
+
+@dataclass(frozen=True)
+class Space:
+    """``size`` factors in ``[low, high]``, non-decreasing, on a grid of ``STEP``."""
+
+    size: int
+    low: float
+    high: float
+
+    def __post_init__(self):
+        if not isinstance(self.size, int) or self.size < 1:
+            raise RopeExtendError(f"the search space needs at least one factor, got size={self.size!r}")
+        if not (1.0 <= self.low < self.high):
+            raise RopeExtendError(f"factor bounds must satisfy 1 <= low < high, got low={self.low}, high={self.high}")
+
+    @classmethod
+    def for_factor(cls, size: int, factor: float, upper: float = 1.25) -> Space:
+        """The paper's space for extension ratio ``factor``: ``[1, upper * factor]``."""
+        if not (isinstance(factor, (int, float)) and factor > 1.0 and math.isfinite(factor)):
+            raise RopeExtendError(f"the search needs an extension factor > 1, got {factor!r}")
+        return cls(size, 1.0, round(upper * float(factor), 2))
+
+
+def repair(space: Space, values: Sequence[float]) -> list[float]:
+    """Clip to the bounds, make non-decreasing (running maximum) and round up to the grid."""
+    if len(values) != space.size:
+        raise RopeExtendError(f"a candidate needs {space.size} factors, got {len(values)}")
+    out, top = [], space.low
+    for v in values:
+        v = min(max(float(v), space.low), space.high)
+        top = max(top, v)
+        out.append(min(space.high, math.ceil(round(top / STEP, 6)) * STEP))
+    return [round(v, 2) for v in out]
+
+
+def valid(space: Space, values: Sequence[float]) -> bool:
+    return (
+        len(values) == space.size
+        and all(space.low - 1e-9 <= v <= space.high + 1e-9 for v in values)
+        and all(a <= b + 1e-12 for a, b in itertools.pairwise(values))
+    )
+
+
+def mutate(space: Space, parent: Sequence[float], rng: random.Random, *, rate: float = 0.3, scale: float = 0.1):
+    """Move each factor with probability ``rate`` by a Gaussian step of ``scale * (high - low)``; at least one moves."""
+    child = list(parent)
+    picks = [i for i in range(space.size) if rng.random() < rate] or [rng.randrange(space.size)]
+    for i in picks:
+        child[i] += rng.gauss(0.0, scale * (space.high - space.low))
+    return repair(space, child)
+
+
+def crossover(space: Space, a: Sequence[float], b: Sequence[float], rng: random.Random) -> list[float]:
+    """One-point crossover: ``a`` up to a random cut, ``b`` after it (then repaired to stay non-decreasing)."""
+    cut = rng.randrange(1, space.size) if space.size > 1 else 0
+    return repair(space, list(a[:cut]) + list(b[cut:]))
+
+
+def offspring(
+    space: Space, parents: Sequence[Sequence[float]], count: int, rng: random.Random, seen: set[tuple[float, ...]]
+) -> list[list[float]]:
+    """``count`` new candidates, none in ``seen``: half by crossover of two parents then mutation, half by
+    mutation alone (the paper mixes both). Candidates are added to ``seen``."""
+    out: list[list[float]] = []
+    tries = 0
+    while len(out) < count and tries < 100 * count:
+        tries += 1
+        if len(parents) > 1 and len(out) % 2 == 0:
+            a, b = rng.sample(range(len(parents)), 2)
+            child = mutate(space, crossover(space, parents[a], parents[b], rng), rng, rate=0.1)
+        else:
+            child = mutate(space, parents[rng.randrange(len(parents))], rng)
+        key = tuple(child)
+        if key not in seen:
+            seen.add(key)
+            out.append(child)
+    return out

@@ -1,0 +1,58 @@
+"""The search's report: the factor curve against PI, NTK and YaRN, and the fitness over the search
+(``search.png``), with a markdown summary (``report.md``). Written atomically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..io import atomic_path, write_text
+
+
+def write_report(result, curves: dict[str, list[float]], out: str | Path, *, title: str = "") -> list[Path]:
+    """``result``: a ``SearchResult``; ``curves``: the seed methods' factors by name, for the plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    s, L = result.factor, result.original_length
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    idx = list(range(len(result.long_factor)))
+    for name, curve in curves.items():
+        left.plot(idx, curve, label=f"{name} x{s:g}", lw=1.2)
+    left.plot(idx, result.long_factor, label="searched", color="black", lw=2.2)
+    left.set(xlabel="frequency pair i (high -> low frequency)", ylabel="rescale factor lambda_i", title="factors")
+    left.legend()
+    steps = [h[0] for h in result.history]
+    right.scatter(steps, [h[1] for h in result.history], s=6, color="0.6", label="candidate")
+    right.plot(steps, [h[2] for h in result.history], color="black", label="best so far")
+    for i, (name, fit) in enumerate(result.seeds.items()):
+        right.axhline(fit, ls="--", lw=0.8, label=f"{name} {fit:.3f}", color=f"C{i}")
+    best = min(h[2] for h in result.history)
+    top = max(result.seeds.get("ntk", best), result.seeds.get("yarn", best), best) * 1.15
+    right.set(
+        xlabel="evaluation", ylabel=f"perplexity at {round(s * L)} tokens", title="fitness", ylim=(best * 0.97, top)
+    )
+    right.legend(fontsize=8)
+    fig.suptitle(title or f"LongRoPE search x{s:g}")
+    fig.tight_layout()
+    with atomic_path(out / "search.png") as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+    lines = [
+        f"# LongRoPE search x{s:g} (target {round(s * L)} tokens, trained {L})",
+        "",
+        f"{result.evaluations} evaluations; fitness = perplexity of the search texts at the target length.",
+        "",
+        "| factors | fitness |",
+        "|---|---:|",
+        *[f"| {name} x{s:g} (seed) | {fit:.4f} |" for name, fit in result.seeds.items()],
+        f"| searched | {result.fitness:.4f} |",
+        "",
+        "long_factor: " + ", ".join(f"{x:.2f}" for x in result.long_factor),
+        "",
+        "![factors and fitness](search.png)",
+        "",
+    ]
+    return [out / "search.png", write_text(out / "report.md", "\n".join(lines))]

@@ -1,0 +1,253 @@
+"""``search``: an evolutionary search for LongRoPE rescale factors, with perplexity as fitness.
+
+Ding et al. 2024, "LongRoPE", section 3.2 (the authors did not release their search). For a model trained at
+``L`` and an extension ratio ``s``:
+
+- candidates: one factor per rotary frequency pair (``evolution.Space``: non-decreasing, ``1 <= lambda <= 1.25 s``),
+  applied with ``patch(model, "longrope", factor=s, short_factor=[1, ...], long_factor=lambda)``; inside ``L`` the
+  model is unchanged, past it every frequency is divided by its factor, with LongRoPE's attention scale
+  ``sqrt(1 + ln s / ln L)``;
+- first population: PI (``lambda_i = s``), NTK-aware and YaRN factors, taken from the methods ``patch`` applies
+  (``lambda_i = theta_i / theta'_i``), then mutations of them;
+- each generation keeps the best half (elitism) and fills the rest by crossover and mutation;
+- fitness: token-weighted perplexity of the first ``target_length = s L`` tokens of each text (texts shorter than
+  that are left out), computed with the perplexity harness' memory-safe ``window_nll``.
+
+The state (population, fitnesses, history, random generator) is written atomically after each generation, so
+``resume=True`` continues an interrupted search and, under an evaluation budget, ends exactly where an
+uninterrupted one would. A time budget stops at a generation boundary and is not reproducible.
+Not implemented: the paper's "start tokens" (the first positions kept unscaled need position-dependent
+frequencies, which ``patch`` does not apply) and LongRoPE2's needle-driven fitness.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import RopeExtendError
+from ..evaluation.perplexity import window_nll
+from ..evaluation.runner import check_reachable
+from ..hf import config as C
+from ..hf import head as H
+from ..hf.window import sliding_window_widened
+from ..io import claim_output_dir, write_json
+from ..methods import registry as M
+from ..methods._common import rope_frequencies
+from ..patch import patch, patched, unpatch
+from . import evolution as E
+from .report import write_report
+
+STATE = "search_state.json"
+RESULT = "longrope.json"
+SEED_METHODS = ("linear", "ntk", "yarn")
+
+
+@dataclass
+class SearchResult:
+    """The best factors found, as a ``longrope`` scaling, with the search's record."""
+
+    factor: float
+    original_length: int
+    long_factor: list[float]
+    fitness: float
+    seeds: dict[str, float]  # fitness of the PI / NTK / YaRN seeds
+    history: list[list[float]] = field(default_factory=list)  # [evaluation, fitness, best so far]
+    evaluations: int = 0
+
+    @property
+    def short_factor(self) -> list[float]:
+        return [1.0] * len(self.long_factor)
+
+    def patch_kwargs(self) -> dict[str, Any]:
+        """``patch(model, "longrope", **result.patch_kwargs())`` applies it."""
+        return {"factor": self.factor, "short_factor": self.short_factor, "long_factor": self.long_factor}
+
+    def rope_parameters(self) -> dict[str, Any]:
+        return {
+            "rope_type": "longrope",
+            "factor": self.factor,
+            "original_max_position_embeddings": self.original_length,
+            "short_factor": self.short_factor,
+            "long_factor": self.long_factor,
+        }
+
+
+def seed_factors(method: str, dim: int, base: float, factor: float, original_length: int) -> list[float]:
+    """``lambda_i = theta_i / theta'_i`` for a frequency method as ``patch`` applies it (its full-length branch)."""
+    scaled, _ = M.inv_freq(method, dim, base, factor, original_length)
+    return [float(x) for x in (rope_frequencies(dim, base) / scaled.double())]
+
+
+def _geometry(model) -> tuple[int, float, int]:
+    config = C.text_config(model.config)
+    layer_type = next((t for t in C.scaled_layer_types(config) if t is not None), None)
+    dim, base = C.rotary_geometry(config, layer_type)
+    return dim, base, C.original_length(config)
+
+
+def _tokens(tokenizer, texts, length: int) -> list[list[int]]:
+    texts = [t for t in texts if isinstance(t, str) and t.strip()]
+    if not texts:
+        raise RopeExtendError("the search needs texts: give at least one non-empty document")
+    docs = [tokenizer(t, add_special_tokens=True)["input_ids"] for t in texts]
+    kept = [d[:length] for d in docs if len(d) >= length]
+    if not kept:
+        raise RopeExtendError(
+            f"no text reaches the target length {length} tokens (the longest has {max(map(len, docs))}); give "
+            "longer texts or a smaller factor"
+        )
+    return kept
+
+
+def _settings(model, factor, dim, base, length, docs, population, seed) -> dict[str, Any]:
+    digest = hashlib.sha1(json.dumps(docs).encode()).hexdigest()[:16]
+    name = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
+    return {"model": str(name), "factor": factor, "dim": dim, "base": base, "target_length": length,
+            "texts": digest, "population": population, "seed": seed}  # fmt: skip
+
+
+def _rng_state(rng: random.Random) -> list:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def search(
+    model,
+    tokenizer,
+    factor: float,
+    texts,
+    *,
+    max_evaluations: int | None = 64,
+    max_seconds: float | None = None,
+    population: int = 16,
+    seed: int = 0,
+    upper: float = 1.25,
+    out: str | Path | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> SearchResult:
+    """Search LongRoPE factors for ``model`` at ``factor`` x its trained length on ``texts`` (see the module
+    docstring). ``max_evaluations`` / ``max_seconds``: the budget (at least one). ``out``: a folder for the state
+    (``search_state.json``), the result (``longrope.json``) and the report (``report.md``, ``search.png``);
+    ``resume`` continues the state found there, ``overwrite`` replaces an earlier search there (a folder
+    rope-extend did not make is never touched).
+    The model is left as it was (unpatched)."""
+    if max_evaluations is None and max_seconds is None:
+        raise RopeExtendError("the search needs a budget: max_evaluations, max_seconds or both")
+    if max_evaluations is not None and (not isinstance(max_evaluations, int) or max_evaluations < 1):
+        raise RopeExtendError(f"max_evaluations must be a positive integer, got {max_evaluations!r}")
+    if max_seconds is not None and not (isinstance(max_seconds, (int, float)) and max_seconds > 0):
+        raise RopeExtendError(f"max_seconds must be a positive number, got {max_seconds!r}")
+    if not isinstance(population, int) or population < 4:
+        raise RopeExtendError(f"population must be an integer >= 4, got {population!r}")
+    if patched(model) is not None:
+        raise RopeExtendError("the model is already patched: unpatch it first; the search patches it itself")
+    dim, base, L = _geometry(model)
+    space = E.Space.for_factor(dim // 2, factor, upper)
+    length = round(float(factor) * L)
+    docs = _tokens(tokenizer, texts, length)
+    check_reachable(model, length, cache=False)
+    settings = _settings(model, float(factor), dim, base, length, docs, population, seed)
+    head = H.lm_head(model, decoder=True)
+    device = next(model.parameters()).device
+    ids = [torch.tensor(d, device=device) for d in docs]
+
+    def fitness(candidate: list[float]) -> float:
+        patch(model, "longrope", factor=float(factor), short_factor=[1.0] * space.size, long_factor=candidate)
+        total = count = 0
+        for x in ids:
+            nll, n = window_nll(head, x, 1)
+            total, count = total + nll, count + n
+        return math.exp(total / count)
+
+    state_path = None
+    if out is not None:
+        owned = {STATE, RESULT, "report.md", "search.png"}
+        claim_output_dir(out, kind="search", owned=owned.__contains__, resume=resume, overwrite=overwrite)
+        state_path = Path(out) / STATE
+    rng = random.Random(seed)
+    pool: list[list] = []  # [factors, fitness]
+    history: list[list[float]] = []
+    seeds: dict[str, float] = {}
+    if resume:
+        if state_path is None or not state_path.is_file():
+            raise RopeExtendError(f"resume: no search state in {out!r} ({STATE} not found)")
+        state = json.loads(state_path.read_text(encoding="utf-8"))
+        if state["settings"] != settings:
+            diff = sorted(k for k in settings if state["settings"].get(k) != settings[k])
+            raise RopeExtendError(f"resume: the search in {out} was run with other settings ({', '.join(diff)})")
+        version, internal, gauss = state["rng"]
+        rng.setstate((version, tuple(internal), gauss))
+        pool, history, seeds = state["pool"], state["history"], state["seeds"]
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(
+        total=max_evaluations, initial=len(history), disable=not progress, unit="eval", desc=f"search x{factor:g}"
+    )
+    start = time.monotonic()
+    seen = {tuple(c) for c, _ in pool}
+
+    def spent() -> bool:
+        return (max_evaluations is not None and len(history) >= max_evaluations) or (
+            max_seconds is not None and time.monotonic() - start >= max_seconds
+        )
+
+    def evaluate(batch: list[list[float]]) -> None:
+        for cand in batch:
+            if max_evaluations is not None and len(history) >= max_evaluations:
+                return
+            fit = fitness(cand)
+            pool.append([cand, fit])
+            best = min(f for _, f in pool)
+            history.append([len(history) + 1, fit, best])
+            bar.update(1)
+            bar.set_postfix(best=f"{best:.4f}")
+
+    def save() -> None:
+        if state_path is not None:
+            state = {"settings": settings, "rng": _rng_state(rng), "pool": pool, "history": history, "seeds": seeds}
+            write_json(state_path, state)
+
+    widened = sliding_window_widened(model, length)  # a Mistral / Phi-3 window would hide the long context
+    widened.__enter__()
+    try:
+        if not pool:  # generation 0: the three methods, then mutations of them
+            first = []
+            for name in SEED_METHODS:
+                cand = E.repair(space, seed_factors(name, dim, base, float(factor), L))
+                if tuple(cand) not in seen:
+                    seen.add(tuple(cand))
+                    first.append(cand)
+            first += E.offspring(space, list(first), population - len(first), rng, seen)
+            evaluate(first)
+            for name, cand in zip(SEED_METHODS, first):
+                seeds[name] = next(f for c, f in pool if c == cand)
+            save()
+        while not spent():
+            pool.sort(key=lambda cf: cf[1])
+            parents = [c for c, _ in pool[: max(2, population // 2)]]
+            evaluate(E.offspring(space, parents, population - len(parents), rng, seen))
+            save()
+    finally:
+        bar.close()
+        unpatch(model)
+        widened.__exit__(None, None, None)
+    best, fit = min(pool, key=lambda cf: cf[1])
+    result = SearchResult(float(factor), L, list(best), float(fit), dict(seeds), history, len(history))
+    if out is not None:
+        curves = {name: seed_factors(name, dim, base, float(factor), L) for name in SEED_METHODS}
+        write_report(result, curves, out)
+        write_json(Path(out) / RESULT, {**result.rope_parameters(), "fitness": fit, "seeds": seeds,
+                                        "evaluations": len(history), "settings": settings})  # fmt: skip
+    return result

@@ -1,0 +1,140 @@
+"""The LongRoPE search on tiny models: deterministic, exactly resumable, and its result applies everywhere."""
+
+import json
+
+import pytest
+import torch
+
+import rope_extend
+from rope_extend import RopeExtendError
+from rope_extend.factor_search import run as R
+from tests.evaluation.conftest import make_text
+from tests.tiny import tiny_config, tiny_model, tiny_tokenizer
+
+L = 64  # trained length of the tiny model; the search targets 2L = 128 tokens
+
+
+@pytest.fixture(scope="module")
+def setup():
+    return tiny_model("llama", max_position_embeddings=L), tiny_tokenizer(), [make_text(40, seed=i) for i in range(2)]
+
+
+def run(setup, **kw):
+    model, tok, texts = setup
+    options = {"max_evaluations": 10, "population": 4, "seed": 0, "progress": False, **kw}
+    return R.search(model, tok, 2.0, texts, **options)
+
+
+def test_deterministic_under_a_seed_and_better_than_its_seeds(setup):
+    model = setup[0]
+    with torch.no_grad():
+        before = model(torch.arange(3, 40)[None]).logits
+    a, b, c = run(setup), run(setup), run(setup, seed=1)
+    assert a.long_factor == b.long_factor and a.history == b.history and a.evaluations == 10
+    assert c.history != a.history
+    assert set(a.seeds) == {"linear", "ntk", "yarn"}
+    assert a.fitness <= min(a.seeds.values())  # elitism: never worse than the best seed
+    assert [h[2] for h in a.history] == sorted((h[2] for h in a.history), reverse=True)  # best so far only falls
+    assert rope_extend.patched(model) is None
+    with torch.no_grad():
+        assert torch.equal(model(torch.arange(3, 40)[None]).logits, before)  # the model is left as it was
+
+
+def test_resume_after_an_interruption_ends_where_an_uninterrupted_search_does(setup, tmp_path, monkeypatch):
+    whole = run(setup, max_evaluations=12)
+    real, calls = R.window_nll, {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2 * 7 + 1:  # two texts per evaluation: dies inside the 8th evaluation
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(R, "window_nll", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        run(setup, max_evaluations=12, out=tmp_path / "s")
+    monkeypatch.setattr(R, "window_nll", real)
+    state = json.loads((tmp_path / "s" / R.STATE).read_text())
+    assert len(state["history"]) == 6  # saved after generation 0 (4) and generation 1 (2)
+    assert rope_extend.patched(setup[0]) is None  # unpatched even when interrupted
+    resumed = run(setup, max_evaluations=12, out=tmp_path / "s", resume=True)
+    assert resumed.long_factor == whole.long_factor and resumed.history == whole.history
+    files = sorted(p.name for p in (tmp_path / "s").iterdir())
+    assert files == [".rope-extend", "longrope.json", "report.md", "search.png", "search_state.json"]
+    with pytest.raises(RopeExtendError, match="other settings.*seed"):
+        run(setup, max_evaluations=12, out=tmp_path / "s", resume=True, seed=5)
+    with pytest.raises(RopeExtendError, match="--resume"):
+        run(setup, out=tmp_path / "s")  # an earlier search is never replaced without asking
+
+
+def test_the_result_patches_configures_and_reloads_in_plain_transformers(setup, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model, tok, texts = setup
+    result = run(setup, max_evaluations=6)
+    saved = json.loads(json.dumps(result.rope_parameters()))
+    assert saved["rope_type"] == "longrope" and len(saved["long_factor"]) == 8
+    ids = torch.tensor(tok(texts[0])["input_ids"][:128])[None]
+    rope_extend.patch(model, "longrope", **result.patch_kwargs())
+    try:
+        with torch.no_grad():
+            patched = model(ids).logits
+    finally:
+        rope_extend.unpatch(model)
+    config = tiny_config("llama", max_position_embeddings=L)
+    rope_extend.configure(config, "longrope", **result.patch_kwargs())
+    plain = type(model)(config).eval()
+    plain.load_state_dict(model.state_dict())
+    plain.save_pretrained(tmp_path / "m")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "m").eval()
+    assert reloaded.config.rope_parameters["long_factor"] == result.long_factor
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, patched, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"max_evaluations": None}, "needs a budget"),
+    ({"max_evaluations": 0}, "positive integer"),
+    ({"max_seconds": -1.0}, "positive number"),
+    ({"population": 3}, "population must be"),
+])  # fmt: skip
+def test_bad_options(setup, kw, match):
+    with pytest.raises(RopeExtendError, match=match):
+        run(setup, **kw)
+
+
+def test_bad_texts_and_models(setup, tmp_path):
+    model, tok, _ = setup
+    with pytest.raises(RopeExtendError, match="needs texts"):
+        R.search(model, tok, 2.0, ["", "  "], max_evaluations=4)
+    with pytest.raises(RopeExtendError, match="no text reaches the target length 128"):
+        R.search(model, tok, 2.0, ["short text."], max_evaluations=4)
+    with pytest.raises(RopeExtendError, match="extension factor > 1"):
+        R.search(model, tok, 1.0, [make_text(40)], max_evaluations=4)
+    with pytest.raises(RopeExtendError, match="resume: no search state"):
+        run(setup, out=tmp_path / "none", resume=True)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(RopeExtendError, match="mine"):
+        run(setup, out=tmp_path / "mine", overwrite=True)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    rope_extend.patch(model, "yarn", factor=2)
+    try:
+        with pytest.raises(RopeExtendError, match="already patched"):
+            run(setup)
+    finally:
+        rope_extend.unpatch(model)
+
+
+def test_command_line_on_the_bundled_model(tmp_path, capsys):
+    from rope_extend.cli import main
+
+    out = tmp_path / "search"
+    args = ["search", "--model", "bundled", "--factor", "2", "--evals", "6", "--population", "4", "--out", str(out)]
+    assert main([*args, "--no-progress"]) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert first["evaluations"] == 6 and first["fitness"] <= min(first["seeds"].values())
+    assert main([*args[:6], "8", *args[7:], "--resume", "--no-progress"]) == 0
+    result = json.loads((out / "longrope.json").read_text())
+    assert result["evaluations"] == 8 and result["rope_type"] == "longrope" and len(result["long_factor"]) == 32
+    assert "searched" in (out / "report.md").read_text()
