@@ -7,7 +7,7 @@ perplexity), then the perplexity of chronicles 4-7, which the search never saw, 
 window per document, token-weighted) for the searched factors against linear (PI), ntk, yarn and dynamic_yarn
 zero-shot at the same factor, and the unscaled model. Target: searched below yarn, ntk and linear at 4x and 8x.
 
-Writes each search's report (report.md, search.png, longrope.json) under --out/x<s>/. Prints a table, then the
+Copies each search's report (report.md, search.png, longrope.json) to --out/x<s>/. Prints a table, then the
 last line as JSON (per factor: every method's held-out perplexity, searched / best other, pass).
 """
 
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,11 +43,17 @@ def main():
     summary = {}
     for s in args.factors:
         t0 = time.monotonic()
-        result = rope_extend.search(
-            model, tok, s, search_texts, max_evaluations=args.evals, population=args.population, seed=args.seed,
-            out=Path(args.out) / f"x{s:g}", overwrite=True, progress=False,
-        )  # fmt: skip
-        seconds = time.monotonic() - t0
+        with tempfile.TemporaryDirectory() as tmp:
+            result = rope_extend.search(
+                model, tok, s, search_texts, max_evaluations=args.evals, population=args.population,
+                seed=args.seed, out=Path(tmp) / "search", progress=False,
+            )  # fmt: skip
+            seconds = time.monotonic() - t0
+            target = Path(args.out) / f"x{s:g}"  # the report files only (not the resumable state)
+            target.mkdir(parents=True, exist_ok=True)
+            for name in ("longrope.json", "report.md", "search.png"):
+                shutil.copyfile(Path(tmp) / "search" / name, target / f".{name}.tmp")
+                (target / f".{name}.tmp").replace(target / name)
         length = round(s * L)
         row = {}
         for name in (*METHODS, "searched"):
