@@ -277,10 +277,16 @@ def _attend_rows(module, plan, query, key, value, mask, scaling, softcap, q0: in
     if plan.logn:
         q = q * logn_scale(qpos, plan.original_max_position_embeddings)[None, None, :, None]
     keys, values = key[:, :, first - k0 :].float(), value[:, :, first - k0 :]
-    rotated = {}
-    for kind in rules.kinds:  # every key at its position for each kind: O(m) memory per kind
-        delta = (rules.key_position(kind, kpos) - kpos).to(torch.float64)
-        rotated[kind] = _rotate(keys, *_rotation(plan, delta, device), rotate_half)
+    rotated, groups = {}, {}
+    for kind in rules.kinds:  # every key at its position, once per key group: O(m) memory per group
+        group = rules.key_group(kind)
+        if group is None:
+            rotated[kind] = keys
+        elif group in groups:
+            rotated[kind] = groups[group]
+        else:
+            delta = (rules.key_position(kind, kpos) - kpos).to(torch.float64)
+            rotated[kind] = groups[group] = _rotate(keys, *_rotation(plan, delta, device), rotate_half)
     out = torch.zeros(b, n, h, value.shape[-1], dtype=dtype, device=device)
     for a, e in rules.blocks(max(q0, first), q0 + n, BLOCK):
         rows = slice(a - q0, e - q0)
@@ -289,8 +295,11 @@ def _attend_rows(module, plan, query, key, value, mask, scaling, softcap, q0: in
         for kind, j0, j1, full in rules.passes(a, e, first):
             if j1 <= j0:
                 continue
-            delta = (rules.query_position(kind, i) - i).to(torch.float64)
-            qk = _rotate(q[:, :, rows], *_rotation(plan, delta, device), rotate_half)
+            if rules.key_group(kind) is None:  # true positions for both
+                qk = q[:, :, rows]
+            else:
+                delta = (rules.query_position(kind, i) - i).to(torch.float64)
+                qk = _rotate(q[:, :, rows], *_rotation(plan, delta, device), rotate_half)
             cols = slice(j0 - first, j1 - first)
             allow = None
             if not full:
@@ -314,9 +323,7 @@ def _partial(q, k, v, allow, scaling: float, softcap: float | None):
         bias = None
         if allow is not None:
             bias = torch.zeros(allow.shape, dtype=q.dtype, device=q.device).masked_fill(~allow, float("-inf"))
-        groups = q.shape[1] // k.shape[1]
-        if groups > 1:
-            k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        # grouped-query attention: the CPU kernel maps query head h to key head h // (h_q / h_kv), as repeat_kv
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, False, attn_mask=bias, scale=scaling
         )

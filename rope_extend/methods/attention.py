@@ -53,6 +53,11 @@ class Rules:
     def key_position(self, kind: str, j: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def key_group(self, kind: str) -> str | None:
+        """Kinds with the same group share key positions; None: the kind keeps the true positions of queries
+        and keys (no rotation)."""
+        return kind
+
     def region(self, kind: str, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         """Whether the pairs ``(i, j)`` (broadcast, ``j <= i`` assumed) belong to ``kind``."""
         raise NotImplementedError
@@ -73,6 +78,9 @@ class _Windowed(Rules):
 
     def __init__(self, window: int):
         self.window = window
+
+    def key_group(self, kind):
+        return None if kind == "near" else kind
 
     def region(self, kind, i, j):
         near = (i - j) < self.window
@@ -144,6 +152,9 @@ class DualChunkRules(Rules):
 
     def key_position(self, kind, j):
         return torch.remainder(j, self.chunk_len)
+
+    def key_group(self, kind):
+        return "chunk"  # one key position for every kind
 
     def region(self, kind, i, j):
         gap = torch.div(i, self.chunk_len, rounding_mode="floor") - torch.div(j, self.chunk_len, rounding_mode="floor")
