@@ -261,3 +261,16 @@ def test_flash_implementation_refused():
     with pytest.raises(UnsupportedModelError, match="eager or sdpa"):
         rope_extend.patch(model, "self_extend")
     assert rope_extend.patched(model) is None
+
+
+def test_methods_listing_and_suite_spec(capsys):
+    from rope_extend.cli import main
+    from rope_extend.evaluation.suite import MethodSpec
+
+    assert main(["methods"]) == 0
+    listing = capsys.readouterr().out
+    assert "self_extend" in listing and "attention" in listing and "LongLM" in listing and "logn" in listing
+    assert MethodSpec(method="dual_chunk").name() == "dual_chunk"
+    assert MethodSpec(method="self_extend", factor=4).name() == "self_extend x4"
+    with pytest.raises(RopeExtendError, match="exactly one of factor and target_length"):
+        MethodSpec(method="yarn")
