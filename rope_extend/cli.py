@@ -29,13 +29,21 @@ def _cmd_methods(args: argparse.Namespace) -> int:
     from .methods import registry as M
 
     rows = [
-        (m.name, m.rope_type, "yes" if m.in_transformers else "no", "yes" if m.dynamic else "no", m.source)
+        (
+            m.name,
+            m.rope_type,
+            "attention" if m.attention else "frequencies",
+            "yes" if m.in_transformers else "no",
+            "yes" if m.dynamic else "no",
+            m.source,
+        )
         for m in map(M.get, M.names())
     ]
-    header = ("method", "rope_type", "in transformers", "dynamic", "source")
+    header = ("method", "rope_type", "changes", "in transformers", "dynamic", "source")
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     for row in [header] + rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+    print("\nlogn=true (log-n attention temperature, Qwen-1 use_logn_attn; Su 2023) composes with every method.")
     return 0
 
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .errors import NotPatchedError, UnsupportedModelError
+from .hf import attention as A
 from .hf import cache
 from .hf import config as hf
 from .hf import rotary as R
@@ -44,6 +45,7 @@ class PatchState:
     configs: list[tuple[Any, dict]] = field(default_factory=list)
     modules: list[tuple[nn.Module, _ModuleSnapshot]] = field(default_factory=list)
     hooks: list[tuple[nn.Module, int]] = field(default_factory=list)  # cache keepers patch installed
+    attention: tuple[Any, str, list[nn.Module]] | None = None  # (config, implementation before, modules planned)
 
 
 def _snapshot_module(module: nn.Module, config) -> _ModuleSnapshot:
@@ -89,6 +91,8 @@ def _restore(state: PatchState) -> None:
         hf.restore(config, snap)
     for decoder, key in state.hooks:
         cache.remove(decoder, key)
+    if state.attention is not None:
+        A.remove(*state.attention)
     for module, name, value in buffers:
         module._buffers[name] = value
     for module, snap in state.modules:
@@ -161,6 +165,10 @@ def patch(
         if not entries:
             raise UnsupportedModelError(f"{type(module).__name__} has no global rotary frequencies to scale")
         plans.append((module, config, entries))
+    attention = []
+    if scaling.in_attention:
+        config = R.module_config(model, modules[0][1])
+        attention = A.plans(model, config, scaling, [m for m, _, _ in plans])
     if shipped and state is None:
         logger.warning(
             "the model ships with rope scaling %s; rope-extend replaces it (it does not compound): %s is applied "
@@ -191,6 +199,11 @@ def patch(
         hook = cache.install(model, R.install(module, entries), config)
         if hook is not None:
             state.hooks.append(hook)
+    if attention:
+        config = A.text_config(R.module_config(model, modules[0][1]))
+        inner = attention[0][1].inner
+        A.install(config, attention)
+        state.attention = (config, inner, [m for m, _ in attention])
     model.__dict__[STATE_ATTR] = state
     return model
 

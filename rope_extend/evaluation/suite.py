@@ -54,14 +54,16 @@ class MethodSpec:
                 )
             return
         method = M.get(self.method)  # an unknown name raises, listing the known ones
-        if (self.factor is None) == (self.target_length is None):
+        if method.attention and self.factor is None and self.target_length is None:
+            pass  # attention methods keep plain RoPE: no factor needed
+        elif (self.factor is None) == (self.target_length is None):
             raise RopeExtendError(
                 f"method {self.method}: give exactly one of factor and target_length, got "
                 f"factor={self.factor}, target_length={self.target_length}"
             )
         if self.factor is not None:
             M.check_factor(self.factor)
-        else:
+        elif self.target_length is not None:
             M.check_int("target_length", self.target_length)
         method.make_params(self.params)  # the rest is checked against the model's config before any run
 
@@ -70,6 +72,8 @@ class MethodSpec:
             return self.label
         if self.method == "none":
             return "none"
+        if self.factor is None and self.target_length is None:  # an attention method without a target
+            return self.method
         size = f"x{self.factor:g}" if self.factor is not None else f"to {self.target_length}"
         return f"{self.method} {size}"
 

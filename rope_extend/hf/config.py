@@ -143,6 +143,8 @@ def scaled_rope_dict(old: dict[str, Any], scaling: M.Scaling) -> dict[str, Any]:
     if scaling.method.rope_type != "linear":
         out["original_max_position_embeddings"] = scaling.original_max_position_embeddings
     out.update(scaling.method.param_dict(scaling.params))
+    if scaling.logn:
+        out["logn"] = True
     return out
 
 

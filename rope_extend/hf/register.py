@@ -8,7 +8,10 @@ What it changes in transformers, and nothing else:
 - ``RotaryEmbeddingConfigMixin`` gains a validator per such type, which raises on a bad parameter
   (transformers' own validators only warn);
 - ``PreTrainedModel.post_init`` is wrapped so that a model built from a config naming a rope-extend type
-  gets rope-extend's rotary runtime (``attach_from_config`` below, with the cache keeper of ``hf.cache``); models without one are untouched.
+  gets rope-extend's rotary runtime (``attach_from_config`` below, with the cache keeper of ``hf.cache``), and one
+  naming an attention method or ``logn`` gets rope-extend's attention (``hf.attention``); models without one
+  are untouched;
+- ``AttentionInterface`` and ``AttentionMaskInterface`` gain the name ``rope_extend`` (``hf.attention``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from torch import nn
 
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..methods import registry as M
+from . import attention as A
 from . import cache
 from . import rotary as R
 from .config import config_scaling, original_length, own_rope_type, rotary_geometry, scaling_from_dict
@@ -65,6 +69,7 @@ def register() -> None:
         attach_from_config(self)
         return out
 
+    A.register()
     post_init.__wrapped__ = original_post_init
     PreTrainedModel.post_init = post_init
     _registered = True
@@ -87,13 +92,21 @@ def attach_from_config(model: nn.Module) -> None:
             layer_types = R.module_layer_types(module)
         except UnsupportedModelError:
             continue
-        entries = {}
+        entries, in_attention = {}, None
         for lt in layer_types:
             params = config.rope_parameters if lt is None else config.rope_parameters.get(lt)
-            if not params or not own_rope_type(params.get("rope_type")):
+            if not params:
+                continue
+            if params.get("logn") or own_rope_type(params.get("rope_type")):
+                scaling = config_scaling(config, lt)
+                if scaling is not None and scaling.in_attention:
+                    in_attention = scaling
+            if not own_rope_type(params.get("rope_type")):
                 continue
             scaling = config_scaling(config, lt)
             dim, base = rotary_geometry(config, lt)
             entries[lt] = R.Entry(scaling, dim, base)
         if entries:
             cache.install(model, R.install(module, entries), config)
+        if in_attention is not None:
+            A.install(config, A.plans(model, config, in_attention, [module]))

@@ -93,11 +93,13 @@ class Method:
     rope_type: str  # the `rope_type` written into `config.rope_parameters`
     dynamic: bool = False  # frequencies depend on the current length
     in_transformers: bool = False  # `rope_type` is transformers' own type, with the same numbers
+    attention: bool = False  # plain RoPE frequencies; the method changes positions in attention (methods.attention)
     source: str = ""
 
     def make_params(self, params: dict[str, Any]) -> Any:
         """Build the validated params dataclass; unknown names are errors that list the allowed ones."""
         allowed = [f.name for f in dataclasses.fields(self.params)]
+        params = {k: v for k, v in params.items() if k != "logn"}  # any method takes logn (Scaling.logn)
         for key in params:
             if key not in allowed:
                 hint = closest(key, allowed)

@@ -20,6 +20,7 @@ class Scaling:
     factor: float
     original_max_position_embeddings: int
     params: Any
+    logn: bool = False  # log-n attention temperature on top of the method (methods.attention.logn_scale)
 
     @property
     def target_length(self) -> int:
@@ -36,10 +37,21 @@ class Scaling:
 
     def describe(self) -> str:
         extra = ", ".join(f"{k}={v}" for k, v in self.method.param_dict(self.params).items() if not isinstance(v, list))
+        if self.logn:
+            extra = f"{extra}, logn" if extra else "logn"
         return (
             f"{self.method.name} (factor {self.factor:g}, L={self.original_max_position_embeddings}, "
             f"target {self.target_length}{', ' + extra if extra else ''})"
         )
+
+    @property
+    def in_attention(self) -> bool:
+        """Whether attention changes (an attention method, or log-n): ``hf.attention`` is installed."""
+        return self.method.attention or self.logn
+
+    def rules(self):
+        """The position rules of an attention method (``methods.attention``), or None."""
+        return self.params.rules(self.original_max_position_embeddings) if self.method.attention else None
 
 
 def resolve(
@@ -52,9 +64,20 @@ def resolve(
 ) -> Scaling:
     """Validate every argument and return the scaling; raises ``RopeExtendError`` naming the problem.
 
-    Exactly one of ``factor`` and ``target_length`` is given; ``factor = target_length / L``.
+    Exactly one of ``factor`` and ``target_length`` is given; ``factor = target_length / L``. Attention
+    methods (``method.attention``) keep plain RoPE and need neither: the factor then defaults to the method's
+    usable length over ``L`` (Self-Extend) or 1 (no length limit). ``params`` may hold ``logn`` (true/false)
+    for any method.
     """
     length = check_int("original_max_position_embeddings", original_max_position_embeddings)
+    params = dict(params)
+    logn = params.pop("logn", False)
+    if not isinstance(logn, bool):
+        raise RopeExtendError(f"logn must be true or false, got {logn!r}")
+    if method.attention and factor is None and target_length is None:
+        made = method.make_params(params)
+        usable = getattr(made, "usable_length", None)
+        factor = usable(length) / length if usable is not None else 1.0
     if (factor is None) == (target_length is None):
         raise RopeExtendError(
             "give exactly one of factor (s >= 1, relative to the original length L="
@@ -68,4 +91,11 @@ def resolve(
             )
         factor = target / length
     s = check_factor(factor)
-    return Scaling(method, s, length, method.make_params(params))
+    made = method.make_params(params)
+    usable = getattr(made, "usable_length", None)
+    if usable is not None and s * length > usable(length) * (1 + 1e-9):
+        raise RopeExtendError(
+            f"{method.name} with these parameters reaches {usable(length)} tokens ((L - window) * group_size + window), "
+            f"less than the target {math.ceil(s * length)}; raise group_size or lower the factor"
+        )
+    return Scaling(method, s, length, made, logn)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..errors import RopeExtendError, closest
+from . import attention as _attention
 from . import linear as _linear
 from . import llama3 as _llama3
 from . import longrope as _longrope
@@ -42,6 +43,7 @@ for _m in (
     _yarn.DYNAMIC_YARN,
     _llama3.METHOD,
     _longrope.METHOD,
+    *_attention.METHODS,
 ):
     register(_m)
 

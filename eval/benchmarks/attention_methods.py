@@ -1,0 +1,186 @@
+"""Peak memory and time of the attention methods (self_extend, dual_chunk, rerope) vs plain SDPA.
+
+    python eval/benchmarks/attention_methods.py                  # CPU: random Llama, L=4096, 8192 and 16384 tokens
+    python eval/benchmarks/attention_methods.py --gpu            # GPU: the same shape in bf16 at 16k and 32k
+    python eval/benchmarks/attention_methods.py --model bundled --lengths 4096   # a real model
+
+One forward (no cache, ``logits_to_keep=1``) over the whole sequence. Each variant runs in a fresh
+subprocess, so one variant's allocations cannot hide in another's peak. CPU memory is the process's peak RSS
+(``ru_maxrss``); the ratio uses the increase over the peak after model construction and a warm-up forward
+(what the long forward costs). GPU memory is ``torch.cuda.max_memory_allocated`` after resetting the peak.
+Time is the best of ``--repeats`` forwards. The random model is shaped for attention to dominate: head
+dimension 128 as in Llama 2, trained length ``L = 4096``, so the methods run with their usual parameters
+(Self-Extend ``group_size=8, window=1024``, reaching 25600 tokens; Dual Chunk defaults ``C = 3L/4 = 3072``,
+``w = L/16 = 256``; ReRoPE ``window = L/4``). The last line printed is JSON.
+Targets (issue 11): self_extend and dual_chunk within 1.5x the memory and 3x the time of SDPA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+SHAPE = dict(
+    vocab_size=1024,
+    hidden_size=512,
+    intermediate_size=1024,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+)
+VARIANTS = {
+    "sdpa": ("none", {}),
+    "self_extend": ("self_extend", {"group_size": 8, "window": 1024}),
+    "dual_chunk": ("dual_chunk", {}),
+    "rerope": ("rerope", {}),
+}
+TARGETS = {"self_extend": (1.5, 3.0), "dual_chunk": (1.5, 3.0)}
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
+
+
+def worker(variant: str, length: int, device: str, repeats: int, seed: int, name: str | None) -> dict:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import rope_extend
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    if name:
+        from rope_extend.loading import load_model
+
+        model = load_model(name, dtype=dtype, device=device)
+    else:
+        config = LlamaConfig(**SHAPE)
+        config._attn_implementation = "sdpa"
+        torch.manual_seed(seed)
+        torch.set_default_dtype(dtype)
+        with torch.device(device):
+            model = LlamaForCausalLM(config).eval()
+        torch.set_default_dtype(torch.float32)
+    method, params = VARIANTS[variant]
+    if method != "none":
+        rope_extend.patch(model, method, **({} if name else params))  # a named model: defaults from its own L
+    vocab = model.config.vocab_size
+    ids = torch.randint(3, vocab, (1, length), generator=torch.Generator().manual_seed(seed)).to(device)
+
+    def run(n: int) -> torch.Tensor:
+        with torch.no_grad():
+            return model(input_ids=ids[:, :n], use_cache=False, logits_to_keep=1).logits
+
+    run(512)  # warm-up: kernels, allocator pools
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.max_memory_allocated() / 2**20
+    base_rss = _rss_mb()
+    times, error, last = [], None, None
+    for _ in range(repeats):
+        try:
+            start = time.perf_counter()
+            last = run(length)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        except torch.cuda.OutOfMemoryError as exc:
+            error = f"out of memory: {str(exc).splitlines()[0]}"
+            break
+    out = {
+        "variant": variant,
+        "length": length,
+        "device": device,
+        "error": error,
+        "seconds": min(times) if times else None,
+        "finite": bool(torch.isfinite(last).all()) if last is not None else None,
+    }
+    if device == "cuda":
+        out.update(peak_mb=torch.cuda.max_memory_allocated() / 2**20, base_mb=base, gpu=torch.cuda.get_device_name())
+    else:
+        out.update(peak_mb=_rss_mb(), base_mb=base_rss)
+    out["increase_mb"] = out["peak_mb"] - out["base_mb"]
+    return out
+
+
+def spawn(variant: str, length: int, args) -> dict:
+    cmd = [sys.executable, __file__, "--worker", variant, "--length", str(length), "--device", args.device]
+    cmd += ["--repeats", str(args.repeats), "--seed", str(args.seed)] + (["--model", args.model] if args.model else [])
+    proc = subprocess.run(
+        cmd, check=False, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    )
+    if proc.returncode != 0:
+        return {"variant": variant, "length": length, "error": proc.stderr.strip().splitlines()[-1:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--gpu", action="store_true", help="bf16 on CUDA at 16k and 32k tokens")
+    p.add_argument("--lengths", help="comma-separated token counts (default 8192,16384; with --gpu 16384,32768)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, from: " + ", ".join(VARIANTS))
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", help="a model folder or name (bundled) instead of the random Llama")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--length", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--device", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.length, args.device, args.repeats, args.seed, args.model)))
+        return
+    args.device = args.device or ("cuda" if args.gpu else "cpu")
+    lengths = [int(x) for x in (args.lengths or ("16384,32768" if args.gpu else "8192,16384")).split(",")]
+    variants = ["sdpa"] + [v for v in args.variants.split(",") if v in VARIANTS and v != "sdpa"]
+    rows, ratios = [], {}
+    for length in lengths:
+        found = {v: spawn(v, length, args) for v in variants}
+        rows += found.values()
+        base = found["sdpa"]
+        for v in variants[1:]:
+            r = found[v]
+            ok = not r.get("error") and not base.get("error")
+            ratios.setdefault(v, {})[str(length)] = {
+                "memory_ratio": round(r["increase_mb"] / base["increase_mb"], 3) if ok else None,
+                "peak_memory_ratio": round(r["peak_mb"] / base["peak_mb"], 3) if ok else None,
+                "time_ratio": round(r["seconds"] / base["seconds"], 3) if ok else None,
+                "error": r.get("error") or base.get("error"),
+            }
+    print(f"{'variant':12} {'length':>7} {'peak MB':>9} {'+MB':>9} {'seconds':>9}  error")
+    for r in rows:
+        fmt = lambda v, f: format(v, f) if isinstance(v, (int, float)) else "-"
+        print(
+            f"{r['variant']:12} {r['length']:>7} {fmt(r.get('peak_mb'), '9.0f')} {fmt(r.get('increase_mb'), '9.0f')} "
+            f"{fmt(r.get('seconds'), '9.2f')}  {r.get('error') or ''}"
+        )
+    met = {
+        v: all(
+            x["memory_ratio"] is not None and x["memory_ratio"] <= TARGETS[v][0] and x["time_ratio"] <= TARGETS[v][1]
+            for x in ratios.get(v, {}).values()
+        )
+        for v in TARGETS
+        if v in ratios
+    }
+    device = next((r.get("gpu") for r in rows if r.get("gpu")), None) or f"cpu ({os.cpu_count()} cores)"
+    print(
+        json.dumps(
+            {
+                "benchmark": "attention_methods",
+                "device": device,
+                "model": args.model or "random llama " + json.dumps(SHAPE),
+                "targets": {v: {"memory_ratio": f"<= {m}", "time_ratio": f"<= {t}"} for v, (m, t) in TARGETS.items()},
+                "met": met,
+                "ratios": ratios,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

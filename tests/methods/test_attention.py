@@ -1,0 +1,97 @@
+"""The position rules of the attention methods (``rope_extend.methods.attention``): pure math."""
+
+import math
+
+import pytest
+import torch
+
+from rope_extend import RopeExtendError
+from rope_extend.methods import registry as M
+from rope_extend.methods.attention import DualChunkParams, LeakyReRopeParams, ReRopeParams, SelfExtendParams, logn_scale
+
+L = 64
+RULES = {
+    "self_extend": SelfExtendParams(group_size=4, window=16).rules(L),
+    "dual_chunk": DualChunkParams(chunk_size=40, local_window=8).rules(L),
+    "rerope": ReRopeParams(window=16).rules(L),
+    "leaky_rerope": LeakyReRopeParams(window=16, k=4.0).rules(L),
+}
+
+
+@pytest.mark.parametrize("name", list(RULES))
+@pytest.mark.parametrize("first", [0, 37])  # keys from position 0, or a sliding cache starting at 37
+def test_passes_cover_every_causal_pair_once_with_its_kind(name, first):
+    rules = RULES[name]
+    n = 200
+    for a, b in rules.blocks(first, n, 24):
+        assert a < b <= a + 24
+        seen = torch.zeros(b - a, n, dtype=torch.int64)
+        i = torch.arange(a, b)[:, None]
+        for kind, j0, j1, full in rules.passes(a, b, first):
+            j = torch.arange(j0, j1)[None, :]
+            member = rules.region(kind, i, j) & (j <= i)
+            if full:
+                assert member.all(), (name, kind, a, b, j0, j1)
+            seen[:, j0:j1] += member.long()
+        j = torch.arange(n)[None, :]
+        want = ((j <= i) & (j >= first)).long()
+        assert torch.equal(seen, want), (name, a, b)
+
+
+def test_relative_positions_stay_inside_L():
+    i, j = torch.arange(3000)[:, None], torch.arange(3000)[None, :]
+    causal = j <= i
+    for name in ("dual_chunk", "rerope"):
+        rules = RULES[name]
+        for kind in rules.kinds:
+            rel = rules.query_position(kind, i) - rules.key_position(kind, j)
+            inside = rel[rules.region(kind, i, j) & causal]
+            assert inside.min() >= 0 and inside.max() < L
+    se = RULES["self_extend"]  # within its usable length (L - W) G + W = 208
+    i, j = torch.arange(208)[:, None], torch.arange(208)[None, :]
+    rel = se.query_position("far", i) - se.key_position("far", j)
+    assert rel[se.region("far", i, j) & (j <= i)].max() < L
+
+
+def test_dual_chunk_positions_as_in_the_issue():
+    r = RULES["dual_chunk"]  # C = 40, w = 8, s = 32
+    i = torch.tensor([70])  # chunk 2, i mod s = 6
+    assert r.query_position("intra", i).item() == 6
+    assert r.query_position("successive", i).item() == 38  # min(6 + 32, 40)
+    assert r.query_position("successive", torch.tensor([95])).item() == 40  # min(31 + 32, 40)
+    assert r.query_position("inter", i).item() == 40  # min(2 s - 1, C)
+    assert r.key_position("inter", torch.tensor([33])).item() == 1
+
+
+def test_self_extend_and_leaky_positions():
+    se = RULES["self_extend"]  # G = 4, W = 16
+    assert se.query_position("far", torch.tensor([100])).item() == 100 // 4 + 16 - 4
+    assert se.key_position("far", torch.tensor([9])).item() == 2
+    lk = RULES["leaky_rerope"]
+    rel = lk.query_position("far", torch.tensor([100])) - lk.key_position("far", torch.tensor([40]))
+    assert rel.item() == pytest.approx(16 + (60 - 16) / 4)
+
+
+def test_logn_scale():
+    p = torch.tensor([0, 63, 64, 4095])
+    want = [1.0, 1.0, math.log(65) / math.log(64), math.log(4096) / math.log(64)]
+    assert logn_scale(p, 64).tolist() == pytest.approx(want)
+
+
+def test_defaults_come_from_L():
+    assert DualChunkParams().rules(4096).chunk_size == 3072 and DualChunkParams().rules(4096).local_window == 256
+    assert SelfExtendParams().rules(4096).window == 1024
+    assert SelfExtendParams(group_size=8, window=1024).usable_length(4096) == 25600
+
+
+def test_factor_defaults_and_limits():
+    se = M.resolve(M.get("self_extend"), original_max_position_embeddings=64, params={"group_size": 4, "window": 16})
+    assert se.target_length == 208 and se.rules() is not None
+    dca = M.resolve(M.get("dual_chunk"), original_max_position_embeddings=64, params={"logn": True})
+    assert dca.factor == 1.0 and dca.logn and "logn" in dca.describe()
+    with pytest.raises(RopeExtendError, match="give exactly one of factor"):
+        M.resolve(M.get("yarn"), original_max_position_embeddings=64, params={"logn": True})
+    with pytest.raises(RopeExtendError, match="reaches 208 tokens"):
+        M.resolve(
+            M.get("self_extend"), factor=4, original_max_position_embeddings=64, params={"group_size": 4, "window": 16}
+        )

@@ -1,0 +1,276 @@
+"""Attention methods (``rope_extend.hf.attention``) against an eager reference with explicit positions.
+
+The reference takes the queries and keys transformers rotated at their true positions, and for every pair
+(i, j) rotates key j further so that the pair's relative position is the method's ``rel[i, j]``, written
+out below from the formulas of methods.md and issue 11; then plain softmax attention.
+"""
+
+import math
+
+import pytest
+import torch
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_utils import AttentionInterface
+
+import rope_extend
+from rope_extend import RopeExtendError, UnsupportedModelError
+from rope_extend.hf import attention as A
+from tests.tiny import FAMILIES, tiny_config, tiny_model
+
+L = 32
+N = 80  # 2.5 L
+FAMILY_NAMES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "phi", "gpt_neox"]
+METHODS = {
+    "self_extend": dict(group_size=4, window=8),
+    "dual_chunk": dict(chunk_size=24, local_window=4),
+    "rerope": dict(window=8),
+    "leaky_rerope": dict(window=8, k=4.0),
+}
+
+
+def relative(method, params, i, j):
+    """The method's relative position of query i and key j <= i (plain numbers)."""
+    d = i - j
+    if method == "self_extend":
+        g, w = params["group_size"], params["window"]
+        return d if d < w else (i // g + w - w // g) - j // g
+    if method == "dual_chunk":
+        c, w = params["chunk_size"], params["local_window"]
+        s = c - w
+        kp = j % s
+        if i // s == j // s:
+            return i % s - kp
+        if i // s == j // s + 1:
+            return min(i % s + s, c) - kp
+        return min(2 * s - 1, c) - kp
+    if method == "rerope":
+        return min(d, params["window"])
+    if method == "leaky_rerope":
+        w, k = params["window"], params["k"]
+        return d if d < w else w + (d - w) / k
+    return d  # plain RoPE (logn only)
+
+
+def _rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Reference:
+    """An attention function with the method's explicit position matrix (eager, O(n^2) memory)."""
+
+    def __init__(self, model, method, params, logn=False):
+        self.method, self.params, self.logn = method, params, logn
+        self.rotary = model.get_decoder().rotary_emb
+
+    def __call__(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, **kw):
+        if getattr(module, "sliding_window", None) and module.config.model_type.startswith("gemma"):
+            bias = torch.zeros(attention_mask.shape).masked_fill(~attention_mask, torch.finfo(torch.float32).min)
+            eager = __import__(type(module).__module__, fromlist=["x"]).eager_attention_forward
+            return eager(module, query, key, value, bias, scaling=scaling, softcap=softcap)
+        n, groups = query.shape[2], query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+        buffers = dict(self.rotary.named_buffers())
+        inv = buffers.get("inv_freq", buffers.get("full_attention_inv_freq"))
+        rel = torch.tensor([[relative(self.method, self.params, i, j) for j in range(n)] for i in range(n)])
+        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        delta = (i - rel - j).to(torch.float64)  # move key j to i - rel[i, j]
+        angles = (delta[..., None] * inv.double()).float()
+        cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)  # [n, n, rot]
+        rot = cos.shape[-1]
+        k = key[:, :, None].expand(-1, -1, n, -1, -1)  # [b, h, i, j, d]
+        k = torch.cat([k[..., :rot] * cos + _rotate_half(k[..., :rot]) * sin, k[..., rot:]], -1)
+        q = query
+        if self.logn:
+            q = q * torch.tensor([max(1.0, math.log(p + 1) / math.log(L)) for p in range(n)])[:, None]
+        scores = torch.einsum("bhid,bhijd->bhij", q, k) * scaling
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        scores = scores.masked_fill(j > i, float("-inf"))
+        weights = torch.softmax(scores.float(), -1)
+        return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+def small(family, **over):
+    kw = {"max_position_embeddings": L, **over}
+    if family == "phi3":
+        kw["original_max_position_embeddings"] = L
+    if family in ("gemma2", "gemma3"):
+        kw["sliding_window"] = 16
+    return kw
+
+
+def model_for(family, **over):
+    return tiny_model(family, **small(family, **over))
+
+
+def ids(n=N, batch=2, seed=1):
+    torch.manual_seed(seed)
+    return torch.randint(3, 500, (batch, n))
+
+
+def run(model, x):
+    with torch.no_grad():
+        return model(x).logits
+
+
+def reference_logits(model, method, params, x, logn=False):
+    AttentionInterface.register("rope_extend_test_reference", Reference(model, method, params, logn))
+    AttentionMaskInterface.register("rope_extend_test_reference", sdpa_mask)
+    config = model.config
+    saved = config._attn_implementation
+    config._attn_implementation = "rope_extend_test_reference"
+    try:
+        return run(model, x)
+    finally:
+        config._attn_implementation = saved
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    monkeypatch.setattr(A, "BLOCK", 12)  # several query blocks per sequence, blocks not aligned to chunks
+    monkeypatch.setattr(A, "TILE", 20)
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_exact_against_explicit_positions(family):
+    model = model_for(family)
+    x = ids()
+    for method, params in METHODS.items():
+        want = reference_logits(model, method, params, x)
+        rope_extend.patch(model, method, **params)
+        got = run(model, x)
+        rope_extend.unpatch(model)
+        assert (got - want).abs().max().item() < 2e-5, (family, method)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_logn_exact(family):
+    model = model_for(family)
+    x = ids()
+    want = reference_logits(model, "self_extend", METHODS["self_extend"], x, logn=True)
+    rope_extend.patch(model, "self_extend", logn=True, **METHODS["self_extend"])
+    assert (run(model, x) - want).abs().max().item() < 2e-5
+    rope_extend.unpatch(model)
+    want = reference_logits(model, "none", {}, x, logn=True)
+    rope_extend.patch(model, "linear", factor=1, logn=True)  # log-n alone over plain RoPE
+    assert (run(model, x) - want).abs().max().item() < 2e-5
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "phi"])
+@pytest.mark.parametrize("method", list(METHODS))
+def test_greedy_generation_with_cache_equals_without(family, method):
+    model = model_for(family)
+    rope_extend.patch(model, method, **METHODS[method])
+    prompt = ids(n=24, batch=1, seed=3)
+    kw = dict(max_new_tokens=30, do_sample=False, min_new_tokens=30, pad_token_id=0)
+    with torch.no_grad():
+        cached = model.generate(prompt, use_cache=True, **kw)
+        uncached = model.generate(prompt, use_cache=False, **kw)
+    assert cached.shape[1] == 54 > 1.5 * L
+    assert torch.equal(cached, uncached)
+
+
+def test_left_padding_matches_unpadded_rows():
+    model = model_for("llama")
+    rope_extend.patch(model, "dual_chunk", **METHODS["dual_chunk"])
+    x = ids(n=60, batch=1)
+    alone = run(model, x)
+    padded = torch.cat([torch.zeros(1, 7, dtype=torch.long), x[:, :-7]], dim=1)
+    batch = torch.cat([x, padded])
+    mask = torch.ones_like(batch)
+    mask[1, :7] = 0
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        out = model(batch, attention_mask=mask, position_ids=position_ids).logits
+    assert (out[0] - alone[0]).abs().max().item() < 2e-5
+    assert (out[1, 7:] - alone[0, :-7]).abs().max().item() < 2e-5
+    assert torch.isfinite(out).all()
+
+
+def test_unpatch_bit_identical_idempotent_and_reported():
+    model = model_for("qwen2")
+    x = ids()
+    before = run(model, x)
+    rope_extend.patch(model, "self_extend", group_size=4, window=8)
+    first = run(model, x)
+    rope_extend.patch(model, "self_extend", group_size=4, window=8)
+    assert torch.equal(run(model, x), first)
+    scaling = rope_extend.patched(model)
+    assert scaling.method.name == "self_extend" and scaling.target_length == (L - 8) * 4 + 8
+    rope_extend.patch(model, "dual_chunk")  # replaces, never compounds
+    assert rope_extend.patched(model).method.name == "dual_chunk"
+    rope_extend.unpatch(model)
+    assert torch.equal(run(model, x), before)
+    assert model.config._attn_implementation == "sdpa"
+    assert not any(A.PLAN_ATTR in m.__dict__ for m in model.modules())
+
+
+def test_save_and_reload_keeps_the_method(tmp_path):
+    model = model_for("llama")
+    x = ids()
+    rope_extend.patch(model, "rerope", window=8, logn=True)
+    want = run(model, x)
+    model.save_pretrained(tmp_path)
+    cls = FAMILIES["llama"][1]
+    again = cls.from_pretrained(tmp_path, attn_implementation="sdpa").eval()
+    assert again.config.rope_parameters["rope_type"] == "rerope"
+    assert again.config.rope_parameters["logn"] is True
+    assert (run(again, x) - want).abs().max().item() < 1e-6
+
+
+def test_configure_builds_the_method():
+    config = rope_extend.configure(tiny_config("gemma3", **small("gemma3")), "dual_chunk", chunk_size=24)
+    assert config.rope_parameters["full_attention"]["rope_type"] == "dual_chunk"
+    assert config.rope_parameters["sliding_attention"].get("rope_type", "default") == "default"
+    torch.manual_seed(0)
+    built = FAMILIES["gemma3"][1](config).eval()
+    assert built.config._attn_implementation == A.NAME
+    model = model_for("gemma3")
+    rope_extend.patch(model, "dual_chunk", chunk_size=24)
+    built.load_state_dict(model.state_dict())
+    x = ids()
+    assert (run(built, x) - run(model, x)).abs().max().item() < 1e-6
+
+
+@pytest.mark.parametrize(
+    "method, params, message",
+    [
+        ("self_extend", dict(group_size=0), "group_size must be an integer >= 1"),
+        ("self_extend", dict(window=L), "window must be < the original length L=32"),
+        ("self_extend", dict(group_size=4, window=8, factor=10), "reaches 104 tokens"),
+        ("dual_chunk", dict(chunk_size=L), "chunk_size must be < the original length L=32"),
+        ("dual_chunk", dict(chunk_size=16, local_window=16), "local_window must be < chunk_size"),
+        ("rerope", dict(window=40), "window must be < the original length"),
+        ("leaky_rerope", dict(window=8, k=1), "k must be > 1.0"),
+        ("rerope", dict(logn="yes"), "logn must be true or false"),
+        ("rerope", dict(group_size=2), "unknown parameter 'group_size' for method 'rerope'"),
+    ],
+)
+def test_bad_parameters_raise_before_touching(method, params, message):
+    model = model_for("llama")
+    before = model.config.to_dict()
+    with pytest.raises(RopeExtendError, match=message):
+        rope_extend.patch(model, method, **params)
+    assert model.config.to_dict() == before and rope_extend.patched(model) is None
+
+
+def test_flash_implementation_refused():
+    model = model_for("llama")
+    model.config._attn_implementation = "flex_attention"
+    with pytest.raises(UnsupportedModelError, match="eager or sdpa"):
+        rope_extend.patch(model, "self_extend")
+    assert rope_extend.patched(model) is None
+
+
+def test_methods_listing_and_suite_spec(capsys):
+    from rope_extend.cli import main
+    from rope_extend.evaluation.suite import MethodSpec
+
+    assert main(["methods"]) == 0
+    listing = capsys.readouterr().out
+    assert "self_extend" in listing and "attention" in listing and "LongLM" in listing and "logn" in listing
+    assert MethodSpec(method="dual_chunk").name() == "dual_chunk"
+    assert MethodSpec(method="self_extend", factor=4).name() == "self_extend x4"
+    with pytest.raises(RopeExtendError, match="exactly one of factor and target_length"):
+        MethodSpec(method="yarn")
