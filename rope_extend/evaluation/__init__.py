@@ -1,4 +1,5 @@
-"""Long-context evaluation: passkey retrieval, needle-in-a-haystack heatmaps, perplexity, and reports.
+"""Long-context evaluation: passkey retrieval, needle-in-a-haystack heatmaps, RULER's synthetic tasks,
+perplexity, and reports.
 
     from rope_extend.evaluation import passkey, niah, perplexity
     result = passkey(model, tokenizer, "1k,2k,4k", trials=10)
@@ -11,5 +12,6 @@ from .niah import niah
 from .passkey import passkey
 from .perplexity import PerplexityResult, perplexity
 from .retrieval import RetrievalResult
+from .ruler import RulerResult, ruler
 
-__all__ = ["PerplexityResult", "RetrievalResult", "niah", "passkey", "perplexity"]
+__all__ = ["PerplexityResult", "RetrievalResult", "RulerResult", "niah", "passkey", "perplexity", "ruler"]

@@ -1,4 +1,4 @@
-"""``rope-extend eval passkey|niah|perplexity|compare`` and ``rope-extend plot spectrum``."""
+"""``rope-extend eval passkey|niah|ruler|perplexity|compare`` and ``rope-extend plot spectrum``."""
 
 from __future__ import annotations
 
@@ -144,6 +144,29 @@ def _cmd_niah(args) -> int:
     return _finish(args, result.records, f"Needle in a haystack: {args.model}")
 
 
+def _cmd_ruler(args) -> int:
+    from .ruler import check_tasks, ruler
+
+    check_tasks(args.tasks)  # an unknown task fails before the model is loaded
+    model, tokenizer, records, texts = _prepare(args)
+    result = ruler(
+        model,
+        tokenizer,
+        args.lengths,
+        tasks=args.tasks,
+        samples=args.samples,
+        seed=args.seed,
+        haystack=texts,
+        max_new_tokens=args.max_new_tokens,
+        records=records,
+        resume=True,
+        progress=args.progress,
+        run=_run(args),
+        sliding_window=args.sliding_window,
+    )
+    return _finish(args, result.records, f"RULER synthetic tasks: {args.model}")
+
+
 def _cmd_perplexity(args) -> int:
     from .perplexity import perplexity
 
@@ -211,7 +234,7 @@ def _cmd_spectrum(args) -> int:
 
 
 def register(subparsers) -> None:
-    ev = subparsers.add_parser("eval", help="long-context evaluation: passkey, needle, perplexity, compare")
+    ev = subparsers.add_parser("eval", help="long-context evaluation: passkey, needle, RULER, perplexity, compare")
     sub = ev.add_subparsers(dest="eval_command", required=True, metavar="TASK")
 
     p = sub.add_parser("passkey", help="passkey retrieval accuracy per length (and depth)")
@@ -236,6 +259,18 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.set_defaults(func=_cmd_niah)
+
+    p = sub.add_parser("ruler", help="RULER's synthetic tasks (needles, variable tracking, word counts) per length")
+    _common(p, data=True)
+    p.add_argument(
+        "--tasks",
+        help="comma-separated: niah_single_1, niah_multikey_2, niah_multikey_3, niah_multivalue, niah_multiquery, "
+        "vt, cwe, fwe (default: all); --data is the essay haystack",
+    )
+    p.add_argument("--samples", type=int, default=10, help="prompts per task and length")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, help="tokens generated (default: RULER's per task: 128, 30, 120, 50)")
+    p.set_defaults(func=_cmd_ruler)
 
     p = sub.add_parser("perplexity", help="token-weighted perplexity per length (chunked, no full logits)")
     _common(p, data=True)

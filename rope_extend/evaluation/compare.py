@@ -21,6 +21,7 @@ from .niah import niah
 from .passkey import passkey
 from .perplexity import perplexity
 from .report import owned, write_report
+from .ruler import ruler
 from .suite import Suite, default_out, resolve_path
 
 
@@ -64,7 +65,7 @@ def run_suite(
     claim_output_dir(out, kind="eval", owned=owned, resume=resume, check_only=True)
     texts = {
         name: _texts(suite, task)
-        for name, task in (("niah", suite.niah), ("perplexity", suite.perplexity))
+        for name, task in (("niah", suite.niah), ("perplexity", suite.perplexity), ("ruler", suite.ruler))
         if task is not None
     }  # bad data fails before the model is loaded
     if model is None:
@@ -126,6 +127,21 @@ def run_suite(
                     chunk_size=t.chunk_size,
                     sliding_window=t.sliding_window,
                     run=run,
+                    **common,
+                ).records
+            if suite.ruler:
+                t = suite.ruler
+                records += ruler(
+                    model,
+                    tokenizer,
+                    t.lengths,
+                    tasks=t.tasks,
+                    samples=t.samples,
+                    seed=t.seed,
+                    haystack=texts["ruler"],
+                    max_new_tokens=t.max_new_tokens,
+                    run=run,
+                    sliding_window=t.sliding_window,
                     **common,
                 ).records
     finally:

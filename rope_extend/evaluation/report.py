@@ -33,9 +33,12 @@ def summarize(records: Iterable[dict]) -> dict[str, list[dict]]:
     acc: dict = defaultdict(list)
     cell: dict = defaultdict(list)
     ppl: dict = defaultdict(lambda: [0.0, 0, 0])
+    ruler: dict = defaultdict(list)
     for r in records:
         task, label = r.get("task"), label_of(r)
-        if task in ("passkey", "niah"):
+        if task == "ruler":
+            ruler[(label, r["ruler_task"], r["length"])].append(float(r["score"]))
+        elif task in ("passkey", "niah"):
             acc[(task, label, r["length"])].append(bool(r["correct"]))
             if r.get("depth_grid") is not None:
                 cell[(task, label, r["length"], r["depth_grid"])].append(bool(r["correct"]))
@@ -61,7 +64,39 @@ def summarize(records: Iterable[dict]) -> dict[str, list[dict]]:
                 "docs": docs,
             }
         )
+    tasks: dict = defaultdict(list)  # (label, length) -> task accuracies, for the average
+    for (label, name, length), xs in ruler.items():
+        out["ruler"].append(
+            {"label": label, "task": name, "length": length, "accuracy": sum(xs) / len(xs), "samples": len(xs)}
+        )
+        tasks[(label, length)].append(sum(xs) / len(xs))
+    for (label, length), accs in tasks.items():
+        out["ruler"].append(
+            {"label": label, "task": "average", "length": length, "accuracy": sum(accs) / len(accs), "tasks": len(accs)}
+        )
     return dict(out)
+
+
+def ruler_markdown(rows: Sequence[dict]) -> list[str]:
+    """Per run, a task x length table of RULER accuracy (string_match_all, %) with the average over tasks."""
+    lines = ["## RULER synthetic tasks (string_match_all accuracy)", ""]
+    lengths = sorted({r["length"] for r in rows})
+    for label in _labels(rows):
+        mine = [r for r in rows if r["label"] == label]
+        table = {(r["task"], r["length"]): r for r in mine}
+        tasks = [t for t in dict.fromkeys(r["task"] for r in mine) if t != "average"]
+        lines += [f"### {label}", "", "| task | " + " | ".join(_length_name(n) for n in lengths) + " |"]
+        lines.append("|---|" + "---:|" * len(lengths))
+        for task in [*tasks, "average"]:
+            cells = []
+            for n in lengths:
+                r = table.get((task, n))
+                note = f" ({r['tasks']} tasks)" if r and task == "average" and r["tasks"] != len(tasks) else ""
+                cells.append(f"{100 * r['accuracy']:.1f}{note}" if r else "")
+            name = f"**{task}**" if task == "average" else task
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
 
 
 def _labels(rows: Sequence[dict]) -> list[str]:
@@ -97,6 +132,8 @@ def markdown(summary: dict[str, list[dict]], title: str = "Results", notes: Sequ
             ctx = [passkey_context(rows, lb) for lb in labels]
             lines.append("| context (>= 80%) | " + " | ".join(_length_name(c) if c else "-" for c in ctx) + " |")
         lines.append("")
+    if summary.get("ruler"):
+        lines += ruler_markdown(summary["ruler"])
     return "\n".join(lines) + "\n"
 
 
@@ -172,14 +209,24 @@ def plot_lines(
     return _save(fig, path)
 
 
-def plot_heatmap(rows: Sequence[dict], path: str | Path, *, title: str) -> Path:
-    """Depth (y, 0% at the top) x length (x) accuracy grid, red (0%) to green (100%), values written in."""
+def plot_heatmap(
+    rows: Sequence[dict],
+    path: str | Path,
+    *,
+    title: str,
+    row_key: str = "depth",
+    row_names=lambda d: f"{100 * d:.0f}%",
+    ylabel: str = "needle depth",
+    order=sorted,
+) -> Path:
+    """``row_key`` (y; by default the depth, 0% at the top) x length (x) accuracy grid, red (0%) to green
+    (100%), values written in."""
     plt = _pyplot()
     lengths = sorted({r["length"] for r in rows})
-    depths = sorted({r["depth"] for r in rows})
+    depths = list(order(dict.fromkeys(r[row_key] for r in rows)))
     grid = [[float("nan")] * len(lengths) for _ in depths]
     for r in rows:
-        grid[depths.index(r["depth"])][lengths.index(r["length"])] = r["accuracy"]
+        grid[depths.index(r[row_key])][lengths.index(r["length"])] = r["accuracy"]
     fig, ax = plt.subplots(figsize=(1.0 + 0.7 * len(lengths), 1.0 + 0.45 * len(depths)))
     im = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
     for i in range(len(depths)):
@@ -187,9 +234,9 @@ def plot_heatmap(rows: Sequence[dict], path: str | Path, *, title: str) -> Path:
             if grid[i][j] == grid[i][j]:
                 ax.text(j, i, f"{100 * grid[i][j]:.0f}%", ha="center", va="center", fontsize=8)
     ax.set_xticks(range(len(lengths)), [_length_name(n) for n in lengths])
-    ax.set_yticks(range(len(depths)), [f"{100 * d:.0f}%" for d in depths])
+    ax.set_yticks(range(len(depths)), [row_names(d) for d in depths])
     ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("needle depth")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     fig.colorbar(im, ax=ax, label="accuracy")
     return _save(fig, path)
@@ -235,6 +282,18 @@ def write_report(
             title="Perplexity vs context length",
             ylabel="perplexity (log)",
             log_y=True,
+        )
+    ruler = summary.get("ruler", [])
+    for label in _labels(ruler):
+        name = f"ruler_heatmap_{_slug(label)}"
+        files[name] = plot_heatmap(
+            [r for r in ruler if r["label"] == label],
+            out / f"{name}.png",
+            title=f"RULER: {label}",
+            row_key="task",
+            row_names=str,
+            ylabel="task",
+            order=lambda names: [t for t in names if t != "average"] + ["average"],
         )
     for task in ("passkey", "niah"):
         rows = summary.get(f"{task}_depth", [])

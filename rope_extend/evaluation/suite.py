@@ -144,6 +144,27 @@ class PerplexityTask(TextTask):
     __post_init__ = _task_lengths
 
 
+@dataclass(kw_only=True)
+class RulerTask(TextTask):
+    """RULER's synthetic tasks; ``data`` is the essay haystack (niah_multivalue, niah_multiquery)."""
+
+    lengths: list[Any] = option(help="prompt lengths in tokens")
+    tasks: list[str] | None = option(
+        None, help="RULER tasks (niah_single_1 ... fwe; see rope_extend.evaluation.ruler); null: all eight"
+    )
+    samples: int = option(10, help="prompts per task and length")
+    seed: int = option(0, help="seed")
+    max_new_tokens: int | None = option(None, help="tokens generated (null: RULER's per task)")
+    sliding_window: SlidingWindowMode = option("auto", help=WINDOW_HELP)
+
+    def __post_init__(self):
+        from .ruler import check_tasks
+
+        _task_lengths(self)
+        if self.tasks is not None:
+            self.tasks = check_tasks(self.tasks)
+
+
 @dataclass
 class Suite:
     model: str = option(help="saved model folder, a name rope-extend ships (bundled), or a hub name")
@@ -157,6 +178,7 @@ class Suite:
     passkey: PasskeyTask | None = option(None, help="passkey retrieval")
     niah: NiahTask | None = option(None, help="needle in a haystack")
     perplexity: PerplexityTask | None = option(None, help="perplexity")
+    ruler: RulerTask | None = option(None, help="RULER's synthetic tasks")
     path: str | None = option(None, help="the suite file", internal=True)
 
     def __post_init__(self):
@@ -165,8 +187,8 @@ class Suite:
         names = [m.name() for m in self.methods]
         if len(set(names)) != len(names):
             raise RopeExtendError(f"two methods have the same label ({names}); give them distinct `label`s")
-        if not (self.passkey or self.niah or self.perplexity):
-            raise RopeExtendError("no task: give at least one of passkey, niah, perplexity")
+        if not (self.passkey or self.niah or self.perplexity or self.ruler):
+            raise RopeExtendError("no task: give at least one of passkey, niah, perplexity, ruler")
 
 
 def parse_suite(data: Any, *, path: str | Path | None = None, overrides: Sequence[str] = ()) -> Suite:
