@@ -35,6 +35,7 @@ def main():
     import rope_extend
     from rope_extend import bundled
     from rope_extend.evaluation import perplexity
+    from rope_extend.io import atomic_path
 
     L = bundled.trained_length()
     texts = bundled.eval_texts()
@@ -50,10 +51,9 @@ def main():
             )  # fmt: skip
             seconds = time.monotonic() - t0
             target = Path(args.out) / f"x{s:g}"  # the report files only (not the resumable state)
-            target.mkdir(parents=True, exist_ok=True)
             for name in ("longrope.json", "report.md", "search.png"):
-                shutil.copyfile(Path(tmp) / "search" / name, target / f".{name}.tmp")
-                (target / f".{name}.tmp").replace(target / name)
+                with atomic_path(target / name) as part:
+                    shutil.copyfile(Path(tmp) / "search" / name, part)
         length = round(s * L)
         row = {}
         for name in (*METHODS, "searched"):

@@ -219,30 +219,29 @@ def search(
             state = {"settings": settings, "rng": _rng_state(rng), "pool": pool, "history": history, "seeds": seeds}
             write_json(state_path, state)
 
-    widened = sliding_window_widened(model, length)  # a Mistral / Phi-3 window would hide the long context
-    widened.__enter__()
-    try:
-        if not pool:  # generation 0: the three methods, then mutations of them
-            first = []
-            for name in SEED_METHODS:
-                cand = E.repair(space, seed_factors(name, dim, base, float(factor), L))
-                if tuple(cand) not in seen:
-                    seen.add(tuple(cand))
-                    first.append(cand)
-            first += E.offspring(space, list(first), population - len(first), rng, seen)
-            evaluate(first)
-            for name, cand in zip(SEED_METHODS, first):
-                seeds[name] = next(f for c, f in pool if c == cand)
-            save()
-        while not spent():
-            pool.sort(key=lambda cf: cf[1])
-            parents = [c for c, _ in pool[: max(2, population // 2)]]
-            evaluate(E.offspring(space, parents, population - len(parents), rng, seen))
-            save()
-    finally:
-        bar.close()
-        unpatch(model)
-        widened.__exit__(None, None, None)
+    # a Mistral / Phi-3 window would hide the long context
+    with sliding_window_widened(model, length):
+        try:
+            if not pool:  # generation 0: the three methods, then mutations of them
+                first = []
+                for name in SEED_METHODS:
+                    cand = E.repair(space, seed_factors(name, dim, base, float(factor), L))
+                    if tuple(cand) not in seen:
+                        seen.add(tuple(cand))
+                        first.append(cand)
+                first += E.offspring(space, list(first), population - len(first), rng, seen)
+                evaluate(first)
+                for name, cand in zip(SEED_METHODS, first):
+                    seeds[name] = next(f for c, f in pool if c == cand)
+                save()
+            while not spent():
+                pool.sort(key=lambda cf: cf[1])
+                parents = [c for c, _ in pool[: max(2, population // 2)]]
+                evaluate(E.offspring(space, parents, population - len(parents), rng, seen))
+                save()
+        finally:
+            bar.close()
+            unpatch(model)
     best, fit = min(pool, key=lambda cf: cf[1])
     result = SearchResult(float(factor), L, list(best), float(fit), dict(seeds), history, len(history))
     if out is not None:
