@@ -1,7 +1,8 @@
 """``rope-extend demo``: every piece of rope-extend on the bundled testbed model, offline.
 
 1. Zero-shot: the bundled model (trained at ``L`` = 256 tokens) under no scaling, linear, ntk, dynamic,
-   yarn and dynamic_yarn (factor 4), at 1x, 2x, 4x and 8x ``L``: passkey accuracy and perplexity on the
+   yarn and dynamic_yarn (factor 4), and the attention methods self_extend (group 16, reaching 12x ``L``),
+   dual_chunk and rerope with log-n, at 1x, 2x, 4x and 8x ``L``: passkey accuracy and perplexity on the
    held-out corpus.
 2. Fine-tune with the tiny recipe (``bundled-yarn-4x``: YaRN, 4x) on freshly generated
    documents sized for 4x ``L``.
@@ -21,7 +22,14 @@ from pathlib import Path
 
 from .io import claim_output_dir
 
-METHODS = ["none", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn"]
+METHODS = ["none", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn", "self_extend", "dual_chunk", "rerope logn"]
+# the attention methods take no factor: (method, params) per demo name. self_extend's default group of 8 reaches
+# (L - L/4) * 8 + L/4 = 6.25 L; a group of 16 reaches 12.25 L, past the demo's 8 L.
+ATTENTION = {
+    "self_extend": ("self_extend", {"group_size": 16}),
+    "dual_chunk": ("dual_chunk", {}),
+    "rerope logn": ("rerope", {"logn": True}),
+}
 # what a demo writes into its folder (--overwrite removes these, and refuses a folder holding anything else)
 OWNED = {
     "zero-shot",
@@ -71,7 +79,14 @@ def evaluate(
     from .evaluation.compare import run_suite
     from .evaluation.suite import MethodSpec, PasskeyTask, PerplexityTask, Suite
 
-    specs = [MethodSpec(method=m, factor=None if m == "none" else FACTOR, label=(labels or {}).get(m)) for m in methods]
+    specs = []
+    for m in methods:
+        label = (labels or {}).get(m)
+        if m in ATTENTION:
+            method, params = ATTENTION[m]
+            specs.append(MethodSpec(method=method, params=params, label=label or m))
+        else:
+            specs.append(MethodSpec(method=m, factor=None if m == "none" else FACTOR, label=label))
     suite = Suite(
         model="bundled",
         methods=specs,
@@ -151,7 +166,10 @@ def run(out: Path, *, quick: bool, seed: int, overwrite: bool, finetune_too: boo
         )
     summary = summarize(records)
     notes = [
-        (f"bundled model trained at {L} tokens; static methods at factor {FACTOR:g}; dynamic ones follow the length"),
+        (
+            f"bundled model trained at {L} tokens; static methods at factor {FACTOR:g}; dynamic ones follow the "
+            "length; attention methods (self_extend group 16, dual_chunk, rerope with log-n) keep plain RoPE"
+        ),
         (
             f"passkey: {plan.trials} trials per length; perplexity: {plan.ppl_docs} held-out "
             "documents, one truncated window each"

@@ -122,6 +122,9 @@ def claim_output_dir(
             )
         if resume:
             return path
+        results = [n for n in entries if n != MARKER and not _temporary(n)]
+        if not results:  # an earlier run that stopped before writing anything (a bad input): nothing to lose
+            return path
         if not overwrite:
             raise fail(f"{what} {path} already holds results of an earlier {kind} run: {how}, or give another folder")
         if check_only:

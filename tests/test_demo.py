@@ -16,7 +16,16 @@ def test_demo_quick(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--quick", "--out", str(out)]) == 0
     table = capsys.readouterr().out
-    for label in ["none", "linear x4", "yarn x4", "dynamic_yarn x4", FINETUNED]:
+    for label in [
+        "none",
+        "linear x4",
+        "yarn x4",
+        "dynamic_yarn x4",
+        "self_extend",
+        "dual_chunk",
+        "rerope logn",
+        FINETUNED,
+    ]:
         assert label in table
     results = json.loads((out / "results.json").read_text())
     labels = {r["label"] for r in results["summary"]["passkey"]}

@@ -81,7 +81,20 @@ def ruler_markdown(rows: Sequence[dict]) -> list[str]:
     """Per run, a task x length table of RULER accuracy (string_match_all, %) with the average over tasks."""
     lines = ["## RULER synthetic tasks (string_match_all accuracy)", ""]
     lengths = sorted({r["length"] for r in rows})
-    for label in _labels(rows):
+    labels = _labels(rows)
+    if len(labels) > 1:  # the runs side by side: the average over tasks per length
+        mean = {(r["label"], r["length"]): r["accuracy"] for r in rows if r["task"] == "average"}
+        lines += [
+            "Average over tasks:",
+            "",
+            "| length | " + " | ".join(labels) + " |",
+            "|---:|" + "---:|" * len(labels),
+        ]
+        for n in lengths:
+            cells = [f"{100 * mean[(lb, n)]:.1f}" if (lb, n) in mean else "" for lb in labels]
+            lines.append(f"| {_length_name(n)} | " + " | ".join(cells) + " |")
+        lines.append("")
+    for label in labels:
         mine = [r for r in rows if r["label"] == label]
         table = {(r["task"], r["length"]): r for r in mine}
         tasks = [t for t in dict.fromkeys(r["task"] for r in mine) if t != "average"]
