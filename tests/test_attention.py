@@ -87,6 +87,8 @@ class Reference:
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
         scores = scores.masked_fill(j > i, float("-inf"))
+        if attention_mask is not None and attention_mask.dtype == torch.bool:  # a sliding window, padding
+            scores = scores.masked_fill(~attention_mask[..., :n, :n], float("-inf"))
         weights = torch.softmax(scores.float(), -1)
         return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
@@ -142,6 +144,19 @@ def test_exact_against_explicit_positions(family):
         got = run(model, x)
         rope_extend.unpatch(model)
         assert (got - want).abs().max().item() < 2e-5, (family, method)
+
+
+@pytest.mark.parametrize("method", ["self_extend", "dual_chunk"])
+def test_sliding_window_model_keeps_its_window(method):
+    """Mistral with a sliding window shorter than the sequence: the method's positions inside the window."""
+    model = model_for("mistral", sliding_window=48)
+    x = ids()
+    want = reference_logits(model, method, METHODS[method], x)
+    plain = run(model, x)
+    rope_extend.patch(model, method, **METHODS[method])
+    got = run(model, x)
+    assert (got - want).abs().max().item() < 1e-4
+    assert (got - plain).abs().max().item() > 1e-3  # the method changed something
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
