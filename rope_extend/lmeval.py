@@ -244,6 +244,9 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv = ["lm-eval", *(sys.argv[1:] if argv is None else argv)]
     try:
         cli_evaluate()
+    except RopeExtendError as exc:  # a bad model argument: its message, not a traceback through lm-eval
+        print(f"rope-extend-lm-eval: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     finally:
         sys.argv = saved
 

@@ -100,6 +100,49 @@ def test_without_lm_eval_the_error_says_how_to_install(monkeypatch, capsys):
     assert "pip install 'rope-extend[lm_eval]'" in capsys.readouterr().err
 
 
+def test_loader_gets_the_load_arguments(monkeypatch):
+    """rope-extend's loader does the loading (a .gguf path or gguf_file=, trust_remote_code off by default)."""
+    from rope_extend import loading
+
+    from .tiny import tiny_model, tiny_tokenizer
+
+    calls = []
+
+    def fake_model(name, **kwargs):
+        calls.append(("model", name, kwargs))
+        return tiny_model("llama")
+
+    def fake_tokenizer(name, **kwargs):
+        calls.append(("tokenizer", name, kwargs))
+        return tiny_tokenizer()
+
+    monkeypatch.setattr(loading, "load_model", fake_model)
+    monkeypatch.setattr(loading, "load_tokenizer", fake_tokenizer)
+    given = dict(pretrained="/models/m", gguf_file="m.Q8_0.gguf", dtype="bf16", device="cpu")
+    args = lmeval.split_arguments({**given, "method": "yarn", "target_length": 1024})
+    model, _, scaling = lmeval.load_patched(args)
+    assert calls == [
+        (
+            "model",
+            "/models/m",
+            dict(
+                dtype="bf16", device="cpu", trust_remote_code=False, attn_implementation="sdpa", gguf_file="m.Q8_0.gguf"
+            ),
+        ),
+        ("tokenizer", "/models/m", dict(trust_remote_code=False, gguf_file="m.Q8_0.gguf")),
+    ]
+    assert rope_extend.patched(model) is scaling and scaling.factor == 4 and scaling.target_length == 1024
+
+    calls.clear()
+    args = lmeval.split_arguments({"pretrained": "m.gguf", "tokenizer": "tok", "trust_remote_code": True})
+    model, _, scaling = lmeval.load_patched(args)
+    assert scaling is None and rope_extend.patched(model) is None
+    assert [(c[0], c[1], c[2]["trust_remote_code"]) for c in calls] == [
+        ("model", "m.gguf", True),
+        ("tokenizer", "tok", True),
+    ]
+
+
 # ------------------------------------------------------------------------------------------ with lm-eval
 @pytest.fixture(scope="module")
 def harness():
@@ -255,3 +298,14 @@ def test_command_line(harness, tmp_path):
     out = json.loads(result.read_text())
     assert out["config"]["model"] == "rope-extend"
     assert out["results"]["rope_extend_passkey_1000"][METRIC] == 1.0
+
+
+def test_command_line_bad_argument(harness, capsys):
+    with pytest.raises(SystemExit) as info:
+        lmeval.main(
+            ["--model", "rope-extend", "--model_args", "pretrained=bundled,method=yarn,factor=4,gruop_size=4"]
+            + ["--tasks", "rope_extend_passkey_240", "--include_path", str(TASKS), "--device", "cpu"]
+        )
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "rope-extend-lm-eval: error: unknown model argument 'gruop_size'" in err and "allowed: pretrained" in err
