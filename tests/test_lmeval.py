@@ -300,12 +300,19 @@ def test_command_line(harness, tmp_path):
     assert out["results"]["rope_extend_passkey_1000"][METRIC] == 1.0
 
 
-def test_command_line_bad_argument(harness, capsys):
-    with pytest.raises(SystemExit) as info:
-        lmeval.main(
-            ["--model", "rope-extend", "--model_args", "pretrained=bundled,method=yarn,factor=4,gruop_size=4"]
-            + ["--tasks", "rope_extend_passkey_240", "--include_path", str(TASKS), "--device", "cpu"]
-        )
-    assert info.value.code == 2
-    err = capsys.readouterr().err
-    assert "rope-extend-lm-eval: error: unknown model argument 'gruop_size'" in err and "allowed: pretrained" in err
+def test_python_m_registers_the_model_and_reports_a_bad_argument(harness):
+    """``python -m rope_extend.lmeval`` is lm-eval's command line with the model type registered (once)."""
+    args = ["--model", "rope-extend", "--model_args", "pretrained=bundled,method=yarn,factor=4,gruop_size=4"]
+    args += ["--tasks", "rope_extend_passkey_240", "--include_path", str(TASKS), "--device", "cpu"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "rope_extend.lmeval", *args],
+        check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "rope-extend-lm-eval: error: unknown model argument 'gruop_size'" in done.stderr
+    assert "did you mean 'group_size'" in done.stderr and "allowed: pretrained, tokenizer" in done.stderr
