@@ -234,6 +234,19 @@ def test_save_and_reload_keeps_the_method(tmp_path):
     assert (run(again, x) - want).abs().max().item() < 1e-6
 
 
+def test_logn_in_a_transformers_rope_type_is_a_known_key(monkeypatch):
+    from transformers import modeling_rope_utils as mru
+
+    warned = []
+    monkeypatch.setattr(mru.logger, "warning", lambda msg, *a, **k: warned.append(str(msg)))
+    config = rope_extend.configure(tiny_config("llama"), "yarn", factor=4, logn=True)
+    assert config.rope_parameters["logn"] is True
+    type(config).from_dict(config.to_dict())  # validation runs again on load
+    assert not [w for w in warned if "Unrecognized keys" in w]
+    type(config)(**{**config.to_dict(), "rope_parameters": {**config.rope_parameters, "bogus": 1}})
+    assert [w for w in warned if "Unrecognized keys" in w and "bogus" in w and "logn" not in w]
+
+
 def test_configure_builds_the_method():
     config = rope_extend.configure(tiny_config("gemma3", **small("gemma3")), "dual_chunk", chunk_size=24)
     assert config.rope_parameters["full_attention"]["rope_type"] == "dual_chunk"

@@ -11,7 +11,10 @@ What it changes in transformers, and nothing else:
   gets rope-extend's rotary runtime (``attach_from_config`` below, with the cache keeper of ``hf.cache``), and one
   naming an attention method or ``logn`` gets rope-extend's attention (``hf.attention``); models without one
   are untouched;
-- ``AttentionInterface`` and ``AttentionMaskInterface`` gain the name ``rope_extend`` (``hf.attention``).
+- ``AttentionInterface`` and ``AttentionMaskInterface`` gain the name ``rope_extend`` (``hf.attention``);
+- ``RotaryEmbeddingConfigMixin._check_received_keys`` ignores the keys rope-extend adds to transformers'
+  own rope types (``logn``, see ``EXTRA_KEYS``), so that a config written by ``configure`` (``yarn`` with
+  ``logn``) loads without transformers' "Unrecognized keys" warning; every other key is checked as before.
 """
 
 from __future__ import annotations
@@ -40,6 +43,22 @@ def _validator(self, rope_parameters, ignore_keys=None):
     scaling_from_dict(rope_parameters, original_length(self), ignore_keys=ignore_keys)
 
 
+#: Keys rope-extend may write into the parameters of a rope type that transformers owns.
+EXTRA_KEYS = frozenset({"logn"})
+
+
+def _ignoring_extra_keys(check):
+    """Wrap transformers' ``_check_received_keys`` so that ``EXTRA_KEYS`` count as known."""
+
+    def _check_received_keys(rope_type, received_keys, required_keys, optional_keys=None, ignore_keys=None):
+        return check(
+            rope_type, received_keys, required_keys, optional_keys, ignore_keys=set(ignore_keys or ()) | EXTRA_KEYS
+        )
+
+    _check_received_keys.__wrapped__ = check
+    return staticmethod(_check_received_keys)
+
+
 _registered = False
 
 
@@ -61,6 +80,10 @@ def register() -> None:
             )
         mru.ROPE_INIT_FUNCTIONS[method.rope_type] = _init_function
         setattr(mru.RotaryEmbeddingConfigMixin, f"_validate_{method.rope_type}_rope_parameters", _validator)
+
+    mixin = mru.RotaryEmbeddingConfigMixin
+    if not hasattr(mixin._check_received_keys, "__wrapped__"):
+        mixin._check_received_keys = _ignoring_extra_keys(mixin._check_received_keys)
 
     original_post_init = PreTrainedModel.post_init
 
