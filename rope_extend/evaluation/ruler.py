@@ -6,6 +6,9 @@ and answer prefixes from its ``scripts/data/synthetic/constants.py``).
 task                    what the prompt holds
 ======================  =========================================================================
 ``niah_single_1``       one ``word -> 7-digit number`` needle in the noise sentences
+``niah_single_2``       the same needle in an essay haystack
+``niah_single_3``       one ``word -> UUID`` needle in an essay haystack
+``niah_multikey_1``     four needles of different keys in an essay haystack; one key asked for
 ``niah_multikey_2``     one needle among needles of other keys (the haystack is needles)
 ``niah_multikey_3``     the same with UUID keys and values
 ``niah_multivalue``     four values for one key, in an essay haystack; all four asked for
@@ -105,6 +108,9 @@ class Niah:
 
 NIAH = {
     "niah_single_1": Niah("noise", "words", "numbers"),
+    "niah_single_2": Niah("essay", "words", "numbers"),
+    "niah_single_3": Niah("essay", "words", "uuids"),
+    "niah_multikey_1": Niah("essay", "words", "numbers", keys=4),
     "niah_multikey_2": Niah("needle", "words", "numbers"),
     "niah_multikey_3": Niah("needle", "uuids", "uuids"),
     "niah_multivalue": Niah("essay", "words", "numbers", values=4),
@@ -116,7 +122,7 @@ ESSAY = tuple(t for t, spec in NIAH.items() if spec.haystack == "essay")
 
 
 def check_tasks(tasks: str | Iterable[str] | None) -> list[str]:
-    """Task names (a list or ``"vt,cwe"``; None = all eight), checked; an unknown one names the allowed."""
+    """Task names (a list or ``"vt,cwe"``; None = all eleven), checked; an unknown one names the allowed."""
     if tasks is None:
         return list(TASKS)
     items = [t.strip() for t in tasks.split(",")] if isinstance(tasks, str) else [str(t).strip() for t in tasks]
@@ -490,7 +496,7 @@ def ruler(
     run: dict[str, Any] | None = None,
     sliding_window: str = "auto",
 ) -> RulerResult:
-    """RULER accuracy of ``model`` for each of ``tasks`` (default: all eight) at each of ``lengths``.
+    """RULER accuracy of ``model`` for each of ``tasks`` (default: all eleven) at each of ``lengths``.
 
     ``samples`` prompts per task and length, each drawn from ``(seed, task, length, sample)`` only.
     ``haystack``: texts for the essay tasks (default: the bundled held-out corpus). ``max_new_tokens``

@@ -150,7 +150,7 @@ class RulerTask(TextTask):
 
     lengths: list[Any] = option(help="prompt lengths in tokens")
     tasks: list[str] | None = option(
-        None, help="RULER tasks (niah_single_1 ... fwe; see rope_extend.evaluation.ruler); null: all eight"
+        None, help="RULER tasks (niah_single_1 ... fwe; see rope_extend.evaluation.ruler); null: all eleven"
     )
     samples: int = option(10, help="prompts per task and length")
     seed: int = option(0, help="seed")

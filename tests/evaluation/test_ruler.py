@@ -19,6 +19,9 @@ pytestmark = pytest.mark.skipif(not loading.bundled_available(), reason="the bun
 # every task at a length its prompt fits with the bundled tokenizer (vocab 1024: few tokens per word), and longer
 LENGTHS = {
     "niah_single_1": [256, 777],
+    "niah_single_2": [256, 777],
+    "niah_single_3": [512, 1000],
+    "niah_multikey_1": [512, 1000],
     "niah_multikey_2": [256, 777],
     "niah_multikey_3": [512, 1000],
     "niah_multivalue": [512, 1000],
@@ -75,6 +78,14 @@ def test_answers_and_templates_follow_ruler(tok, essay):
     assert "What are all the special magic numbers for" in tok.decode(mv.input_ids)
     mq = R.build_prompt(tok, "niah_multiquery", 1000, haystack=hay)
     assert len(mq.answers) == 4 and ", and " in tok.decode(mq.input_ids).rsplit("\n", 1)[1]
+    mk = R.build_prompt(tok, "niah_multikey_1", 1000, haystack=hay)
+    mk_text = tok.decode(mk.input_ids)
+    needles = re.findall(r"One of the special magic numbers for ([a-z]+-[a-z]+) is: (\d{7})\.", mk_text)
+    assert len({k for k, _ in needles}) == 4 and len(mk.answers) == 1  # four keys, one asked for
+    asked = mk_text.rsplit("\n", 1)[1]
+    assert [v for k, v in needles if k in asked] == mk.answers
+    s3 = R.build_prompt(tok, "niah_single_3", 1000, haystack=hay)
+    assert "special magic uuid for" in tok.decode(s3.input_ids).rsplit("\n", 1)[1]
     uu = R.build_prompt(tok, "niah_multikey_3", 1000, haystack=hay)
     assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", uu.answers[0])
     vt = R.build_prompt(tok, "vt", 1024, haystack=hay)
