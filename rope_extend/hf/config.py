@@ -25,6 +25,8 @@ logger = logging.getLogger("rope_extend")
 # Keys of rope_parameters that are not method parameters.
 BASE_KEYS = ("rope_type", "rope_theta", "partial_rotary_factor")
 SCALING_KEYS = ("factor", "original_max_position_embeddings")
+# Keys rope-extend writes into any rope type's parameters, transformers' own types included (scaled_rope_dict).
+EXTRA_KEYS = frozenset({"logn"})
 # Attention layer types that keep their own rotary (local windows); every other type is scaled.
 LOCAL_LAYER_TYPES = ("sliding_attention", "chunked_attention", "local_attention")
 _MISSING = object()

@@ -13,7 +13,7 @@ What it changes in transformers, and nothing else:
   are untouched;
 - ``AttentionInterface`` and ``AttentionMaskInterface`` gain the name ``rope_extend`` (``hf.attention``);
 - ``RotaryEmbeddingConfigMixin._check_received_keys`` ignores the keys rope-extend adds to transformers'
-  own rope types (``logn``, see ``EXTRA_KEYS``), so that a config written by ``configure`` (``yarn`` with
+  own rope types (``logn``, see ``config.EXTRA_KEYS``), so that a config written by ``configure`` (``yarn`` with
   ``logn``) loads without transformers' "Unrecognized keys" warning; every other key is checked as before.
 """
 
@@ -26,7 +26,7 @@ from ..methods import registry as M
 from . import attention as A
 from . import cache
 from . import rotary as R
-from .config import config_scaling, original_length, own_rope_type, rotary_geometry, scaling_from_dict
+from .config import EXTRA_KEYS, config_scaling, original_length, own_rope_type, rotary_geometry, scaling_from_dict
 
 
 def _init_function(config, device=None, seq_len=None, layer_type=None, **_ignored):
@@ -41,10 +41,6 @@ def _init_function(config, device=None, seq_len=None, layer_type=None, **_ignore
 def _validator(self, rope_parameters, ignore_keys=None):
     """Config validation for a rope-extend type: raises (transformers' own validators only warn)."""
     scaling_from_dict(rope_parameters, original_length(self), ignore_keys=ignore_keys)
-
-
-#: Keys rope-extend may write into the parameters of a rope type that transformers owns.
-EXTRA_KEYS = frozenset({"logn"})
 
 
 def _ignoring_extra_keys(check):
