@@ -17,7 +17,7 @@ Nothing is patched until ``patch`` is called; ``unpatch`` undoes it bit for bit.
 
 from __future__ import annotations
 
-from .errors import NotPatchedError, RopeExtendError, UnsupportedModelError
+from .errors import NotPatchedError, RopeExtendError, RopeExtendException, UnsupportedModelError
 from .hf.config import configure, rope_parameters
 from .hf.register import register as _register
 from .methods import get as get_method
@@ -42,6 +42,7 @@ _register()
 __all__ = [
     "NotPatchedError",
     "RopeExtendError",
+    "RopeExtendException",
     "UnsupportedModelError",
     "__version__",
     "configure",

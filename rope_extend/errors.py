@@ -1,20 +1,25 @@
-"""Exceptions rope-extend raises on bad input. All subclass ValueError or TypeError so callers that
-already catch those keep working; each message names what was wrong and what is allowed."""
+"""Exceptions rope-extend raises on bad input. All subclass ``RopeExtendException``, and each also the builtin
+it was before (ValueError, TypeError, RuntimeError), so callers that already catch those keep working. Each
+message names what was wrong and what is allowed."""
 
 from __future__ import annotations
 
 import difflib
 
 
-class RopeExtendError(ValueError):
+class RopeExtendException(Exception):
+    """The base of every exception rope-extend raises on bad input: catch this to catch them all."""
+
+
+class RopeExtendError(RopeExtendException, ValueError):
     """A bad argument: an unknown method or parameter, or a value out of range."""
 
 
-class UnsupportedModelError(TypeError):
-    """The model has no rotary embedding module rope-extend knows how to scale."""
+class UnsupportedModelError(RopeExtendException, TypeError):
+    """The model has no rotary embedding module rope-extend knows how to scale, or a method cannot run on it."""
 
 
-class NotPatchedError(RuntimeError):
+class NotPatchedError(RopeExtendException, RuntimeError):
     """`unpatch` was called on a model that `patch` never touched."""
 
 

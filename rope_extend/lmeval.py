@@ -29,7 +29,7 @@ import logging
 import sys
 from typing import Any
 
-from .errors import RopeExtendError, closest
+from .errors import RopeExtendError, RopeExtendException, closest
 from .methods import registry as _methods
 
 logger = logging.getLogger("rope_extend")
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv = ["lm-eval", *(sys.argv[1:] if argv is None else argv)]
     try:
         cli_evaluate()
-    except RopeExtendError as exc:  # a bad model argument: its message, not a traceback through lm-eval
+    except RopeExtendException as exc:  # a bad argument or model: its message, not a traceback through lm-eval
         print(f"rope-extend-lm-eval: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     finally:
