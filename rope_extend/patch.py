@@ -45,7 +45,8 @@ class PatchState:
     configs: list[tuple[Any, dict]] = field(default_factory=list)
     modules: list[tuple[nn.Module, _ModuleSnapshot]] = field(default_factory=list)
     hooks: list[tuple[nn.Module, int]] = field(default_factory=list)  # cache keepers patch installed
-    attention: tuple[Any, str, list[nn.Module]] | None = None  # (config, implementation before, modules planned)
+    softmax: list[tuple[nn.Module, float]] = field(default_factory=list)  # MLA softmax scales before the patch
+    attention: tuple[Any, Any, str, list[nn.Module]] | None = None  # (model, config, implementation before, modules)
 
 
 def _snapshot_module(module: nn.Module, config) -> _ModuleSnapshot:
@@ -95,6 +96,8 @@ def _restore(state: PatchState) -> None:
         A.remove(*state.attention)
     for module, name, value in buffers:
         module._buffers[name] = value
+    for module, value in state.softmax:
+        module.scaling = value
     for module, snap in state.modules:
         for key in [k for k in module.__dict__ if _restorable(k)]:
             if key not in snap.attrs:
@@ -114,27 +117,10 @@ def _pristine_config(config, state: PatchState | None):
     return config
 
 
-# ------------------------------------------------------------------------------------------ public
-def patch(
-    model: nn.Module, method: str, *, factor=None, target_length=None, original_max_position_embeddings=None, **params
-) -> nn.Module:
-    """Scale ``model``'s rotary embeddings with ``method``, in place, and return it.
-
-    ``factor`` is relative to the original pretraining length ``L`` (``original_max_position_embeddings``
-    if the config has it, else ``max_position_embeddings`` before any patch); ``target_length`` is the
-    alternative (``factor = target_length / L``). A new patch replaces the previous one and never
-    compounds. A model that ships with scaling (Llama 3.1 ``llama3``, a Qwen YaRN config) has it
-    replaced: the factor applies to the plain RoPE frequencies and is relative to that model's ``L``.
-    Gemma 3 style models scale their global layers only; local sliding-window layers keep their rotary.
-    Every argument is checked before the model is touched.
-    """
-    modules = R.rotary_modules(model)
-    state: PatchState | None = model.__dict__.get(STATE_ATTR)
-
-    # 1. Plan everything against the unpatched configs; raise before touching anything.
-    plans = []  # (module, config, {layer_type: Entry})
-    scaling = None
-    shipped = set()
+def _plan(model, modules, state, method, factor, target_length, original_max_position_embeddings, params):
+    """``(plans, scaling, shipped)``: per rotary module ``(module, config, {layer_type: Entry})``, checked
+    against the unpatched configs; raises before anything is touched."""
+    plans, scaling, shipped = [], None, set()
     for _, module in modules:
         config = R.module_config(model, module)
         pristine = _pristine_config(config, state)
@@ -158,21 +144,51 @@ def patch(
                     f"{type(module).__name__}.{R.buffer_name(lt)} has {buffer.numel()} frequencies but the config "
                     f"implies a rotary dimension of {dim} ({dim // 2} frequencies): unsupported rotary layout"
                 )
-            old_type = hf.rope_dict(pristine, lt).get("rope_type", "default")
-            if old_type != "default":
-                shipped.add(f"{old_type} ({hf.rope_dict(pristine, lt).get('factor')})")
-            entries[lt] = R.Entry(scaling, dim, base)
+            old = hf.rope_dict(pristine, lt)
+            if hf.split_rope_type(hf.rope_type_of(old))[1] != "default":
+                shipped.add(f"{hf.rope_type_of(old)} ({old.get('factor')})")
+            entries[lt] = R.Entry(scaling, dim, base, hf.rotating(pristine, lt))
         if not entries:
             raise UnsupportedModelError(f"{type(module).__name__} has no global rotary frequencies to scale")
+        scaled = copy.deepcopy(pristine)
+        hf.write(scaled, scaling)
+        R.check_rebuilds(module, scaled)
         plans.append((module, config, entries))
-    attention = []
-    if scaling.in_attention:
-        config = R.module_config(model, modules[0][1])
-        attention = A.plans(model, config, scaling, [m for m, _, _ in plans])
+    return plans, scaling, shipped
+
+
+# ------------------------------------------------------------------------------------------ public
+def patch(
+    model: nn.Module, method: str, *, factor=None, target_length=None, original_max_position_embeddings=None, **params
+) -> nn.Module:
+    """Scale ``model``'s rotary embeddings with ``method``, in place, and return it.
+
+    ``factor`` counts from the context the model ships with (``hf.config.shipped_context``): its pretraining
+    length ``L`` (``original_max_position_embeddings`` if the config has it, else ``max_position_embeddings``),
+    or, for a model that ships a scaling (Llama 3.1 ``llama3``, GPT-OSS ``yarn``, Phi-3 ``longrope``), the
+    context that scaling gives. ``target_length`` is the alternative. The method replaces the shipped scaling
+    on the plain RoPE frequencies, at ``target / L``, so a factor never shortens the usable context; a method
+    whose reach is shorter than the shipped context (an attention method without a factor) is refused unless
+    ``target_length`` asks for exactly that. A new patch replaces the previous one and never compounds. Gemma 3
+    style models scale their global layers only; local sliding-window layers keep their rotary. Every argument
+    is checked before the model is touched.
+    """
+    state: PatchState | None = model.__dict__.get(STATE_ATTR)
+
+    # 1. Plan everything against the unpatched configs; raise before touching anything.
+    with hf.naming(getattr(model, "config", None) or model, method):
+        modules = R.rotary_modules(model)
+        plans, scaling, shipped = _plan(
+            model, modules, state, method, factor, target_length, original_max_position_embeddings, params
+        )
+        attention = []
+        if scaling.in_attention:
+            config = R.module_config(model, modules[0][1])
+            attention = A.plans(model, config, scaling, [m for _, m in modules])
     if shipped and state is None:
         logger.warning(
             "the model ships with rope scaling %s; rope-extend replaces it (it does not compound): %s is applied "
-            "to the plain RoPE frequencies",
+            "to the plain RoPE frequencies (the factor counts from the shipped context)",
             ", ".join(sorted(shipped)),
             scaling.describe(),
         )
@@ -190,20 +206,23 @@ def patch(
     # 3. Apply.
     for config in configs:
         hf.write(config, scaling)
+        for module, apply in R.softmax_scales(model, config):
+            state.softmax.append((module, module.scaling))
+            module.scaling = R.softmax_scale(module, apply, config)
     for module, config, entries in plans:
         for lt, entry in entries.items():
             freqs, scale = entry.initial()
             R.set_frequencies(module, lt, freqs)
             setattr(module, R.scale_name(lt), scale)
-            R.set_rope_type(module, lt, scaling.method.rope_type)
+            R.set_rope_type(module, lt, hf.rope_type_of(hf.rope_dict(config, lt)))
         hook = cache.install(model, R.install(module, entries), config)
         if hook is not None:
             state.hooks.append(hook)
     if attention:
         config = A.text_config(R.module_config(model, modules[0][1]))
         inner = attention[0][1].inner
-        A.install(config, attention)
-        state.attention = (config, inner, [m for m, _ in attention])
+        A.install(model, config, attention, scaling, [m for _, m in modules])
+        state.attention = (model, config, inner, [m for m, _ in attention])
     model.__dict__[STATE_ATTR] = state
     return model
 

@@ -166,7 +166,9 @@ def test_configure_reads_the_original_length_from_the_config():
     config = rope_extend.configure(
         tiny_config(rope_parameters=shipped, max_position_embeddings=256), "linear", factor=2
     )
-    assert config.max_position_embeddings == 128 and config.original_max_position_embeddings == 64
+    # the factor counts from the 256 tokens the yarn x4 config ships with; the linear factor is then 512 / 64
+    assert config.max_position_embeddings == 512 and config.original_max_position_embeddings == 64
+    assert config.rope_parameters["factor"] == 8.0
     phi3 = rope_extend.configure(tiny_config("phi3", original_max_position_embeddings=128), "yarn", factor=2)
     assert phi3.max_position_embeddings == 256
 

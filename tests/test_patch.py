@@ -198,7 +198,7 @@ def test_longrope_switches_to_long_factors_beyond_the_original_length():
         assert torch.equal(emb.inv_freq, long) and emb.attention_scaling == scale
 
 
-def test_shipped_scaling_is_replaced_relative_to_its_original_length(caplog):
+def test_shipped_scaling_is_replaced_and_the_factor_counts_from_the_shipped_context(caplog):
     shipped = {
         "rope_type": "llama3",
         "factor": 8.0,
@@ -213,9 +213,10 @@ def test_shipped_scaling_is_replaced_relative_to_its_original_length(caplog):
     with caplog.at_level("WARNING", logger="rope_extend"):
         rope_extend.patch(model, "yarn", factor=2)
     assert "ships with rope scaling llama3" in caplog.text
-    assert model.config.max_position_embeddings == 128 and model.config.rope_parameters["factor"] == 2.0
+    # 2 x the shipped 512 tokens, never 2 x L = 128 (shorter than what the model shipped with)
+    assert model.config.max_position_embeddings == 1024 and model.config.rope_parameters["factor"] == 16.0
     assert model.config.rope_parameters["original_max_position_embeddings"] == 64
-    expected = rope_extend.inv_freq("yarn", 16, 10000.0, 2, 64)[0]
+    expected = rope_extend.inv_freq("yarn", 16, 10000.0, 16, 64)[0]
     assert torch.equal(model.model.rotary_emb.inv_freq, expected)
     rope_extend.unpatch(model)
     assert model.config.rope_parameters == shipped and torch.equal(logits(model, ids), before)
@@ -226,9 +227,40 @@ def test_qwen_style_yarn_config_reads_its_original_length():
     model = tiny_model("qwen2", rope_parameters=dict(shipped), max_position_embeddings=128)
     ids = inputs(300)
     before = logits(model, ids)
-    rope_extend.patch(model, "yarn", factor=4)  # the same scaling, now with max_position_embeddings = 4 L
+    rope_extend.patch(model, "yarn", target_length=512)  # the shipped scaling itself, max_position_embeddings 4 L
     assert model.config.max_position_embeddings == 512
     torch.testing.assert_close(logits(model, ids), before, rtol=0, atol=0)
+    rope_extend.patch(model, "yarn", factor=4)  # counts from the shipped 4 x 128
+    assert model.config.max_position_embeddings == 2048 and model.config.rope_parameters["factor"] == 16.0
+
+
+def test_a_method_shorter_than_the_shipped_context_is_refused_unless_asked(tmp_path):
+    shipped = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 10000.0}
+    model = tiny_model(rope_parameters=dict(shipped), max_position_embeddings=256)
+    with pytest.raises(rope_extend.RopeExtendError, match=r"reaches 208 tokens, less than the 256 the model ships"):
+        rope_extend.patch(model, "self_extend", group_size=4, window=16)
+    assert rope_extend.patched(model) is None
+    rope_extend.patch(model, "self_extend", group_size=4, window=16, target_length=200)  # asked for: allowed
+    assert model.config.max_position_embeddings == 200
+
+
+def test_configuring_again_counts_from_the_same_shipped_context_after_save_and_reload(tmp_path):
+    import transformers
+
+    shipped = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "rope_theta": 10000.0,
+    }
+    config = tiny_model(rope_parameters=dict(shipped), max_position_embeddings=512).config
+    rope_extend.configure(config, "yarn", factor=2)
+    config.save_pretrained(tmp_path)
+    again = transformers.AutoConfig.from_pretrained(tmp_path)
+    rope_extend.configure(again, "yarn", factor=2)  # replaces, from the shipped 512: never compounds
+    assert again.max_position_embeddings == config.max_position_embeddings == 1024
 
 
 @pytest.mark.parametrize(

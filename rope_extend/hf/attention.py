@@ -7,11 +7,13 @@ model's config at it and gives every attention module an ``AttentionPlan``: the 
 model used before (``eager`` or ``sdpa``), which layers without a method (Gemma's local sliding layers) keep.
 
 The function receives queries and keys already rotated at their true positions (cached keys too). RoPE
-rotations compose, so a key rotated at ``j`` is moved to ``kpos`` by one more rotation by ``kpos - j``,
-taken from the model's own rotary module and ``rotate_half`` (any layout, partial rotary included). For
-each block of queries and each kind of pair the method defines, one attention pass runs on re-rotated
-queries and keys over a range of keys, and the passes are merged by their log-sum-exp: memory is linear in
-the length (a block of queries times the keys of one pass), never a full score matrix.
+rotations compose, so a key rotated at ``j`` is moved to ``kpos`` by one more rotation by ``kpos - j``, in the
+layer's own convention as ``hf.layout.probe`` measured it on the model (pairing, which dimensions, which
+frequency set; NoPE layers are left alone, and a layer rope-extend cannot reproduce is refused). For each block
+of queries and each kind of pair the method defines, one attention pass runs on re-rotated queries and keys
+over a range of keys, and the passes are merged by their log-sum-exp (attention sinks, ``s_aux``, as one more
+term): memory is linear in the length (a block of queries times the keys of one pass), never a full score
+matrix.
 
 Positions: the query at row ``t`` of ``n`` is at ``position_ids[b, -1] - (n - 1 - t)``; the key in slot
 ``u`` of ``m`` at ``position_ids[b, -1] - (m - 1 - u)`` (keys end at the last query, as in a dynamic cache,
@@ -21,6 +23,7 @@ different offsets are computed apart. A ``StaticCache`` (keys not ending at the 
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -30,8 +33,10 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..methods.attention import Rules, logn_scale
-from . import rotary as R
-from .config import LOCAL_LAYER_TYPES, nested_layer_types, text_config
+from . import layout as Lo
+from .config import LOCAL_LAYER_TYPES, naming, nested_layer_types, rope_dict, text_config
+
+logger = logging.getLogger("rope_extend")
 
 NAME = "rope_extend"
 PLAN_ATTR = "rope_extend_attention"
@@ -48,9 +53,7 @@ class AttentionPlan:
     rules: Rules | None
     logn: bool
     original_max_position_embeddings: int
-    rotary: nn.Module | None = None
-    layer_type: str | None = None
-    scale_attr: str = "attention_scaling"
+    layout: Lo.Layout | None = None  # how the layer rotates (``hf.layout``); None until the model is probed
 
     @property
     def active(self) -> bool:
@@ -78,73 +81,158 @@ def attention_modules(model: nn.Module, config) -> list[nn.Module]:
     ]
 
 
-def plans(model: nn.Module, config, scaling, rotary: list[nn.Module]) -> list[tuple[nn.Module, AttentionPlan]]:
-    """Plan every attention module of ``model`` for ``scaling``; raises before anything is touched."""
+def _family(config) -> str:
+    return getattr(config, "model_type", None) or type(config).__name__
+
+
+def _refuse(config, scaling, why: str) -> UnsupportedModelError:
+    """A refusal; ``patch`` (through ``hf.config.naming``) puts the family and the method in front."""
+    logn = " (log-n changes attention too)" if scaling.logn and not scaling.method.attention else ""
+    return UnsupportedModelError(f"{why}{logn}")
+
+
+def _on_meta(model: nn.Module) -> bool:
+    return any(p.device.type == "meta" for p in model.parameters())
+
+
+def plans(
+    model: nn.Module, config, scaling, rotary: list[nn.Module], *, defer: bool = False
+) -> list[tuple[nn.Module, AttentionPlan]]:
+    """Plan every attention module of ``model`` for ``scaling``; raises before anything is touched.
+
+    The layers' rotation is found by ``hf.layout.probe``. A model built from a config (``defer``: its weights
+    are not loaded yet) or still on the meta device is planned without it, and ``install`` probes it at its
+    first forward."""
     config = text_config(config)
     inner = config._attn_implementation
     if inner == NAME:
         inner = getattr(config, "_rope_extend_inner", "sdpa")
     if inner not in INNER:
-        raise UnsupportedModelError(
-            f"{scaling.method.name}{' with logn' if scaling.logn else ''} changes attention and runs on top of the "
-            f"eager or sdpa implementation; this model uses {inner!r} (load it with attn_implementation='sdpa')"
+        raise _refuse(
+            config,
+            scaling,
+            f"it changes attention and runs on top of the eager or sdpa implementation; this model "
+            f"uses {inner!r} (load it with attn_implementation='sdpa')",
         )
+    for lt in nested_layer_types(config) or [None]:
+        params = rope_dict(config, lt) or {}
+        if params.get("mrope_section") is not None:
+            raise _refuse(
+                config,
+                scaling,
+                "its M-RoPE (rope_parameters.mrope_section) gives each token three positions (time, "
+                "height, width) and the attention methods' position rules are one-dimensional; use a frequency "
+                "method (yarn, linear, ...)",
+            )
+    probed = (
+        None if defer or _on_meta(model) else Lo.probe(model, config, rotary, scaling.original_max_position_embeddings)
+    )
+    return _plan_modules(model, config, scaling, inner, probed)
+
+
+def _plan_modules(model, config, scaling, inner: str, probed) -> list[tuple[nn.Module, AttentionPlan]]:
     modules = attention_modules(model, config)
+    if probed is not None:
+        if not probed:
+            raise _refuse(
+                config,
+                scaling,
+                "its attention layers do not call transformers' attention interface, so rope-extend cannot change them",
+            )
+        missed = [m for m in modules if m not in probed]
+        if missed:
+            raise _refuse(
+                config,
+                scaling,
+                f"{type(missed[0]).__name__} (layer {missed[0].layer_idx}) does not call "
+                "transformers' attention interface, so rope-extend cannot change it",
+            )
+        modules += [m for m in probed if m not in modules]
     if not modules:
-        raise UnsupportedModelError(
-            f"{type(model).__name__} has no attention modules with a layer_idx: rope-extend cannot change its attention"
-        )
+        raise _refuse(config, scaling, f"{type(model).__name__} has no attention modules with a layer_idx")
     rules = scaling.rules()
-    nested = nested_layer_types(config)
     types = list(getattr(config, "layer_types", None) or ())
     mixed = bool(types) and not all(t in LOCAL_LAYER_TYPES for t in types)
     out = []
     for module in modules:
-        idx = module.layer_idx
-        layer_type = types[idx] if idx < len(types) else None
-        local = mixed and layer_type in LOCAL_LAYER_TYPES
+        idx = getattr(module, "layer_idx", None)
+        layer_type = types[idx] if isinstance(idx, int) and idx < len(types) else None
         plan = AttentionPlan(inner, None, False, scaling.original_max_position_embeddings)
-        if not local:
-            lt = layer_type if nested else None
-            owner = next((m for m in rotary if lt in R.module_layer_types(m)), None)
-            if owner is None:
-                raise UnsupportedModelError(f"no rotary module holds the frequencies of layer {idx} ({layer_type})")
+        seen = probed.get(module) if probed is not None else None
+        local = mixed and layer_type in LOCAL_LAYER_TYPES
+        if not local and (seen is None or seen.kind != "nope"):  # NoPE layers have no position to change
+            if seen is not None and seen.kind == "unknown":
+                how = seen.why or f"best known layout off by {seen.error:.2g} relative"
+                raise _refuse(
+                    config,
+                    scaling,
+                    f"layer {idx} rotates its queries and keys in a way rope-extend cannot reproduce ({how})",
+                )
+            unknown = sorted(seen.kwargs - Lo.KNOWN_KWARGS) if seen is not None else []
+            if unknown:
+                raise _refuse(
+                    config,
+                    scaling,
+                    f"layer {idx} passes {', '.join(unknown)} to its attention function, which "
+                    "rope-extend's attention does not implement",
+                )
             plan = AttentionPlan(
-                inner, rules, scaling.logn, scaling.original_max_position_embeddings, owner, lt, R.scale_name(lt)
+                inner, rules, scaling.logn, scaling.original_max_position_embeddings, seen.layout if seen else None
             )
-            if rules is not None:
-                _rotate_half(module)  # raises if the family has none
         out.append((module, plan))
+    if probed is not None and not any(plan.active for _, plan in out):
+        logger.warning(
+            "%s changes no layer of %s: its global layers do not rotate (NoPE) and its local layers keep their window",
+            scaling.method.name,
+            _family(config),
+        )
     return out
 
 
-def install(config, planned) -> None:
+PROBE_HOOK = "_rope_extend_probe_hook"
+
+
+def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
+    """Give every planned module its plan and point the config at ``NAME``. Plans of a model that was on the
+    meta device are completed by a probe at its first forward (which raises if the model is refused)."""
     config = text_config(config)
     if config._attn_implementation != NAME:
         config._rope_extend_inner = config._attn_implementation
     for module, plan in planned:
         module.__dict__[PLAN_ATTR] = plan
     config._attn_implementation = NAME
+    pending = any(plan.active and plan.layout is None for _, plan in planned)
+    decoder = Lo.decoder_of(model)
+    if pending and PROBE_HOOK not in decoder.__dict__:
+        inner = config._rope_extend_inner
+
+        def complete(_module, _args):
+            decoder.__dict__.pop(PROBE_HOOK).remove()
+            config._attn_implementation = inner
+            try:
+                with naming(config, scaling.method.name):
+                    probed = Lo.probe(model, config, list(rotary), scaling.original_max_position_embeddings)
+                    final = _plan_modules(model, config, scaling, inner, probed)
+            finally:
+                config._attn_implementation = NAME
+            for module, plan in final:
+                module.__dict__[PLAN_ATTR] = plan
+
+        decoder.__dict__[PROBE_HOOK] = decoder.register_forward_pre_hook(complete)
 
 
-def remove(config, inner: str, modules) -> None:
+def remove(model: nn.Module, config, inner: str, modules) -> None:
     config = text_config(config)
     for module in modules:
         module.__dict__.pop(PLAN_ATTR, None)
+    hook = Lo.decoder_of(model).__dict__.pop(PROBE_HOOK, None)
+    if hook is not None:
+        hook.remove()
     config._attn_implementation = inner
     config.__dict__.pop("_rope_extend_inner", None)
 
 
 # ------------------------------------------------------------------------------------------ the function
-def _rotate_half(module: nn.Module):
-    fn = getattr(sys.modules.get(type(module).__module__), "rotate_half", None)
-    if fn is None:
-        raise UnsupportedModelError(
-            f"{type(module).__name__}'s module has no rotate_half: rope-extend cannot re-rotate its queries and keys"
-        )
-    return fn
-
-
 def _inner(module: nn.Module, name: str):
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -202,7 +290,9 @@ def attention_forward(
         raise UnsupportedModelError(f"{NAME} attention has no dropout; call model.eval() or set attention_dropout=0")
     if scaling is None:
         scaling = module.head_dim**-0.5
-    return _attend(module, plan, query, key, value, _allowed(attention_mask), scaling, softcap, position_ids), None
+    sinks = kwargs.get("s_aux")  # GPT-OSS, Granite-SWA: one more logit per head, with value 0
+    out = _attend(module, plan, query, key, value, _allowed(attention_mask), scaling, softcap, position_ids, sinks)
+    return out, None
 
 
 def _query_positions(position_ids, query, key) -> torch.Tensor:
@@ -217,7 +307,7 @@ def _logn(query: torch.Tensor, positions: torch.Tensor, plan: AttentionPlan) -> 
     return (query.float() * scale[:, None, :, None]).to(query.dtype)
 
 
-def _attend(module, plan, query, key, value, mask, scaling, softcap, position_ids) -> torch.Tensor:
+def _attend(module, plan, query, key, value, mask, scaling, softcap, position_ids, sinks=None) -> torch.Tensor:
     b, h, n, _ = query.shape
     m = key.shape[2]
     if position_ids is None:
@@ -235,7 +325,17 @@ def _attend(module, plan, query, key, value, mask, scaling, softcap, position_id
             return t if index is None or t is None else t.index_select(0, index)
 
         part = _attend_rows(
-            module, plan, take(query), take(key), take(value), take(mask), scaling, softcap, p - (n - 1), p - (m - 1)
+            module,
+            plan,
+            take(query),
+            take(key),
+            take(value),
+            take(mask),
+            scaling,
+            softcap,
+            p - (n - 1),
+            p - (m - 1),
+            sinks,
         )
         if index is None:
             out = part
@@ -244,30 +344,9 @@ def _attend(module, plan, query, key, value, mask, scaling, softcap, position_id
     return out
 
 
-def _rotation(plan: AttentionPlan, delta: torch.Tensor, device):
-    """cos, sin ``[1, 1, len, rot]`` (float32) of a rotation by ``delta`` positions, without attention scaling."""
-    x = torch.empty(0, dtype=torch.float32, device=device)
-    extra = () if plan.layer_type is None else (plan.layer_type,)
-    with torch.no_grad():
-        cos, sin = R._raw_forward(type(plan.rotary))(plan.rotary, x, delta.to(device)[None], *extra)
-    scale = float(getattr(plan.rotary, plan.scale_attr, 1.0) or 1.0)
-    if scale != 1.0:
-        cos, sin = cos / scale, sin / scale
-    return cos[:, None].float(), sin[:, None].float()
-
-
-def _rotate(x: torch.Tensor, cos, sin, rotate_half) -> torch.Tensor:
-    """``x`` (float32) rotated on its first ``rot`` dimensions."""
-    rot = cos.shape[-1]
-    if rot == x.shape[-1]:
-        return x * cos + rotate_half(x) * sin
-    head, tail = x[..., :rot], x[..., rot:]
-    return torch.cat([head * cos + rotate_half(head) * sin, tail], dim=-1)
-
-
-def _attend_rows(module, plan, query, key, value, mask, scaling, softcap, q0: int, k0: int) -> torch.Tensor:
+def _attend_rows(module, plan, query, key, value, mask, scaling, softcap, q0: int, k0: int, sinks=None) -> torch.Tensor:
     """Rows that share offsets: queries at ``q0 ..``, keys at ``k0 ..``. Returns ``[b, n, h, d_v]``."""
-    rules, rotate_half = plan.rules, _rotate_half(module)
+    rules, layout = plan.rules, plan.layout
     b, h, n, _ = query.shape
     m, device, dtype = key.shape[2], query.device, query.dtype
     first = max(k0, 0)  # negative positions are padding
@@ -286,7 +365,7 @@ def _attend_rows(module, plan, query, key, value, mask, scaling, softcap, q0: in
             rotated[kind] = groups[group]
         else:
             delta = (rules.key_position(kind, kpos) - kpos).to(torch.float64)
-            rotated[kind] = groups[group] = _rotate(keys, *_rotation(plan, delta, device), rotate_half)
+            rotated[kind] = groups[group] = layout.rotate(keys, delta)
     out = torch.zeros(b, n, h, value.shape[-1], dtype=dtype, device=device)
     for a, e in rules.blocks(max(q0, first), q0 + n, BLOCK):
         rows = slice(a - q0, e - q0)
@@ -299,7 +378,7 @@ def _attend_rows(module, plan, query, key, value, mask, scaling, softcap, q0: in
                 qk = q[:, :, rows]
             else:
                 delta = (rules.query_position(kind, i) - i).to(torch.float64)
-                qk = _rotate(q[:, :, rows], *_rotation(plan, delta, device), rotate_half)
+                qk = layout.rotate(q[:, :, rows], delta)
             cols = slice(j0 - first, j1 - first)
             allow = None
             if not full:
@@ -310,6 +389,9 @@ def _attend_rows(module, plan, query, key, value, mask, scaling, softcap, q0: in
                 allow = given if allow is None else allow & given
             part, part_lse = _partial(qk, rotated[kind][:, :, cols], values[:, :, cols], allow, scaling, softcap)
             acc, lse = (part, part_lse) if acc is None else _merge(acc, lse, part, part_lse)
+        if acc is not None and sinks is not None:
+            sink = sinks.float().reshape(1, -1, 1).expand_as(lse)
+            acc, lse = _merge(acc, lse, torch.zeros_like(acc), sink)
         if acc is not None:
             out[:, rows] = acc.transpose(1, 2).to(dtype)
     return out
@@ -317,8 +399,19 @@ def _attend_rows(module, plan, query, key, value, mask, scaling, softcap, q0: in
 
 def _partial(q, k, v, allow, scaling: float, softcap: float | None):
     """Attention of ``q`` over ``k``/``v`` (GQA by head groups) and its log-sum-exp, float32; rows with no key
-    allowed give output 0 and log-sum-exp -inf."""
+    allowed give output 0 and log-sum-exp -inf. Value heads narrower or wider than query heads (MLA) are padded
+    with zeros, which changes neither the scores nor the output."""
     v = v.float()
+    dv = v.shape[-1]
+    if dv < q.shape[-1]:
+        v = torch.nn.functional.pad(v, (0, q.shape[-1] - dv))
+    elif dv > q.shape[-1]:
+        q, k = (torch.nn.functional.pad(t, (0, dv - t.shape[-1])) for t in (q, k))
+    out, lse = _partial_padded(q, k, v, allow, scaling, softcap)
+    return out[..., :dv], lse
+
+
+def _partial_padded(q, k, v, allow, scaling: float, softcap: float | None):
     if softcap is None and q.device.type == "cpu":
         bias = None
         if allow is not None:

@@ -5,6 +5,19 @@
 - Writing: ``configure`` puts a scaling into ``config.rope_parameters`` and raises
   ``max_position_embeddings``; ``snapshot``/``restore`` undo that exactly.
 
+Layer types: a per-layer-type ``rope_parameters`` (Gemma 3, Gemma 4) scales its global types only, and reads
+each type's geometry from the layer type's own config (Gemma 4's full layers have their own head dim,
+``config.per_layer_config[layer_type]``). Proportional RoPE (Gemma 4's ``proportional``, "p-RoPE") rotates
+only the first ``int(partial_rotary_factor * head_dim // 2)`` of the ``head_dim / 2`` plain-RoPE frequencies
+and keeps the rest at zero: a method scales the rotating ones (computed for ``d = head_dim``, as
+transformers lays them out) and the zeros stay; ``configure`` writes such a layer as
+``proportional_<rope type>`` (a type rope-extend registers), since transformers' own types would read
+``partial_rotary_factor`` as an ordinary partial rotary dimension.
+
+Rewriting a rope dict keeps every key that is not a scaling parameter of the old rope type (Ministral 3's
+``llama_4_scaling_beta``, M-RoPE's ``mrope_section``); the old type's own keys are taken from transformers'
+validator for that type (``rope_type_keys``), or from the rope-extend method.
+
 Where ``L`` lives: transformers keeps it in ``rope_parameters["original_max_position_embeddings"]`` for
 yarn/llama3/longrope, and Phi-3 also as a top-level config attribute. ``configure`` writes the top-level
 attribute for every method (transformers keeps unknown config attributes through save and reload), so a
@@ -13,9 +26,16 @@ second ``configure`` on the same config reads the same ``L`` and never compounds
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
+import functools
 import logging
+import math
+from types import SimpleNamespace
 from typing import Any
+
+import torch
 
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..methods import registry as M
@@ -25,11 +45,34 @@ logger = logging.getLogger("rope_extend")
 # Keys of rope_parameters that are not method parameters.
 BASE_KEYS = ("rope_type", "rope_theta", "partial_rotary_factor")
 SCALING_KEYS = ("factor", "original_max_position_embeddings")
-# Keys rope-extend writes into any rope type's parameters, transformers' own types included (scaled_rope_dict).
-EXTRA_KEYS = frozenset({"logn"})
+# Keys rope-extend writes into any rope type's parameters, transformers' own types included (scaled_rope_dict):
+# logn, and L into linear where the old dict had it (a family may read it, as Ministral 3's llama-4 attention
+# scale does).
+EXTRA_KEYS = frozenset({"logn", "original_max_position_embeddings"})
+# Families whose rotary module takes its attention scale from rope_parameters keys instead of the rope init
+# function (PhiMoE: ``short_mscale`` up to L, ``long_mscale`` beyond, and it needs both for any scaled type):
+# rope-extend writes the method's attention scale into each, so only a constant scale is possible.
+SCALE_KEYS = {"phimoe": ("short_mscale", "long_mscale")}
+# Rotary layouts a rope type can name besides the ordinary one (see the module docstring).
+PROPORTIONAL = "proportional"
 # Attention layer types that keep their own rotary (local windows); every other type is scaled.
-LOCAL_LAYER_TYPES = ("sliding_attention", "chunked_attention", "local_attention")
+LOCAL_LAYER_TYPES = ("sliding_attention", "chunked_attention", "local_attention", "hybrid_sliding", "window_attention")
 _MISSING = object()
+
+
+# ----------------------------------------------------------------------------------------------- errors
+def family(config) -> str:
+    """How messages name a model: its ``model_type`` (``gemma4``), else its class name."""
+    return getattr(config, "model_type", None) or type(config).__name__
+
+
+@contextlib.contextmanager
+def naming(config, method: Any):
+    """Re-raise rope-extend's refusals with the family and the method named: ``gemma4: cannot apply 'yarn': ...``."""
+    try:
+        yield
+    except (RopeExtendError, UnsupportedModelError) as exc:
+        raise type(exc)(f"{family(config)}: cannot apply {method!r}: {exc}") from exc
 
 
 # ----------------------------------------------------------------------------------------------- reading
@@ -67,7 +110,21 @@ def rope_dict(config, layer_type: str | None = None) -> dict[str, Any]:
     return params
 
 
-def head_dim(config) -> int:
+def layer_config(config, layer_type: str | None = None):
+    """The config a layer type's attention is built from: ``config.per_layer_config[layer_type]`` for a
+    heterogeneous config (Gemma 4's full layers have their own head dim), else ``config``."""
+    if layer_type is None or not getattr(config, "is_heterogeneous", False):
+        return config
+    try:
+        return config.per_layer_config[layer_type]
+    except ValueError as exc:  # the layer type's layers differ from each other
+        raise UnsupportedModelError(
+            f"{type(config).__name__}: the {layer_type!r} layers do not share one configuration ({exc})"
+        ) from exc
+
+
+def head_dim(config, layer_type: str | None = None) -> int:
+    config = layer_config(config, layer_type)
     value = getattr(config, "head_dim", None)
     if value:
         return int(value)
@@ -80,8 +137,28 @@ def head_dim(config) -> int:
         ) from exc
 
 
+def split_rope_type(rope_type: Any) -> tuple[str | None, Any]:
+    """``(layout, rope type)``: ``("proportional", "yarn")`` for ``proportional_yarn``, ``("proportional",
+    "default")`` for transformers' ``proportional``, ``(None, rope_type)`` for every other type."""
+    if rope_type == PROPORTIONAL:
+        return PROPORTIONAL, "default"
+    if isinstance(rope_type, str) and rope_type.startswith(PROPORTIONAL + "_"):
+        return PROPORTIONAL, rope_type[len(PROPORTIONAL) + 1 :]
+    return None, rope_type
+
+
+def layout_rope_type(layout: str | None, rope_type: str) -> str:
+    """The rope type a config names for ``rope_type`` on a layer with ``layout`` (inverse of split_rope_type)."""
+    return rope_type if layout is None else f"{layout}_{rope_type}"
+
+
+def rope_type_of(params: dict[str, Any]) -> str:
+    return params.get("rope_type", params.get("type", "default"))
+
+
 def rotary_geometry(config, layer_type: str | None = None) -> tuple[int, float]:
-    """``(rotary_dim, base)`` of one rope dict: ``int(head_dim * partial_rotary_factor)`` and ``rope_theta``."""
+    """``(rotary_dim, base)`` of one rope dict: ``int(head_dim * partial_rotary_factor)`` and ``rope_theta``;
+    for proportional RoPE ``head_dim`` itself (see ``rotating``)."""
     params = rope_dict(config, layer_type)
     prf = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
     base = params.get("rope_theta", getattr(config, "rope_theta", None) or getattr(config, "default_theta", None))
@@ -89,7 +166,27 @@ def rotary_geometry(config, layer_type: str | None = None) -> tuple[int, float]:
         base = base.get("global")
     if base is None:
         raise UnsupportedModelError(f"{type(config).__name__}.rope_parameters has no rope_theta")
-    return M.rotary_dim(head_dim(config), prf), float(base)
+    if split_rope_type(rope_type_of(params))[0] == PROPORTIONAL:
+        return M.rotary_dim(head_dim(config, layer_type)), float(base)
+    return M.rotary_dim(head_dim(config, layer_type), prf), float(base)
+
+
+def rotating(config, layer_type: str | None = None) -> int | None:
+    """How many of the ``rotary_dim / 2`` frequencies rotate: None for all; for proportional RoPE
+    ``int(partial_rotary_factor * head_dim // 2)``, as transformers' ``proportional`` init computes it."""
+    params = rope_dict(config, layer_type)
+    if split_rope_type(rope_type_of(params))[0] != PROPORTIONAL:
+        return None
+    return int(params.get("partial_rotary_factor", 1.0) * head_dim(config, layer_type) // 2)
+
+
+def frequencies(scaling: M.Scaling, dim: int, base: float, rotating: int | None, seq_len: int | None = None):
+    """``scaling.compute(dim, base, seq_len)`` with the frequencies past ``rotating`` at zero (proportional
+    RoPE: those dimensions never rotate, whatever the method)."""
+    freqs, scale = scaling.compute(dim, base, seq_len)
+    if rotating is not None and rotating < freqs.numel():
+        freqs = torch.cat([freqs[:rotating], torch.zeros(freqs.numel() - rotating, dtype=freqs.dtype)])
+    return freqs, scale
 
 
 def original_length(config) -> int:
@@ -98,7 +195,7 @@ def original_length(config) -> int:
     value = config.__dict__.get("original_max_position_embeddings")
     if value is None:
         for lt in nested_layer_types(config) or [None]:
-            params = rope_dict(config, lt) if getattr(config, "rope_parameters", None) else {}
+            params = config.rope_parameters if lt is None else config.rope_parameters.get(lt)
             if params and params.get("original_max_position_embeddings"):
                 value = params["original_max_position_embeddings"]
                 break
@@ -116,7 +213,7 @@ def scaling_from_dict(params: dict[str, Any], default_length: int, ignore_keys=(
     """The rope-extend scaling a rope dict names, or None for plain RoPE or a type rope-extend lacks.
 
     Raises ``RopeExtendError`` for a rope-extend type with unknown or invalid parameters."""
-    rope_type = params.get("rope_type", params.get("type", "default"))
+    rope_type = split_rope_type(rope_type_of(params))[1]
     method = M.by_rope_type(rope_type)
     if method is None:
         return None
@@ -132,22 +229,111 @@ def scaling_from_dict(params: dict[str, Any], default_length: int, ignore_keys=(
 
 
 def config_scaling(config, layer_type: str | None = None) -> M.Scaling | None:
-    return scaling_from_dict(rope_dict(config, layer_type), original_length(config))
+    """The scaling ``config`` names; the family's own rope keys (``ignore_keys_at_rope_validation``: Ministral 3's
+    ``llama_4_scaling_beta``, M-RoPE's ``mrope_section``) are not method parameters."""
+    return scaling_from_dict(rope_dict(config, layer_type), original_length(config), ignore_keys=family_keys(config))
+
+
+def family_keys(config, ignore_keys=None) -> set[str]:
+    """Rope keys of the family, not of a method: ``ignore_keys_at_rope_validation``, ``SCALE_KEYS`` and the keys
+    of transformers' ``RopeParameters`` that no rope type's validator claims (``mrope_section``)."""
+    keys = set(ignore_keys or getattr(config, "ignore_keys_at_rope_validation", None) or ())
+    return keys | set(SCALE_KEYS.get(family(config), ())) | _layout_keys()
+
+
+@functools.cache
+def _layout_keys() -> frozenset[str]:
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, RopeParameters
+
+    claimed = set(BASE_KEYS)
+    for rope_type in ROPE_INIT_FUNCTIONS:
+        claimed |= transformers_rope_type_keys(rope_type) or set()
+    # M-RoPE's keys, which transformers 5.17's RopeParameters does not declare yet
+    return frozenset((set(RopeParameters.__annotations__) | {"mrope_section", "mrope_interleaved"}) - claimed)
 
 
 # ----------------------------------------------------------------------------------------------- writing
+class _Keys(Exception):
+    pass
+
+
+def _capture_keys(rope_type, received_keys, required_keys, optional_keys=None, ignore_keys=None):
+    raise _Keys(set(required_keys) | set(optional_keys or ()))
+
+
+@functools.cache
+def transformers_rope_type_keys(rope_type: str) -> frozenset[str] | None:
+    """The keys transformers' validator for ``rope_type`` knows (required and optional), or None when
+    transformers has no validator for it. Read by running the validator against a stand-in whose key check
+    reports the keys and stops."""
+    from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
+
+    validator = getattr(RotaryEmbeddingConfigMixin, f"_validate_{rope_type}_rope_parameters", None)
+    if validator is None:
+        return None
+    try:
+        validator(SimpleNamespace(_check_received_keys=_capture_keys), {"rope_type": rope_type})
+    except _Keys as keys:
+        return frozenset(keys.args[0])
+    except Exception:  # noqa: BLE001 - one of rope-extend's own validators, which checks no key list
+        return None
+    return None
+
+
+def rope_type_keys(rope_type: Any) -> frozenset[str]:
+    """The scaling parameters of ``rope_type``: the keys a rewrite drops (every other key is kept).
+
+    A rope-extend type's are its method's parameters with ``factor``, ``L`` and ``logn``; a transformers type's
+    are what transformers' validator for it knows; a type neither knows (a family's own) drops only
+    ``factor`` and ``L``. ``rope_theta`` and ``partial_rotary_factor`` are never dropped."""
+    layout, base = split_rope_type(rope_type)
+    method = M.by_rope_type(base) if isinstance(base, str) else None
+    if method is not None and (layout is not None or not method.in_transformers):
+        keys = {f.name for f in dataclasses.fields(method.params)} | set(SCALING_KEYS)
+    else:
+        keys = set(transformers_rope_type_keys(layout or base) or ()) | set(SCALING_KEYS)
+    return frozenset((keys | EXTRA_KEYS | {"type"}) - set(BASE_KEYS))
+
+
 def scaled_rope_dict(old: dict[str, Any], scaling: M.Scaling) -> dict[str, Any]:
-    """A new rope dict for ``scaling`` that keeps the old one's base and partial rotary factor."""
-    out = {key: old[key] for key in BASE_KEYS[1:] if key in old}
-    out["rope_type"] = scaling.method.rope_type
+    """A new rope dict for ``scaling``: the old one's base, partial rotary factor, rotary layout and every
+    key that is not a scaling parameter of its rope type (``rope_type_keys``)."""
+    old_type = rope_type_of(old)
+    layout = split_rope_type(old_type)[0]
+    drop = rope_type_keys(old_type)
+    out = {"rope_type": layout_rope_type(layout, scaling.method.rope_type)}
+    out.update((key, value) for key, value in old.items() if key not in drop and key != "rope_type")
     out["factor"] = scaling.factor
-    # transformers' own linear type takes no original length; rope-extend keeps it top-level anyway
-    if scaling.method.rope_type != "linear":
+    # transformers' linear takes no L (plain transformers warns on one); kept where the old dict had it, since a
+    # family may read it there (Ministral 3's llama-4 attention scale)
+    if scaling.method.rope_type != "linear" or "original_max_position_embeddings" in old:
         out["original_max_position_embeddings"] = scaling.original_max_position_embeddings
     out.update(scaling.method.param_dict(scaling.params))
     if scaling.logn:
         out["logn"] = True
     return out
+
+
+SHIPPED_ATTR = "rope_extend_shipped_context"
+
+
+def shipped_context(config) -> int:
+    """The context ``C`` the model ships with, which a ``factor`` counts from: recorded in the config by the
+    first ``write`` (so configuring again never compounds); else, when the global rope dicts name a scaling
+    (Llama 3.1's ``llama3``, GPT-OSS's ``yarn``, Phi-3's ``longrope``), ``max(max_position_embeddings, shipped
+    factor x L)``; else ``L``."""
+    recorded = config.__dict__.get(SHIPPED_ATTR)
+    if recorded:
+        return int(recorded)
+    length = original_length(config)
+    context = length
+    for lt in scaled_layer_types(config):
+        params = rope_dict(config, lt) or {}
+        if split_rope_type(rope_type_of(params))[1] in ("default", None):
+            continue
+        factor = params.get("factor") or 1.0
+        context = max(context, int(getattr(config, "max_position_embeddings", None) or 0), math.ceil(factor * length))
+    return context
 
 
 def snapshot(config) -> dict[str, Any]:
@@ -156,6 +342,8 @@ def snapshot(config) -> dict[str, Any]:
         "rope_parameters": copy.deepcopy(config.rope_parameters),
         "max_position_embeddings": config.max_position_embeddings,
         "original_max_position_embeddings": config.__dict__.get("original_max_position_embeddings", _MISSING),
+        "head_dim": config.__dict__.get("head_dim", _MISSING),
+        SHIPPED_ATTR: config.__dict__.get(SHIPPED_ATTR, _MISSING),
     }
 
 
@@ -166,6 +354,12 @@ def restore(config, snap: dict[str, Any]) -> None:
         config.__dict__.pop("original_max_position_embeddings", None)
     else:
         config.original_max_position_embeddings = snap["original_max_position_embeddings"]
+    if snap.get("head_dim", _MISSING) is not _MISSING:
+        config.__dict__["head_dim"] = snap["head_dim"]
+    if snap.get(SHIPPED_ATTR, _MISSING) is _MISSING:
+        config.__dict__.pop(SHIPPED_ATTR, None)
+    else:
+        config.__dict__[SHIPPED_ATTR] = snap[SHIPPED_ATTR]
 
 
 def plan(
@@ -173,53 +367,132 @@ def plan(
 ) -> M.Scaling:
     """Validate a configure/patch request against ``config`` and return the scaling; touches nothing."""
     m = M.get(method)
+    if getattr(config, "max_position_embeddings", None) is None:
+        window = getattr(config, "sliding_window", None)
+        raise UnsupportedModelError(
+            f"{type(config).__name__} has no max_position_embeddings: no context length to extend"
+            + (f" (its attention is local, a {window}-token window)" if window else "")
+        )
     length = original_length(config) if original_max_position_embeddings is None else original_max_position_embeddings
+    shipped = shipped_context(config) if original_max_position_embeddings is None else length
+    if shipped > length and factor is not None and target_length is None:
+        # the factor counts from the context the model ships with, never from its pretraining length alone
+        factor, target_length = None, math.ceil(M.check_factor(factor) * shipped)
     scaling = M.resolve(
         m, factor=factor, target_length=target_length, original_max_position_embeddings=length, params=params
     )
+    if scaling.target_length < shipped:
+        if target_length is None:
+            raise RopeExtendError(
+                f"{m.name} reaches {scaling.target_length} tokens, less than the {shipped} the model ships with "
+                f"(its own {_shipped_name(config)}); pass a factor (it counts from {shipped}) or raise the method's "
+                f"reach, or target_length={scaling.target_length} to accept the shorter context"
+            )
+        logger.warning(
+            "target_length=%d is shorter than the %d tokens the model ships with: the model loses context",
+            scaling.target_length,
+            shipped,
+        )
     layer_types = scaled_layer_types(config)
     if not layer_types:
-        raise UnsupportedModelError(f"{type(config).__name__} has no global rope parameters to scale")
+        kinds = ", ".join(
+            f"{lt}: {'no RoPE' if config.rope_parameters[lt] is None else 'local, kept'}"
+            for lt in nested_layer_types(config)
+        )
+        raise UnsupportedModelError(
+            f"{type(config).__name__} has no global (full-attention) rotary frequencies to scale ({kinds}); "
+            "rope-extend scales global layers only"
+        )
+    if family(config) in SCALE_KEYS and m.dynamic and m.in_transformers:
+        raise UnsupportedModelError(
+            f"{type(config).__name__}'s rotary module recomputes its frequencies without the sequence length at "
+            f"every forward, so transformers' own {m.rope_type} would never switch to its long frequencies once "
+            "saved and reloaded"
+        )
     for lt in layer_types:
         dim, base = rotary_geometry(config, lt)
-        scaling.compute(dim, base)  # raises on a parameter that does not fit the geometry (longrope factors)
+        _, scale = scaling.compute(dim, base)  # raises on a parameter that does not fit the geometry (longrope)
+        if family(config) in SCALE_KEYS and scaling.compute(dim, base, 4 * scaling.target_length)[1] != scale:
+            raise UnsupportedModelError(
+                f"{type(config).__name__} reads one attention scale per side of L from rope_parameters "
+                f"({' and '.join(SCALE_KEYS[family(config)])}), but {m.name}'s attention scale changes with the "
+                "length"
+            )
+    _check_transformers_accepts(config, scaling)
     return scaling
+
+
+def _check_transformers_accepts(config, scaling: M.Scaling) -> None:
+    """Refuse a scaling the config class's own validation rejects (Cosmos3 Edge allows only ``default``): the
+    patched model could not be saved, nor a configured config loaded. A config that fails already is let be."""
+    validate = getattr(config, "validate", None)
+    if not callable(validate):
+        return
+    probe = copy.deepcopy(config)
+    try:
+        validate()
+    except Exception:  # noqa: BLE001 - the unscaled config is the family's own business
+        return
+    write(probe, scaling)
+    try:
+        probe.validate()
+    except Exception as exc:
+        reason = str(getattr(exc, "__cause__", None) or exc).strip().splitlines()[-1]
+        raise UnsupportedModelError(
+            f"transformers' {type(config).__name__} rejects the scaled rope_parameters, so the model could not be "
+            f"saved and reloaded: {reason}"
+        ) from exc
+
+
+def _shipped_name(config) -> str:
+    names = {rope_type_of(rope_dict(config, lt) or {}) for lt in scaled_layer_types(config)}
+    return " / ".join(sorted(str(n) for n in names)) + " scaling"
 
 
 def write(config, scaling: M.Scaling) -> None:
     """Put ``scaling`` into ``config`` (the global rope dicts) and set ``max_position_embeddings`` to the target."""
+    shipped = shipped_context(config)
     params = copy.deepcopy(config.rope_parameters)
     for lt in scaled_layer_types(config):
         old = params if lt is None else params[lt]
         if old.get("rope_type", "default") != "default":
             logger.info("replacing rope_type %r with %s", old.get("rope_type"), scaling.describe())
         new = scaled_rope_dict(old, scaling)
+        if family(config) in SCALE_KEYS:  # it also reads L there, for linear too
+            new["original_max_position_embeddings"] = scaling.original_max_position_embeddings
+            for key in SCALE_KEYS[family(config)]:
+                new[key] = scaling.compute(*rotary_geometry(config, lt))[1]
         if lt is None:
             params = new
         else:
             params[lt] = new
+    if config.__dict__.get("head_dim", _MISSING) is None and not own_rope_type(scaling.method.rope_type):
+        # transformers' yarn and longrope read getattr(config, "head_dim", default), which is None here (Mixtral)
+        config.head_dim = head_dim(config)
     config.original_max_position_embeddings = scaling.original_max_position_embeddings
     config.max_position_embeddings = scaling.target_length
     config.rope_parameters = params
+    setattr(config, SHIPPED_ATTR, shipped)  # what a later configure counts from (never this write's target)
 
 
 def configure(config, method: str, *, factor=None, target_length=None, original_max_position_embeddings=None, **params):
     """Write ``method`` into ``config.rope_parameters`` and raise ``max_position_embeddings`` to the target.
 
-    ``factor`` is relative to the original pretraining length ``L`` (``original_max_position_embeddings``
-    if the config has it, else ``max_position_embeddings``); ``target_length`` is the alternative
+    ``factor`` counts from the context the model ships with (``shipped_context``: ``L``, or the context a
+    shipped scaling gives); ``target_length`` is the alternative
     (``factor = target_length / L``). Configuring again replaces the scaling and never compounds. Then
     ``AutoModelForCausalLM.from_pretrained(name, config=config)`` builds the scaled model.
     """
     cfg = text_config(config)
-    scaling = plan(
-        cfg,
-        method,
-        factor=factor,
-        target_length=target_length,
-        original_max_position_embeddings=original_max_position_embeddings,
-        **params,
-    )
+    with naming(config, method):
+        scaling = plan(
+            cfg,
+            method,
+            factor=factor,
+            target_length=target_length,
+            original_max_position_embeddings=original_max_position_embeddings,
+            **params,
+        )
     write(cfg, scaling)
     return config
 
@@ -247,5 +520,6 @@ def rope_parameters(
 
 def own_rope_type(rope_type: Any) -> bool:
     """Whether ``rope_type`` is one rope-extend registers (not one of transformers' own)."""
+    layout, rope_type = split_rope_type(rope_type)
     method = M.by_rope_type(rope_type) if isinstance(rope_type, str) else None
-    return method is not None and not method.in_transformers
+    return method is not None and (layout is not None or not method.in_transformers)

@@ -3,7 +3,8 @@
 What it changes in transformers, and nothing else:
 
 - ``modeling_rope_utils.ROPE_INIT_FUNCTIONS`` gains the rope types transformers lacks (``ntk``,
-  ``dynamic_ntk``, ``ntk_by_parts``, ``dynamic_yarn``); an existing entry of the same name is never
+  ``dynamic_ntk``, ``ntk_by_parts``, ``dynamic_yarn``) and, for proportional RoPE (Gemma 4's full layers),
+  ``proportional_<type>`` for every method (``hf.config``); an existing entry of the same name is never
   replaced (that raises);
 - ``RotaryEmbeddingConfigMixin`` gains a validator per such type, which raises on a bad parameter
   (transformers' own validators only warn);
@@ -11,6 +12,9 @@ What it changes in transformers, and nothing else:
   gets rope-extend's rotary runtime (``attach_from_config`` below, with the cache keeper of ``hf.cache``), and one
   naming an attention method or ``logn`` gets rope-extend's attention (``hf.attention``); models without one
   are untouched;
+- the config classes of ``LONGROPE_ONLY`` (Phi-3, Phi-4-multimodal), whose ``validate_rope`` rejects every type
+  but ``default`` and ``longrope`` and whose loader renames ``yarn`` to ``longrope``, accept the types
+  rope-extend writes (``_open_longrope_only``); their own configs validate as before;
 - ``AttentionInterface`` and ``AttentionMaskInterface`` gain the name ``rope_extend`` (``hf.attention``);
 - ``RotaryEmbeddingConfigMixin._check_received_keys`` ignores the keys rope-extend adds to transformers'
   own rope types (``logn``, see ``config.EXTRA_KEYS``), so that a config written by ``configure`` (``yarn`` with
@@ -26,7 +30,22 @@ from ..methods import registry as M
 from . import attention as A
 from . import cache
 from . import rotary as R
-from .config import EXTRA_KEYS, config_scaling, original_length, own_rope_type, rotary_geometry, scaling_from_dict
+from .config import (
+    EXTRA_KEYS,
+    PROPORTIONAL,
+    config_scaling,
+    family_keys,
+    frequencies,
+    layout_rope_type,
+    naming,
+    original_length,
+    own_rope_type,
+    rope_type_of,
+    rotary_geometry,
+    rotating,
+    scaling_from_dict,
+    split_rope_type,
+)
 
 
 def _init_function(config, device=None, seq_len=None, layer_type=None, **_ignored):
@@ -34,25 +53,77 @@ def _init_function(config, device=None, seq_len=None, layer_type=None, **_ignore
     scaling = config_scaling(config, layer_type)
     dim, base = rotary_geometry(config, layer_type)
     length = int(seq_len) if seq_len is not None else None
-    freqs, scale = scaling.compute(dim, base, length)
+    freqs, scale = frequencies(scaling, dim, base, rotating(config, layer_type), length)
     return freqs.to(device) if device is not None else freqs, scale
 
 
 def _validator(self, rope_parameters, ignore_keys=None):
     """Config validation for a rope-extend type: raises (transformers' own validators only warn)."""
-    scaling_from_dict(rope_parameters, original_length(self), ignore_keys=ignore_keys)
+    scaling_from_dict(rope_parameters, original_length(self), ignore_keys=family_keys(self, ignore_keys))
 
 
 def _ignoring_extra_keys(check):
     """Wrap transformers' ``_check_received_keys`` so that ``EXTRA_KEYS`` count as known."""
 
     def _check_received_keys(rope_type, received_keys, required_keys, optional_keys=None, ignore_keys=None):
-        return check(
-            rope_type, received_keys, required_keys, optional_keys, ignore_keys=set(ignore_keys or ()) | EXTRA_KEYS
-        )
+        extra = EXTRA_KEYS - set(required_keys)  # a key the type requires stays checked
+        return check(rope_type, received_keys, required_keys, optional_keys, ignore_keys=set(ignore_keys or ()) | extra)
 
     _check_received_keys.__wrapped__ = check
     return staticmethod(_check_received_keys)
+
+
+# Families whose config accepts only "default" and "longrope" (its validate_rope raises on any other type, at
+# build and at save) and renames a legacy "yarn" to "longrope" on load: Phi-3 and Phi-4-multimodal.
+LONGROPE_ONLY = ("phi3", "phi4_multimodal")
+
+
+def _open_longrope_only(cls) -> None:
+    """Let a longrope-only config class (``LONGROPE_ONLY``) hold the rope types rope-extend writes.
+
+    Its ``validate_rope`` runs transformers' general validation for those types (the family-specific checks
+    are about longrope's factor lists), and a ``yarn`` dict without longrope's ``short_factor`` stays ``yarn``
+    (only Phi-3's legacy ``yarn``, a longrope in disguise, has one). Other configs are validated as before."""
+    from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
+
+    validate, convert = cls.validate_rope, cls.convert_rope_params_to_dict
+    if hasattr(validate, "__wrapped__"):
+        return
+
+    def written(params) -> bool:
+        rope_type = rope_type_of(params) if isinstance(params, dict) else None
+        return (
+            rope_type not in ("default", "longrope")
+            and _rope_extend_type(rope_type)
+            and (rope_type != "yarn" or "short_factor" not in params)
+        )
+
+    def validate_rope(self):
+        if written(self.rope_parameters):
+            return RotaryEmbeddingConfigMixin.validate_rope(self)
+        return validate(self)
+
+    def convert_rope_params_to_dict(self, *args, **kwargs):
+        params = kwargs.get("rope_scaling") or self.rope_parameters
+        keep = rope_type_of(params) if written(params) else None
+        out = convert(self, *args, **kwargs)
+        if keep is not None:
+            self.rope_parameters["rope_type"] = keep
+        return out
+
+    validate_rope.__wrapped__ = validate
+    convert_rope_params_to_dict.__wrapped__ = convert
+    cls.validate_rope = validate_rope
+    cls.convert_rope_params_to_dict = convert_rope_params_to_dict
+    # huggingface_hub's @strict collected the class validators when the class was made
+    validators = getattr(cls, "__class_validators__", None)
+    if validators is not None:
+        cls.__class_validators__ = [validate_rope if v is validate else v for v in validators]
+
+
+def _rope_extend_type(rope_type) -> bool:
+    """Whether ``rope_type`` is one rope-extend writes (its own, or a transformers type it has a method for)."""
+    return isinstance(rope_type, str) and M.by_rope_type(split_rope_type(rope_type)[1]) is not None
 
 
 _registered = False
@@ -66,16 +137,22 @@ def register() -> None:
     from transformers import modeling_rope_utils as mru
     from transformers.modeling_utils import PreTrainedModel
 
-    for method in map(M.get, M.names()):
-        if method.in_transformers:
-            continue
-        existing = mru.ROPE_INIT_FUNCTIONS.get(method.rope_type)
+    own = [m.rope_type for m in map(M.get, M.names()) if not m.in_transformers]
+    own += [layout_rope_type(PROPORTIONAL, m.rope_type) for m in map(M.get, M.names())]
+    for rope_type in own:
+        existing = mru.ROPE_INIT_FUNCTIONS.get(rope_type)
         if existing is not None and existing is not _init_function:
             raise RopeExtendError(
-                f"transformers already defines rope_type {method.rope_type!r}; rope-extend will not replace it"
+                f"transformers already defines rope_type {rope_type!r}; rope-extend will not replace it"
             )
-        mru.ROPE_INIT_FUNCTIONS[method.rope_type] = _init_function
-        setattr(mru.RotaryEmbeddingConfigMixin, f"_validate_{method.rope_type}_rope_parameters", _validator)
+        mru.ROPE_INIT_FUNCTIONS[rope_type] = _init_function
+        setattr(mru.RotaryEmbeddingConfigMixin, f"_validate_{rope_type}_rope_parameters", _validator)
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    for model_type in LONGROPE_ONLY:
+        if model_type in CONFIG_MAPPING:
+            _open_longrope_only(CONFIG_MAPPING[model_type])
 
     mixin = mru.RotaryEmbeddingConfigMixin
     if not hasattr(mixin._check_received_keys, "__wrapped__"):
@@ -124,8 +201,11 @@ def attach_from_config(model: nn.Module) -> None:
                 continue
             scaling = config_scaling(config, lt)
             dim, base = rotary_geometry(config, lt)
-            entries[lt] = R.Entry(scaling, dim, base)
+            entries[lt] = R.Entry(scaling, dim, base, rotating(config, lt))
         if entries:
             cache.install(model, R.install(module, entries), config)
         if in_attention is not None:
-            A.install(config, A.plans(model, config, in_attention, [module]))
+            rotary = [m for m in model.modules() if "RotaryEmbedding" in type(m).__name__]
+            with naming(config, in_attention.method.name):
+                planned = A.plans(model, config, in_attention, rotary, defer=True)
+            A.install(model, config, planned, in_attention, rotary)

@@ -19,6 +19,7 @@ then calls the module's own undecorated forward, so cos/sin are computed exactly
 from __future__ import annotations
 
 import inspect
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ from ..errors import UnsupportedModelError
 from ..methods import registry as M
 from . import config as C
 
-INSTALLED = ("forward", "_apply")  # instance attributes the runtime sets on a rotary module
+INSTALLED = ("forward", "_apply", "rope_init_fn")  # instance attributes the runtime sets on a rotary module
 
 
 # ------------------------------------------------------------------------------------------ finding
@@ -56,10 +57,11 @@ def module_layer_types(module: nn.Module) -> list[str | None]:
 
 
 def rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(name, module)`` for every text rotary embedding module in ``model``; raises if there is none.
+    """``(name, module)`` for every rotary embedding module of ``model``'s language model; raises if none.
 
-    Modules that carry a config with ``rope_parameters`` are the language model's; rotary modules without
-    one (a vision tower's, say) are left alone when the language model has its own.
+    The language model's are those built from its text config (``config.get_text_config(decoder=True)``) or a
+    copy of it; a vision or audio tower's rotary module (Qwen-VL, Mistral 3, Gemma 4) is never scaled. A model whose
+    rotary modules carry no config (older custom code) has them all scaled when none carries a vision one.
     """
     found = [(name, m) for name, m in model.named_modules() if "RotaryEmbedding" in type(m).__name__]
     if not found:
@@ -67,8 +69,20 @@ def rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
             f"{type(model).__name__} has no rotary embedding module (a module whose class name contains "
             "'RotaryEmbedding', as in transformers' Llama, Mistral, Qwen, Gemma and Phi models): nothing to scale"
         )
-    with_config = [(n, m) for n, m in found if getattr(getattr(m, "config", None), "rope_parameters", None)]
-    return with_config or found
+    config = getattr(model, "config", None)
+    text = C.text_config(config) if config is not None else None
+    # the text config itself, or a copy of it (Granite SWA builds one rotary module per rope_theta from copies)
+    mine = [(n, m) for n, m in found if text is not None and type(getattr(m, "config", None)) is type(text)]
+    if mine:
+        return mine
+    without_config = [(n, m) for n, m in found if getattr(m, "config", None) is None]
+    if without_config and len(without_config) == len(found):
+        return found
+    raise UnsupportedModelError(
+        f"{type(model).__name__}: none of its rotary modules ({', '.join(n for n, _ in found)}) is built "
+        "from the language model's config (config.get_text_config(decoder=True)): rope-extend cannot tell which "
+        "one is the language model's"
+    )
 
 
 def module_config(model: nn.Module, module: nn.Module):
@@ -82,6 +96,74 @@ def module_config(model: nn.Module, module: nn.Module):
             "with rope_parameters"
         )
     return config
+
+
+def _transformers_before(version: str) -> bool:
+    import transformers
+    from packaging.version import Version
+
+    return Version(transformers.__version__) < Version(version)
+
+
+_LONGROPE_PER_LAYER_BUG = _transformers_before("5.21")
+
+
+def check_rebuilds(module: nn.Module, config) -> None:
+    """Refuse a scaled ``config`` that the module's own class would not build from (Ernie 4.5 VL's text rotary
+    raises on any rope type but ``default``): the configured model could not be reloaded. A constructor that
+    fails for another reason (other arguments) is not rope-extend's to judge.
+
+    transformers before 5.21 cannot run a reloaded ``longrope`` rotary that keeps one frequency set per layer
+    type (Gemma 3, DeepSeek-V4): its ``longrope_frequency_update`` raises ``UnboundLocalError`` at the second
+    call past ``L`` (the second long forward, or the second step of generation)."""
+    if _LONGROPE_PER_LAYER_BUG and module_layer_types(module) != [None]:
+        types = {
+            C.split_rope_type(C.rope_type_of(C.rope_dict(config, lt) or {}))[1] for lt in module_layer_types(module)
+        }
+        if "longrope" in types:
+            import transformers
+
+            raise UnsupportedModelError(
+                f"transformers {transformers.__version__} cannot run a saved longrope model whose rotary keeps one "
+                f"frequency set per layer type ({type(module).__name__}): its longrope_frequency_update fails at the "
+                "second forward past the original length (fixed in transformers 5.21); upgrade transformers, or use "
+                "another method"
+            )
+    try:
+        with torch.device("meta"):
+            type(module)(config)
+    except ValueError as exc:
+        raise UnsupportedModelError(
+            f"{type(module).__name__} cannot be built from the scaled config, so the model could not be saved and "
+            f"reloaded: {exc}"
+        ) from exc
+    except Exception:  # noqa: BLE001 - see the docstring
+        return
+
+
+# ------------------------------------------------------------------------------------------ softmax scale
+def softmax_scales(model: nn.Module, config) -> list[tuple[nn.Module, Any]]:
+    """``(attention module, family function)`` for the attention modules built from ``config`` whose softmax
+    scale transformers derives from ``rope_parameters`` when it builds them: the MLA families (DeepSeek V2/V3,
+    Kimi, GLM-4 MoE Lite, MiniCPM3, LongCat, Youtu, Mistral 4) set ``self.scaling = yarn_apply_mscale(
+    config.rope_parameters, self.qk_head_dim ** -0.5)``, which multiplies it by ``mscale(s, mscale_all_dim)^2``
+    for a scaled type with ``mscale_all_dim``. ``softmax_scale`` recomputes it after the rope dict changes."""
+    found = []
+    for module in model.modules():
+        apply = getattr(sys.modules.get(type(module).__module__), "yarn_apply_mscale", None)
+        if (
+            apply is not None
+            and getattr(module, "config", None) is config
+            and isinstance(getattr(module, "qk_head_dim", None), int)
+            and isinstance(getattr(module, "scaling", None), float)
+        ):
+            found.append((module, apply))
+    return found
+
+
+def softmax_scale(module: nn.Module, apply, config) -> float:
+    """The softmax scale the family's attention computes from ``config.rope_parameters`` at build."""
+    return float(apply(config.rope_parameters, module.qk_head_dim ** (-0.5)))
 
 
 # ------------------------------------------------------------------------------------------ runtime
@@ -111,12 +193,13 @@ class Entry:
     scaling: M.Scaling
     dim: int
     base: float
+    rotating: int | None = None  # proportional RoPE: the frequencies past this many stay zero
     seen: int | None = None  # dynamic methods: the longest length of the current sequence
     static: tuple[torch.Tensor, float] | None = None  # static methods: computed once
 
     def __post_init__(self):
         if not self.scaling.method.dynamic:
-            self.static = self.scaling.compute(self.dim, self.base)
+            self.static = self.compute()
 
     @property
     def dynamic(self) -> bool:
@@ -128,13 +211,17 @@ class Entry:
 
     def initial(self) -> tuple[torch.Tensor, float]:
         """The frequencies before any forward: the static ones, or the dynamic ones at ``L``."""
-        return self.static if self.static is not None else self.scaling.compute(self.dim, self.base)
+        return self.static if self.static is not None else self.compute()
 
     def current(self) -> tuple[torch.Tensor, float]:
         """The frequencies in use: the static ones, or the dynamic ones at the length seen so far."""
         if self.static is not None:
             return self.static
-        return self.scaling.compute(self.dim, self.base, self.length(self.seen))
+        return self.compute(self.length(self.seen))
+
+    def compute(self, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+        with torch.device("cpu"):  # not on meta when built inside from_pretrained's meta-device context
+            return C.frequencies(self.scaling, self.dim, self.base, self.rotating, seq_len)
 
 
 class RotaryRuntime:
@@ -186,6 +273,11 @@ class RotaryRuntime:
             setattr(self.module, scale_name(layer_type), scale)
         return changed
 
+    def init_fn(self, config=None, device=None, *args, **kwargs) -> tuple[torch.Tensor, float]:
+        """Stands in for the module's ``rope_init_fn``: the frequencies in use and their attention scale."""
+        freqs, scale = self.entries[None].current()
+        return freqs.to(device) if device is not None else freqs, scale
+
     def cos_sin(self, layer_type, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 cos and sin (attention scale included) for ``position_ids`` with the frequencies in use,
         computed by the module's own forward, so laid out as the model lays them out."""
@@ -233,6 +325,9 @@ def install(module: nn.Module, entries: dict[str | None, Entry]) -> RotaryRuntim
     runtime = RotaryRuntime(module, entries)
     module.forward = runtime
     module._apply = runtime.apply
+    if "rope_init_fn" in module.__dict__ and None in entries:
+        # PhiMoE recomputes its frequencies with rope_init_fn at every forward and never reads inv_freq
+        module.rope_init_fn = runtime.init_fn
     return runtime
 
 

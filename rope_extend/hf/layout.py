@@ -1,0 +1,221 @@
+"""How each attention layer of a model rotates its queries and keys, found by probing the model itself.
+
+The attention methods re-rotate queries and keys that the family's own code has already rotated, so they
+must rotate the same dimensions in the same pairing with the same frequencies. Families differ:
+
+- direction: every family turns by ``+p theta`` except NanoChat, whose ``rotate_half`` flips the signs;
+- pairing: ``half`` (dimension ``i`` with ``i + r/2``: Llama's ``rotate_half``, GPT-OSS's split halves) or
+  ``interleaved`` (``2i`` with ``2i + 1``: GLM, Ernie 4.5, Helium, Llama 4's complex numbers, Cohere);
+- which dimensions: the first ``r`` of the head (partial rotary: Phi, GPT-NeoX, GLM) or the last ``r``
+  (MLA: DeepSeek-V2/V3, MiniCPM3, whose heads are ``[nope | rope]``);
+- which frequency set (Gemma 3 and 4: one per layer type), and layers that do not rotate at all (NoPE:
+  SmolLM3, Llama 4, Cohere 2, EXAONE 4, AFMoE).
+
+Rather than trust names, ``probe`` runs the decoder once on two rows of the same tokens: row 0 with every
+position 0 (no rotation, RoPE's identity), row 1 with positions spread over ``0 .. L-1``. An attention
+function registered for the probe records the queries and keys every layer passes to it and returns zeros
+for both rows, so every layer sees the same hidden states in both rows and row 1's queries and keys are row
+0's rotated by the positions, in the family's own convention. Each layer is then matched against the
+candidate layouts (pairing x first/last dimensions x the model's frequency sets), computed by rope-extend
+from ``inv_freq``: a layer whose keys do not move is NoPE; a layer that matches no candidate, or that never
+reaches transformers' attention interface, is reported, and the attention methods refuse the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedModelError
+from . import rotary as R
+
+PROBE_NAME = "rope_extend_probe"
+PROBE_TOKENS = 12
+# Arguments of transformers' attention functions that rope-extend's attention handles (or that do not change
+# what attention computes); a layer that passes any other one is refused rather than silently ignored.
+KNOWN_KWARGS = frozenset(
+    {
+        "position_ids",
+        "cache_position",
+        "sliding_window",
+        "softcap",
+        "s_aux",
+        "is_causal",
+        "output_attentions",
+        "use_cache",
+        "past_key_values",
+        "past_key_value",
+        "layer_idx",
+        "layer_type",
+        "position_embeddings",
+        "cu_seq_lens_q",
+        "cu_seq_lens_k",
+        "max_length_q",
+        "max_length_k",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The rotation of one layer: ``pairing`` of dimensions ``start .. start+dim`` of a head, with the
+    frequencies ``rotary.{layer_type}_inv_freq``."""
+
+    pairing: str  # "half" or "interleaved"
+    start: int
+    dim: int
+    rotary: nn.Module = field(compare=False)
+    layer_type: str | None = None
+    sign: int = 1  # -1: the family turns the other way (NanoChat's rotate_half flips the signs)
+
+    def frequencies(self, device) -> torch.Tensor:
+        return self.rotary._buffers[R.buffer_name(self.layer_type)].to(device=device, dtype=torch.float64)
+
+    def rotate(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[..., n, d]`` rotated by ``delta[t]`` positions on row ``t`` (angles in float64; ``x``'s dtype)."""
+        angles = self.sign * delta.to(device=x.device, dtype=torch.float64)[:, None] * self.frequencies(x.device)[None]
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        part = x[..., self.start : self.start + self.dim]
+        if self.pairing == "half":
+            a, b = part[..., : self.dim // 2], part[..., self.dim // 2 :]
+            out = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+        else:
+            a, b = part[..., 0::2], part[..., 1::2]
+            out = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
+        if self.dim == x.shape[-1]:
+            return out
+        return torch.cat([x[..., : self.start], out, x[..., self.start + self.dim :]], dim=-1)
+
+    def describe(self) -> str:
+        where = f"dims {self.start}..{self.start + self.dim - 1}"
+        turn = ", turning backwards" if self.sign < 0 else ""
+        return f"{self.pairing} pairing, {where}{turn}" + (
+            f", {self.layer_type} frequencies" if self.layer_type else ""
+        )
+
+
+@dataclass
+class LayerProbe:
+    """What the probe saw of one attention module."""
+
+    kind: str  # "rope", "nope" or "unknown"
+    layout: Layout | None = None
+    kwargs: frozenset = frozenset()  # the non-None extra arguments it passes to the attention function
+    error: float | None = None  # the best candidate's relative error, for an "unknown" layer
+    why: str | None = None  # for an "unknown" layer that could not be matched at all
+
+
+class _Recorder:
+    def __init__(self):
+        self.seen: dict[nn.Module, tuple[torch.Tensor, torch.Tensor, frozenset]] = {}
+
+    def __call__(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        extra = frozenset(k for k, v in kwargs.items() if v is not None)
+        self.seen.setdefault(module, (query.detach().float(), key.detach().float(), extra))
+        b, _, n, _ = query.shape
+        return torch.zeros(b, n, query.shape[1], value.shape[-1], dtype=query.dtype, device=query.device), None
+
+
+def decoder_of(model: nn.Module) -> nn.Module:
+    """The text decoder (the module that runs the layers on ids), through multimodal wrappers.
+
+    ``get_decoder`` is followed only to a model (some families name their output projection ``decoder``)."""
+    from transformers import PreTrainedModel
+
+    inner = model
+    for _ in range(4):
+        get = getattr(inner, "get_decoder", None)
+        nxt = get() if callable(get) else None
+        if nxt is None or nxt is inner or not isinstance(nxt, PreTrainedModel):
+            break
+        inner = nxt
+    return inner
+
+
+def probe_positions(length: int, n: int = PROBE_TOKENS) -> list[int]:
+    """``n`` increasing positions from 0 to ``length - 1``, dense at the start (quadratic spacing)."""
+    out = [0]
+    for t in range(1, n):
+        out.append(max(out[-1] + 1, round((length - 1) * (t / (n - 1)) ** 2)))
+    return out
+
+
+def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp(min=1e-30))
+
+
+def candidates(rotary: list[nn.Module], head_dim: int) -> list[Layout]:
+    out = []
+    for module in rotary:
+        for lt in R.module_layer_types(module):
+            dim = 2 * module._buffers[R.buffer_name(lt)].numel()
+            if dim > head_dim:
+                continue
+            for start in dict.fromkeys((0, head_dim - dim)):
+                for pairing in ("half", "interleaved"):
+                    for sign in (1, -1):
+                        out.append(Layout(pairing, start, dim, module, lt, sign))
+    return out
+
+
+def probe(model: nn.Module, config, rotary: list[nn.Module], length: int) -> dict[nn.Module, LayerProbe]:
+    """Run the probe (see the module docstring) and classify every module that called attention.
+
+    ``config`` is the text config whose ``_attn_implementation`` the layers read; ``rotary`` the text rotary
+    modules; ``length`` the original length ``L`` (probe positions stay below it)."""
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.modeling_utils import AttentionInterface
+
+    recorder = _Recorder()
+    AttentionInterface.register(PROBE_NAME, recorder)
+    AttentionMaskInterface.register(PROBE_NAME, sdpa_mask)
+    decoder = decoder_of(model)
+    embeddings = decoder.get_input_embeddings() if hasattr(decoder, "get_input_embeddings") else None
+    vocab = getattr(embeddings, "num_embeddings", None) or 100
+    param = next(decoder.parameters())
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, min(vocab, 1000), (1, PROBE_TOKENS), generator=generator).repeat(2, 1).to(param.device)
+    positions = torch.tensor([[0] * PROBE_TOKENS, probe_positions(length)], device=param.device)
+    before = config._attn_implementation
+    was_training = decoder.training
+    config._attn_implementation = PROBE_NAME
+    try:
+        decoder.eval()
+        with torch.no_grad():
+            decoder(input_ids=ids, position_ids=positions, use_cache=False)
+    except (TypeError, ValueError, RuntimeError, KeyError, AttributeError, IndexError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise UnsupportedModelError(
+            f"the attention methods find how the layers rotate by running the text decoder on token ids alone, "
+            f"and {type(decoder).__name__} cannot run that way ({type(e).__name__}: {first[:200]}); "
+            "use a frequency method (yarn, linear, ...)"
+        ) from e
+    finally:
+        config._attn_implementation = before
+        decoder.train(was_training)
+    delta = positions[1].to(torch.float64)
+    tolerance = max(2e-3, 16 * torch.finfo(param.dtype).eps) if param.is_floating_point() else 2e-3
+    out = {}
+    for module, (query, key, extra) in recorder.seen.items():
+        q0, q1, k0, k1 = query[:1], query[1:], key[:1], key[1:]
+        if query.shape[-2] != PROBE_TOKENS or key.shape[-2] != PROBE_TOKENS:
+            why = f"its attention sees {key.shape[-2]} keys for {query.shape[-2]} queries: compressed or extra keys"
+            out[module] = LayerProbe("unknown", None, extra, why=why)
+            continue
+        if _relative_error(k0, k1) <= tolerance:
+            out[module] = LayerProbe("nope", None, extra)
+            continue
+        best, best_error = None, float("inf")
+        for layout in candidates(rotary, key.shape[-1]):
+            if layout.dim > query.shape[-1]:
+                continue
+            error = max(_relative_error(layout.rotate(k0, delta), k1), _relative_error(layout.rotate(q0, delta), q1))
+            if error < best_error:
+                best, best_error = layout, error
+        if best is not None and best_error <= tolerance:
+            out[module] = LayerProbe("rope", best, extra)
+        else:
+            out[module] = LayerProbe("unknown", None, extra, best_error)
+    return out

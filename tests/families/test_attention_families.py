@@ -1,0 +1,214 @@
+"""Every RoPE family in transformers' registry x every attention method: exact, or refused clearly.
+
+For each family that ``tiny.build`` makes, and each attention method (Self-Extend, Dual Chunk, ReRoPE, log-n),
+``patch`` either raises an rope-extend error naming the family and the method, or its logits equal a reference
+(atol 2e-4 relative to the logits' scale) that computes every layer's attention explicitly, O(n^2):
+
+- layers that keep plain attention (local sliding / chunked layers by ``config.layer_types``, NoPE layers)
+  attend with true positions, under the model's own mask;
+- every other layer rotates key ``j`` further for query ``i`` so that the pair's relative position is the
+  method's ``rel(i, j)`` written out from methods.md (tests/test_attention.py's ``relative``), in the layer's
+  rotation convention as ``hf.layout.probe`` measured it on the family's own code; ``test_probe_*`` below
+  pins the probe against conventions read from the families' source.
+
+Anything else (a crash in transformers or torch, a mismatch) fails. ``families.md`` in this folder's parent
+README table is generated from the same outcomes (``python -m tests.families.table``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_utils import AttentionInterface
+
+import rope_extend
+from rope_extend import RopeExtendException
+from rope_extend.hf import attention as A
+from rope_extend.hf import layout as Lo
+from rope_extend.hf.config import LOCAL_LAYER_TYPES, text_config
+from tests.families.tiny import build, rope_families
+from tests.test_attention import relative
+
+N = 100  # tokens: Self-Extend's and ReRoPE's far pairs, Dual Chunk's three kinds of chunk (s = 40)
+METHODS = {
+    "self_extend": dict(group_size=4, window=16),
+    "dual_chunk": dict(chunk_size=48, local_window=8),
+    "rerope": dict(window=16),
+    "logn": {},
+}
+
+
+class Reference:
+    """Explicit attention: ``layouts[module]`` is the layer's rotation, None for plain attention."""
+
+    def __init__(self, method, params, layouts, logn, length):
+        self.method, self.params, self.layouts, self.logn, self.length = method, params, layouts, logn, length
+
+    def __call__(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, **kw):
+        layout = self.layouts.get(module)
+        b, h, n, _ = query.shape
+        groups = h // key.shape[1]
+        key, value = key.float().repeat_interleave(groups, 1), value.float().repeat_interleave(groups, 1)
+        q = query.float()
+        i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+        if layout is None:
+            scores = torch.einsum("bhid,bhjd->bhij", q, key)
+        else:
+            rel = torch.tensor([[relative(self.method, self.params, a, c) for c in range(n)] for a in range(n)])
+            delta = (i - rel - j).to(torch.float64)  # move key j to i - rel[i, j]
+            k = key[:, :, None].expand(-1, -1, n, -1, -1).reshape(b, h, n * n, -1)
+            k = layout.rotate(k, delta.reshape(-1)).reshape(b, h, n, n, -1)
+            if self.logn:
+                factor = [max(1.0, math.log(p + 1) / math.log(self.length)) for p in range(n)]
+                q = q * torch.tensor(factor)[:, None]
+            scores = torch.einsum("bhid,bhijd->bhij", q, k)
+        scores = scores * (scaling if scaling is not None else module.head_dim**-0.5)
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        scores = scores.masked_fill(j > i, float("-inf"))
+        if attention_mask is not None:
+            mask = attention_mask[..., :n, :n]
+            if mask.dtype == torch.bool:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            else:
+                scores = scores + mask.float()
+        sinks = kw.get("s_aux")
+        if sinks is not None:
+            scores = torch.cat([scores, sinks.float().reshape(1, -1, 1, 1).expand(b, -1, n, 1)], dim=-1)
+        weights = torch.softmax(scores, -1)[..., :n]
+        out = torch.matmul(weights, value).transpose(1, 2).contiguous()
+        return out.to(query.dtype), None
+
+
+def _reference_logits(model, method, params, x, logn):
+    config = text_config(model.config)
+    types = list(getattr(config, "layer_types", None) or ())
+    mixed = bool(types) and not all(t in LOCAL_LAYER_TYPES for t in types)
+    layouts = {}
+    for module in A.attention_modules(model, config) + [m for m in model.modules() if A.PLAN_ATTR in m.__dict__]:
+        plan = module.__dict__.get(A.PLAN_ATTR)
+        idx = getattr(module, "layer_idx", None)
+        local = mixed and isinstance(idx, int) and idx < len(types) and types[idx] in LOCAL_LAYER_TYPES
+        layouts[module] = None if local or plan is None else plan.layout
+    length = rope_extend.patched(model).original_max_position_embeddings
+    name = "rope_extend_test_families_reference"
+    AttentionInterface.register(name, Reference(method, params, layouts, logn, length))
+    AttentionMaskInterface.register(name, sdpa_mask)
+    # the reference runs on the patched model's rotary (plain RoPE: a shipped scaling is replaced), with the
+    # model's own masks, and in place of rope-extend's attention function
+    patched_impl = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        with torch.no_grad():
+            return model(input_ids=x).logits.float()
+    finally:
+        config._attn_implementation = patched_impl
+
+
+def _outcome(model_type, method):
+    """("exact", max relative error), ("exact at its reach", error) for a family that ships a scaling (patched
+    with ``target_length`` at the method's reach, which replaces that scaling), or ("refused", message); raises
+    on anything else."""
+    try:
+        model = build(model_type)
+    except Exception as exc:  # noqa: BLE001 - reported as a skip by the caller
+        return "unbuilt", f"{type(exc).__name__}: {exc}"
+    params = dict(METHODS[method])
+    name, logn = (method, False) if method != "logn" else ("rerope", True)
+    if method == "logn":  # log-n over plain RoPE: ReRoPE with a window past every pair
+        params = dict(window=N + 1, logn=True)
+    x = torch.randint(3, 200, (1, N), generator=torch.Generator().manual_seed(1))
+    try:
+        rope_extend.patch(model, name, **params)
+    except RopeExtendException as exc:
+        shorter = re.search(r"target_length=(\d+) to accept the shorter context", str(exc))
+        if shorter is None:
+            return "refused", str(exc)
+        # a family whose config ships a scaling (GPT-OSS's yarn): the method at its own reach, over plain RoPE
+        try:
+            rope_extend.patch(model, name, target_length=int(shorter.group(1)), **params)
+        except RopeExtendException as again:
+            return "refused", str(again)
+        kind = "exact at its reach"
+    else:
+        kind = "exact"
+    with torch.no_grad():
+        patched = model(input_ids=x).logits.float()
+    rel_params = {k: v for k, v in params.items() if k != "logn"}
+    reference = _reference_logits(model, name, rel_params, x, logn)
+    scale = float(reference.abs().max()) or 1.0
+    return kind, float((patched - reference).abs().max()) / scale
+
+
+FAMILIES = rope_families()
+
+
+@pytest.mark.families
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_attention_method_exact_or_refused(model_type, method):
+    kind, detail = _outcome(model_type, method)
+    if kind == "unbuilt":
+        pytest.skip(f"no tiny model: {detail}")
+    if kind == "refused":
+        label = "rerope" if method == "logn" else method
+        assert model_type in detail and label in detail, detail
+        assert "\n" not in detail
+        return
+    assert detail < 2e-4, f"{model_type} {method}: patched logits off the explicit reference by {detail:.3g}"
+
+
+# ------------------------------------------------------------------------------------------ the probe itself
+def _probed(model_type):
+    model = build(model_type)
+    config = text_config(model.config)
+    rotary = [m for m in model.modules() if "RotaryEmbedding" in type(m).__name__]
+    found = Lo.probe(model, config, rotary, 128)
+    return model, {getattr(m, "layer_idx", None): p for m, p in found.items()}
+
+
+@pytest.mark.parametrize(
+    ("model_type", "pairing", "last", "sign"),
+    [
+        ("llama", "half", False, 1),
+        ("phi", "half", False, 1),  # partial rotary: the first dims
+        ("helium", "interleaved", False, 1),
+        ("cohere", "interleaved", False, 1),
+        ("llama4_text", "interleaved", False, 1),  # complex numbers over adjacent pairs
+        ("deepseek_v3", "half", True, 1),  # MLA: [nope | rope]
+        ("minicpm3", "half", True, 1),
+        ("nanochat", "half", False, -1),  # rotate_half returns (x2, -x1)
+    ],
+)
+def test_probe_finds_the_family_convention(model_type, pairing, last, sign):
+    _, found = _probed(model_type)
+    ropes = [p for p in found.values() if p.kind == "rope"]
+    assert ropes
+    for p in ropes:
+        assert p.layout.pairing == pairing
+        assert (p.layout.start > 0) == last
+        assert p.layout.sign == sign
+
+
+@pytest.mark.parametrize("model_type", ["smollm3", "llama4_text", "cohere2", "exaone4"])
+def test_probe_finds_nope_layers(model_type):
+    model, found = _probed(model_type)
+    config = text_config(model.config)
+    flags = getattr(config, "no_rope_layers", None)
+    if flags is not None:  # SmolLM3 / Llama 4: 1 = rotate, 0 = NoPE
+        expected = {i for i, f in enumerate(flags) if not f}
+    else:  # Cohere 2, EXAONE 4: full-attention layers are NoPE
+        expected = {i for i, t in enumerate(config.layer_types) if t == "full_attention"}
+    assert expected
+    assert {i for i, p in found.items() if p.kind == "nope"} == expected
+
+
+def test_a_family_without_the_attention_interface_is_refused():
+    model = build("falcon")
+    with pytest.raises(RopeExtendException, match="falcon.*attention interface"):
+        rope_extend.patch(model, "self_extend", group_size=4, window=16)
+    assert rope_extend.patched(model) is None
