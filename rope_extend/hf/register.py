@@ -129,6 +129,24 @@ def _rope_extend_type(rope_type) -> bool:
 _registered = False
 
 
+def _install_rope_types(method) -> None:
+    """Put ``method``'s rope types (its own, unless transformers has it, and its proportional variant) into
+    ``ROPE_INIT_FUNCTIONS`` with a validator; a name transformers already uses for something else raises."""
+    from transformers import modeling_rope_utils as mru
+
+    types = [] if method.in_transformers else [method.rope_type]
+    types.append(layout_rope_type(PROPORTIONAL, method.rope_type))
+    for rope_type in types:
+        existing = mru.ROPE_INIT_FUNCTIONS.get(rope_type)
+        if existing is not None and existing is not _init_function:
+            raise RopeExtendError(
+                f"transformers already defines rope_type {rope_type!r}; rope-extend will not replace it"
+            )
+    for rope_type in types:
+        mru.ROPE_INIT_FUNCTIONS[rope_type] = _init_function
+        setattr(mru.RotaryEmbeddingConfigMixin, f"_validate_{rope_type}_rope_parameters", _validator)
+
+
 def register() -> None:
     """Register rope-extend's own rope types with transformers. Idempotent; runs on ``import rope_extend``."""
     global _registered
@@ -137,16 +155,9 @@ def register() -> None:
     from transformers import modeling_rope_utils as mru
     from transformers.modeling_utils import PreTrainedModel
 
-    own = [m.rope_type for m in map(M.get, M.names()) if not m.in_transformers]
-    own += [layout_rope_type(PROPORTIONAL, m.rope_type) for m in map(M.get, M.names())]
-    for rope_type in own:
-        existing = mru.ROPE_INIT_FUNCTIONS.get(rope_type)
-        if existing is not None and existing is not _init_function:
-            raise RopeExtendError(
-                f"transformers already defines rope_type {rope_type!r}; rope-extend will not replace it"
-            )
-        mru.ROPE_INIT_FUNCTIONS[rope_type] = _init_function
-        setattr(mru.RotaryEmbeddingConfigMixin, f"_validate_{rope_type}_rope_parameters", _validator)
+    for method in map(M.get, M.names()):
+        _install_rope_types(method)
+    M.on_register(_install_rope_types)  # a method registered later reaches transformers too
 
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 

@@ -21,16 +21,32 @@ from ._common import Geometry, Method, check_factor, check_int, rotary_dim
 from ._scaling import Scaling, resolve
 
 _REGISTRY: dict[str, Method] = {}
+# called with each method registered from now on (``hf.register`` installs its rope type in transformers)
+_LISTENERS: list = []
+
+
+def on_register(listener) -> None:
+    """Call ``listener(method)`` for every method registered after this call (the registry stays free of
+    transformers: ``hf.register`` listens)."""
+    _LISTENERS.append(listener)
 
 
 def register(method: Method) -> Method:
-    """Add a method. Its name and its config ``rope_type`` must both be new."""
+    """Add a method. Its name and its config ``rope_type`` must both be new. After ``import rope_extend`` its
+    rope type is installed in transformers at once (as the built-in ones are at import), so a config that
+    names it validates, builds and reloads."""
     if method.name in _REGISTRY:
         raise RopeExtendError(f"a method named {method.name!r} is already registered")
     for other in _REGISTRY.values():
         if other.rope_type == method.rope_type:
             raise RopeExtendError(f"rope_type {method.rope_type!r} is already used by method {other.name!r}")
     _REGISTRY[method.name] = method
+    try:
+        for listener in _LISTENERS:
+            listener(method)
+    except Exception:
+        del _REGISTRY[method.name]  # all or nothing: a method transformers cannot take is not registered
+        raise
     return method
 
 

@@ -1,0 +1,84 @@
+"""A method registered after ``import rope_extend`` reaches transformers at once (issue: registration that
+always reaches transformers): its config validates, builds, saves and reloads, from Python and the CLI."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+from transformers import modeling_rope_utils as mru
+
+import rope_extend
+from rope_extend.methods import registry
+from rope_extend.methods._common import Geometry, Method, rope_frequencies
+from tests.tiny import tiny_model
+
+
+@dataclass(frozen=True)
+class HalfParams:
+    """``share``: the fraction of the frequencies (the fastest first) left unscaled."""
+
+    share: float = 0.25
+
+
+def half_interpolation(params: HalfParams, geo: Geometry, factor: float, seq_len):
+    """Toy method: the fastest ``share`` of the frequencies as is, the rest divided by ``s``."""
+    theta = rope_frequencies(geo.dim, geo.base)
+    keep = int(len(theta) * params.share)
+    return torch.cat([theta[:keep], theta[keep:] / factor]), 1.0
+
+
+TOY = Method("toy_half", HalfParams, half_interpolation, rope_type="toy_half", source="a test")
+
+
+@pytest.fixture
+def toy():
+    registry.register(TOY)
+    yield TOY
+    del registry._REGISTRY[TOY.name]
+    for rope_type in ("toy_half", "proportional_toy_half"):
+        mru.ROPE_INIT_FUNCTIONS.pop(rope_type, None)
+        delattr(mru.RotaryEmbeddingConfigMixin, f"_validate_{rope_type}_rope_parameters")
+
+
+def test_a_method_registered_late_is_patched_configured_saved_and_reloaded(toy, tmp_path):
+    assert "toy_half" in mru.ROPE_INIT_FUNCTIONS
+    model = tiny_model()
+    ids = torch.randint(3, 500, (1, 300))  # past the original 256
+    rope_extend.patch(model, "toy_half", factor=2, share=0.5)
+    with torch.no_grad():
+        patched = model(ids).logits
+    model.save_pretrained(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "config.json").read_text())["rope_parameters"]
+    assert saved["rope_type"] == "toy_half" and saved["share"] == 0.5
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, patched, atol=1e-5, rtol=0)
+    with pytest.raises(Exception, match="share"):  # its parameters are validated like the built-in methods'
+        rope_extend.patch(model, "toy_half", factor=2, shares=0.5)
+
+
+def test_a_method_registered_late_works_from_the_cli(toy, tmp_path, capsys):
+    from rope_extend.cli import main
+
+    tiny_model().save_pretrained(tmp_path / "m")
+    code = main(["configure", str(tmp_path / "m"), "--out", str(tmp_path / "o"), "--method", "toy_half",
+                 "--factor", "4", "--param", "share=0.5"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    config = json.loads((tmp_path / "o" / "config.json").read_text())
+    assert config["rope_parameters"]["rope_type"] == "toy_half" and config["max_position_embeddings"] == 1024
+    AutoModelForCausalLM.from_pretrained(tmp_path / "o")
+
+
+def test_a_method_whose_rope_type_transformers_owns_is_not_registered():
+    """transformers' own ``dynamic`` (rope-extend's is ``dynamic_ntk``) is never replaced: all or nothing."""
+    assert "dynamic" in mru.ROPE_INIT_FUNCTIONS and registry.by_rope_type("dynamic") is None
+    own = mru.ROPE_INIT_FUNCTIONS["dynamic"]
+    clash = Method("clash", HalfParams, half_interpolation, rope_type="dynamic")
+    with pytest.raises(rope_extend.RopeExtendError, match="transformers already defines rope_type 'dynamic'"):
+        registry.register(clash)
+    assert "clash" not in registry.names() and mru.ROPE_INIT_FUNCTIONS["dynamic"] is own
+    assert "proportional_dynamic" not in mru.ROPE_INIT_FUNCTIONS
