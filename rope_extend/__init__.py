@@ -24,8 +24,7 @@ from .methods import get as get_method
 from .methods import inv_freq
 from .methods import names as methods
 from .patch import patch, patched, unpatch
-
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def search(model, tokenizer, factor, texts, **options):

@@ -1,4 +1,5 @@
-"""Command-line pieces every ``rope-extend`` subcommand shares: the method arguments and ``--param``."""
+"""Command-line pieces every ``rope-extend`` subcommand shares: the method arguments, ``--param`` and the
+flags of an output folder."""
 
 from __future__ import annotations
 
@@ -33,6 +34,17 @@ def add_method_arguments(parser: argparse.ArgumentParser, *, required: bool = Fa
     )
     parser.add_argument(
         "--param", action="append", metavar="KEY=VALUE", help="method parameter, e.g. --param beta_fast=32 (repeatable)"
+    )
+
+
+def add_folder_arguments(parser: argparse.ArgumentParser, what: str, *, resume: bool = True) -> None:
+    """``--resume`` (where a run can continue) and ``--overwrite``, one or the other, with the same meaning in
+    every command that claims an output folder (``io.claim_output_dir``)."""
+    group = parser.add_mutually_exclusive_group()
+    if resume:
+        group.add_argument("--resume", action="store_true", help=f"continue the {what} in --out, reusing its results")
+    group.add_argument(
+        "--overwrite", action="store_true", help=f"replace an earlier {what} in --out (only what rope-extend wrote)"
     )
 
 

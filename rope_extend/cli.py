@@ -151,7 +151,14 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rope-extend", description=__doc__.splitlines()[0])
+    from .version import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="rope-extend",
+        description="Extend the context of a RoPE language model: patch or configure a scaling method, fine-tune "
+        "with a recipe, and measure long-context retrieval and perplexity.",
+    )
+    parser.add_argument("--version", action="version", version=f"rope-extend {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("methods", help="list the scaling methods")

@@ -84,10 +84,15 @@ def _table(kind: str, files: list[Path], text_field: str) -> list[str]:
     import datasets
 
     shown = files[0] if len(files) == 1 else f"{len(files)} {kind} files"
+    was = datasets.utils.logging.is_progress_bar_enabled()
+    datasets.utils.logging.disable_progress_bar()  # a local file: no "Generating train split" bars
     try:
         ds = datasets.load_dataset(kind, data_files=[str(f) for f in files], split="train")
     except Exception as exc:  # noqa: BLE001  (any reader error: malformed JSON, a cut Parquet file) names the file
         raise RopeExtendError(f"cannot read {shown} as {kind}: {' '.join(str(exc).split())[:300]}") from None
+    finally:
+        if was:
+            datasets.utils.logging.enable_progress_bar()
     if text_field not in ds.column_names:
         raise RopeExtendError(
             f"{shown}: no column {text_field!r}; its columns are {', '.join(ds.column_names)} "

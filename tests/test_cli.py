@@ -5,6 +5,7 @@ import json
 import pytest
 import transformers as T
 
+import rope_extend
 from rope_extend import RopeExtendError
 from rope_extend.cli import main, parse_params
 from tests.tiny import tiny_model
@@ -68,3 +69,52 @@ def test_parse_params():
     assert parse_params(["a=1", "b=true", "c=[1, 2.5]", "d=x"]) == {"a": 1, "b": True, "c": [1, 2.5], "d": "x"}
     with pytest.raises(RopeExtendError, match="key=value"):
         parse_params(["oops"])
+
+
+def test_every_command_that_claims_a_folder_takes_the_flags_its_refusal_suggests(tmp_path, capsys):
+    """eval: a second run into the same --out is refused with "--resume ... or --overwrite", and both flags are
+    accepted (and exclusive); --overwrite replaces the earlier run's records."""
+    from rope_extend.cli import build_parser
+
+    out = tmp_path / "pk"
+    run = ["eval", "passkey", "--model", "bundled", "--lengths", "128", "--trials", "1", "--no-progress"]
+    assert main([*run, "--out", str(out)]) == 0
+    first = (out / "records.jsonl").read_text()
+    capsys.readouterr()
+    assert main([*run, "--out", str(out)]) == 2
+    message = capsys.readouterr().err
+    assert "--resume" in message and "--overwrite" in message
+    assert main([*run, "--out", str(out), "--overwrite"]) == 0
+    assert (out / "records.jsonl").read_text().count("\n") == first.count("\n")
+    parser = build_parser()
+    for command in (
+        ["eval", "passkey", "--model", "m", "--lengths", "1k", "--out", "o"],
+        ["eval", "niah", "--model", "m", "--lengths", "1k", "--out", "o"],
+        ["eval", "perplexity", "--model", "m", "--lengths", "1k", "--out", "o"],
+        ["eval", "ruler", "--model", "m", "--lengths", "1k", "--out", "o"],
+        ["eval", "compare", "smoke", "--out", "o"],
+        ["search", "--model", "m", "--factor", "2", "--out", "o"],
+    ):
+        for flag in ("--resume", "--overwrite"):
+            assert getattr(parser.parse_args([*command, flag]), flag.strip("-"))
+        with pytest.raises(SystemExit):
+            parser.parse_args([*command, "--resume", "--overwrite"])
+
+
+def test_version_and_help(capsys):
+    import rope_extend
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"rope-extend {rope_extend.__version__}"
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out and "long-context" in out
+
+
+def test_patched_repr_names_the_scaling_not_function_addresses():
+    model = tiny_model()
+    rope_extend.patch(model, "yarn", factor=4)
+    text = repr(rope_extend.patched(model))
+    assert " at 0x" not in text and text.startswith("Scaling('yarn', factor=4") and "beta_fast=32" in text

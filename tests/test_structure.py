@@ -108,3 +108,10 @@ def test_hf_layers():
     }
     importers = sorted(n for n, t in graph.items() if "rope_extend.hf.register" in t)
     assert importers == ["rope_extend"]
+
+
+def test_the_version_agrees_with_pyproject():
+    import re
+
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    assert re.search(r'^version = "([^"]+)"', text, re.MULTILINE).group(1) == rope_extend.__version__

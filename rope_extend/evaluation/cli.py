@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..arguments import add_method_arguments, method_kwargs
+from ..arguments import add_folder_arguments, add_method_arguments, method_kwargs
 from ..hf.window import SLIDING_WINDOW_MODES
 
 
@@ -20,7 +20,7 @@ def _common(p: argparse.ArgumentParser, *, data: bool = False) -> None:
     p.add_argument("--label", help="name of this run in tables and plots (default: method and factor)")
     p.add_argument("--lengths", required=True, help="context lengths in tokens, e.g. 1k,2k,4k (1k = 1024)")
     p.add_argument("--out", required=True, help="output folder (records.jsonl, results.json/.csv, report.md, PNGs)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out, reusing its finished records")
+    add_folder_arguments(p, "run")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
     p.add_argument(
         "--sliding-window",
@@ -57,7 +57,7 @@ def _prepare(args):
     if method != "none":
         registry.get(method)  # an unknown method fails before a model is loaded
     records = Path(args.out) / "records.jsonl"
-    claim_output_dir(args.out, kind="eval", owned=owned, resume=args.resume, check_only=True)
+    claim_output_dir(args.out, kind="eval", owned=owned, resume=args.resume, overwrite=args.overwrite, check_only=True)
     texts = None
     if getattr(args, "data", "absent") != "absent":
         from .data import default_texts, load_texts
@@ -77,7 +77,8 @@ def _prepare(args):
     tokenizer = load_tokenizer(args.tokenizer or args.model, trust_remote_code=args.trust_remote_code)
     if method != "none":
         patch(model, method, **kwargs)
-    claim_output_dir(args.out, kind="eval", owned=owned, resume=args.resume)  # everything checked: now write
+    # everything checked: now write
+    claim_output_dir(args.out, kind="eval", owned=owned, resume=args.resume, overwrite=args.overwrite)
     return model, tokenizer, records, texts
 
 
@@ -195,7 +196,7 @@ def _cmd_compare(args) -> int:
     if args.model:
         overrides.append(f"model={json.dumps(args.model)}")
     suite = load_suite(args.suite, overrides)
-    result = run_suite(suite, out=args.out, resume=args.resume, progress=args.progress)
+    result = run_suite(suite, out=args.out, resume=args.resume, overwrite=args.overwrite, progress=args.progress)
     print(json.dumps({"out": str(result["out"]), "files": [str(f) for f in result["files"].values()]}))
     return 0
 
@@ -286,7 +287,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", help="override the suite's model")
     p.add_argument("--out", help="report folder (default: the suite's out, else runs/<suite name>)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a suite key, e.g. passkey.trials=2")
-    p.add_argument("--resume", action="store_true", help="continue a run in the report folder")
+    add_folder_arguments(p, "suite run")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     p.set_defaults(func=_cmd_compare)
 

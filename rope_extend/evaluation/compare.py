@@ -55,14 +55,17 @@ def run_suite(
     *,
     out: str | Path | None = None,
     resume: bool = False,
+    overwrite: bool = False,
     progress: bool = True,
     model=None,
     tokenizer=None,
 ) -> dict[str, Any]:
-    """Run every method x task of ``suite``; returns ``{"records": [...], "files": {...}, "out": path}``."""
+    """Run every method x task of ``suite``; returns ``{"records": [...], "files": {...}, "out": path}``.
+
+    ``resume`` continues an earlier run in ``out``; ``overwrite`` replaces it (``io.claim_output_dir``)."""
     out = Path(out) if out is not None else default_out(suite)
     records_path = out / "records.jsonl"
-    claim_output_dir(out, kind="eval", owned=owned, resume=resume, check_only=True)
+    claim_output_dir(out, kind="eval", owned=owned, resume=resume, overwrite=overwrite, check_only=True)
     texts = {
         name: _texts(suite, task)
         for name, task in (("niah", suite.niah), ("perplexity", suite.perplexity), ("ruler", suite.ruler))
@@ -77,7 +80,7 @@ def run_suite(
     elif tokenizer is None:
         raise RopeExtendError("run_suite: give the tokenizer with the model")
     check_methods(model, suite)
-    claim_output_dir(out, kind="eval", owned=owned, resume=resume)  # everything checked: now write
+    claim_output_dir(out, kind="eval", owned=owned, resume=resume, overwrite=overwrite)  # checked: now write
     records: list[dict] = []
     common = dict(records=records_path, resume=True, progress=progress)
     try:

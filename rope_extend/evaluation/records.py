@@ -23,9 +23,27 @@ def setting_id(setting: dict[str, Any]) -> str:
     return hashlib.sha1(json.dumps(setting, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+def _config_scaling(model):
+    """The scaling the unpatched model's config names (a fine-tuned yarn x4, Llama 3.1's llama3), or None."""
+    from ..errors import RopeExtendException
+    from ..hf.config import config_scaling, scaled_layer_types, text_config
+
+    config = getattr(model, "config", None)
+    if config is None or not getattr(text_config(config), "rope_parameters", None):
+        return None
+    config = text_config(config)
+    try:
+        return config_scaling(config, (scaled_layer_types(config) or [None])[0])
+    except (RopeExtendException, KeyError, TypeError):  # a family's own rope type, or no global rope dict
+        return None
+
+
 def run_info(model, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What identifies the model under test: its name and the rope-extend scaling applied (or ``none``)."""
-    scaling = patched(model)
+    """What identifies the model under test: its name and the rope-extend scaling applied; with no patch, the
+    scaling its config names (``scaling_from: config``: a fine-tuned or shipped scaling), else ``none``."""
+    scaling, source = patched(model), "patch"
+    if scaling is None:
+        scaling, source = _config_scaling(model), "config"
     info: dict[str, Any] = {
         "model": str(getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__)
     }
@@ -38,6 +56,8 @@ def run_info(model, extra: dict[str, Any] | None = None) -> dict[str, Any]:
             original_length=scaling.original_max_position_embeddings,
             params=scaling.method.param_dict(scaling.params),
         )
+        if source == "config":
+            info["scaling_from"] = "config"
     info.update(extra or {})
     return info
 

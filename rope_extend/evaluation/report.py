@@ -16,12 +16,14 @@ from ..io import atomic_path, write_json, write_text
 
 
 def label_of(record: dict) -> str:
-    """A run's name in tables and legends: its ``label``, else ``method xfactor`` (``none`` unscaled)."""
+    """A run's name in tables and legends: its ``label``, else ``method xfactor`` (``none`` unscaled; ``(config)``
+    when the scaling is the model's own, read from its config, not a patch)."""
     if record.get("label"):
         return str(record["label"])
     if record.get("method", "none") == "none":
         return "none"
-    return f"{record['method']} x{record.get('factor', 1):g}"
+    own = " (config)" if record.get("scaling_from") == "config" else ""
+    return f"{record['method']} x{record.get('factor', 1):g}{own}"
 
 
 def _length_name(n: int) -> str:

@@ -44,6 +44,8 @@ def _cmd_search(args) -> int:
 
 
 def register(subparsers) -> None:
+    from ..arguments import add_folder_arguments
+
     p = subparsers.add_parser(
         "search",
         help="search LongRoPE rescale factors (one per frequency) with perplexity as fitness",
@@ -61,8 +63,7 @@ def register(subparsers) -> None:
     p.add_argument("--seconds", type=float, help="budget: seconds (stops at a generation's end; not reproducible)")
     p.add_argument("--population", type=int, default=16, help="candidates per generation (default 16)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resume", action="store_true", help="continue the search in --out")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier search in --out")
+    add_folder_arguments(p, "search")
     p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 or auto")
     p.add_argument("--device", help="e.g. cuda, cpu (default: where the model loads)")
     p.add_argument("--trust-remote-code", action="store_true")

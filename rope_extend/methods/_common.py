@@ -96,6 +96,9 @@ class Method:
     attention: bool = False  # plain RoPE frequencies; the method changes positions in attention (methods.attention)
     source: str = ""
 
+    def __repr__(self) -> str:
+        return f"Method({self.name!r}, rope_type={self.rope_type!r})"
+
     def make_params(self, params: dict[str, Any]) -> Any:
         """Build the validated params dataclass; unknown names are errors that list the allowed ones."""
         allowed = [f.name for f in dataclasses.fields(self.params)]

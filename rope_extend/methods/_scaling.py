@@ -35,6 +35,14 @@ class Scaling:
         freqs, scale = self.method.compute(self.params, geo, self.factor, seq_len)
         return freqs.to(torch.float32).contiguous(), float(scale)
 
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.method.param_dict(self.params).items())
+        return (
+            f"Scaling({self.method.name!r}, factor={self.factor:g}, original_max_position_embeddings="
+            f"{self.original_max_position_embeddings}, target_length={self.target_length}"
+            f"{', ' + params if params else ''}{', logn=True' if self.logn else ''})"
+        )
+
     def describe(self) -> str:
         extra = ", ".join(f"{k}={v}" for k, v in self.method.param_dict(self.params).items() if not isinstance(v, list))
         if self.logn:

@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,8 @@ class Run:
     trackers: list[str]
     step: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
+    pending_loss: Any = None  # this process's loss sum since the last logged step (a tensor)
+    pending_tokens: int = 0  # the global target tokens since the last logged step
 
 
 # ------------------------------------------------------------------------------------------ setup
@@ -105,18 +108,22 @@ def _setup_model(args: TrainArgs, texts: list[str]):
         from peft import LoraConfig, get_peft_model
 
         lora = args.lora
-        model = get_peft_model(
-            model,
-            LoraConfig(
-                r=lora.r,
-                lora_alpha=lora.lora_alpha,
-                lora_dropout=lora.lora_dropout,
-                bias=lora.bias,
-                target_modules=lora.target_modules,
-                modules_to_save=lora.modules_to_save,
-                task_type="CAUSAL_LM",
-            ),
-        )
+        with warnings.catch_warnings():
+            # PEFT reads the old name `is_gradient_checkpointing`, which transformers 5 deprecates at every run;
+            # checkpointing itself goes through hf.checkpointing under the new name
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    r=lora.r,
+                    lora_alpha=lora.lora_alpha,
+                    lora_dropout=lora.lora_dropout,
+                    bias=lora.bias,
+                    target_modules=lora.target_modules,
+                    modules_to_save=lora.modules_to_save,
+                    task_type="CAUSAL_LM",
+                ),
+            )
     else:
         model.requires_grad_(True)
     return model, tokenizer, scaling
@@ -215,6 +222,10 @@ def setup(args: TrainArgs) -> Run:
     if resume_from is not None:
         state = ckpt.load(accelerator, resume_from, model=model, optimizer=optimizer, scheduler=scheduler)
         run.step, run.history = state["step"], state["history"]
+        pending = state.get("pending") or {}
+        if pending and accelerator.process_index == 0:  # the saved sum is over every process: one carries it
+            run.pending_loss = torch.tensor(float(pending["loss"]), device=accelerator.device)
+        run.pending_tokens = int(pending.get("tokens", 0))
         accelerator.print(f"resumed from {resume_from} at step {run.step}")
     accelerator.print(
         f"{scaling.describe() if scaling else 'rope as is'} (max_position_embeddings {target})"
@@ -236,6 +247,9 @@ def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> T
         total=args.max_steps, initial=run.step, disable=not acc.is_local_main_process, desc="train", dynamic_ncols=True
     )
     clock, clock_tokens = time.perf_counter(), 0
+    # the logged loss is the token-weighted mean over the logging interval (one step's loss zig-zags): the sums
+    # stay on the device, reduced over processes at logging time; a checkpoint inside an interval keeps them
+    run.pending_loss = (run.pending_loss if run.pending_loss is not None else torch.zeros(())).to(acc.device)
     while run.step < args.max_steps:
         micro = [run.batches.get(run.step, m, run.rank) for m in range(G)]
         # the whole global batch's target tokens, counted first: each micro-batch's loss is divided by it
@@ -261,9 +275,12 @@ def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> T
         run.optimizer.zero_grad(set_to_none=True)
         run.step += 1
         clock_tokens += run.tokens_per_step
+        run.pending_loss += loss_sum
+        run.pending_tokens += int(tokens)
 
         if run.step % args.logging_steps == 0 or run.step == args.max_steps:
-            loss_value = float(acc.reduce(loss_sum, reduction="sum") / tokens)
+            loss_value = float(acc.reduce(run.pending_loss, reduction="sum")) / max(run.pending_tokens, 1)
+            run.pending_loss, run.pending_tokens = torch.zeros((), device=acc.device), 0
             elapsed = time.perf_counter() - clock
             row = {
                 "step": run.step,
@@ -282,9 +299,13 @@ def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> T
                 raise FloatingPointError(f"loss is {loss_value} at step {run.step}; lower learning_rate or check data")
         bar.update(1)
         if run.step % args.save_steps == 0 or run.step == args.max_steps:
+            pending = {
+                "loss": float(acc.reduce(run.pending_loss.clone(), reduction="sum")),
+                "tokens": run.pending_tokens,
+            }
             ckpt.save(
                 acc,
-                {"step": run.step, "history": run.history},
+                {"step": run.step, "history": run.history, "pending": pending},
                 output_dir=run.out,
                 step=run.step,
                 model=model,

@@ -9,6 +9,19 @@ from pathlib import Path
 from ..io import atomic_path, write_text
 
 
+def smoothed(values: list[float], window: int | None = None) -> list[float]:
+    """Centred moving mean over ``window`` points (default: a tenth of the points, odd, at least 3); the ends
+    average what they have."""
+    n = len(values)
+    window = window or max(3, (n // 10) | 1)
+    half = window // 2
+    out = []
+    for i in range(n):
+        part = values[max(0, i - half) : i + half + 1]
+        out.append(sum(part) / len(part))
+    return out
+
+
 def write_loss_curve(history: list[dict], out: str | Path) -> None:
     if not history:
         return
@@ -24,9 +37,11 @@ def write_loss_curve(history: list[dict], out: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [r["step"] for r in history]
+    steps, losses = [r["step"] for r in history], [r["loss"] for r in history]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
-    ax.plot(steps, [r["loss"] for r in history], lw=1.5, label="training loss")
+    ax.plot(steps, losses, ".", color="tab:blue", alpha=0.35, ms=4, label="loss (mean over each logging interval)")
+    if len(losses) >= 5:
+        ax.plot(steps, smoothed(losses), lw=2, color="tab:blue", label="smoothed (moving mean)")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("token cross-entropy (nats)")
     ax.set_title(f"{out.name}: loss over {steps[-1]} steps")

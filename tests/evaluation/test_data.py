@@ -68,3 +68,15 @@ def test_default_texts_come_from_the_bundled_corpus():
     else:
         texts = default_texts()
         assert texts == bundled.eval_texts() and all(len(t) > 1000 for t in texts)
+
+
+def test_reading_a_local_table_shows_no_progress_bars(tmp_path, capfd):
+    import datasets
+
+    from rope_extend.documents import read_documents
+
+    path = tmp_path / "docs.jsonl"
+    path.write_text('{"text": "one"}\n{"text": "two"}\n')
+    assert read_documents(path) == ["one", "two"]
+    assert "Generating" not in capfd.readouterr().err
+    assert datasets.utils.logging.is_progress_bar_enabled()  # the user's setting is put back

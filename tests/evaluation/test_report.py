@@ -99,3 +99,20 @@ def test_spectrum_ratios():
     yarn = curves["yarn"]["ratio"]  # the YaRN ramp for head_dim 128, L 4096: low=20, high=46
     assert yarn[:21] == pytest.approx([1.0] * 21) and yarn[46:] == pytest.approx([0.25] * 18)
     assert curves["yarn"]["attention_scale"] == pytest.approx(1.1386, abs=1e-4)
+
+
+def test_an_unpatched_model_is_labelled_by_the_scaling_its_config_names():
+    """A fine-tuned model (yarn x4 in its config, no patch) is not reported as ``none``."""
+    import rope_extend
+    from rope_extend.evaluation.records import run_info
+    from rope_extend.evaluation.report import label_of
+    from tests.tiny import tiny_model
+
+    model = tiny_model()
+    assert run_info(model)["method"] == "none" and label_of(run_info(model)) == "none"
+    rope_extend.configure(model.config, "yarn", factor=4)
+    info = run_info(model)
+    assert (info["method"], info["factor"], info["scaling_from"]) == ("yarn", 4.0, "config")
+    assert label_of(info) == "yarn x4 (config)"
+    rope_extend.patch(model, "linear", factor=2)  # a patch is what runs: it names the run
+    assert label_of(run_info(model)) == "linear x2"

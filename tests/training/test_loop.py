@@ -196,3 +196,39 @@ def test_two_processes_match_one_process(tmp_path):
     for a, b in zip(runs["one"], runs["two"]):
         assert a == pytest.approx(b, rel=2e-4)
     assert runs["one"][-1] < runs["one"][0]  # it trained
+
+
+def test_logged_loss_is_the_mean_over_the_interval_and_survives_a_resume_inside_it(tmp_path):
+    """logging_steps=2: each logged loss is the token-weighted mean of its two steps' losses (every step has
+    the same number of target tokens here, so the plain mean); a checkpoint at step 3, inside an interval,
+    resumes to the same history."""
+    common = ["max_steps=6", "save_steps=3", "merge_adapter=false"]
+    each = train(run_args(tmp_path / "each", *common, "logging_steps=1")).history
+    pairs = train(run_args(tmp_path / "pairs", *common, "logging_steps=2")).history
+    assert [r["step"] for r in pairs] == [2, 4, 6]
+    for row in pairs:
+        mean = (each[row["step"] - 2]["loss"] + each[row["step"] - 1]["loss"]) / 2
+        assert row["loss"] == pytest.approx(mean, rel=1e-5)
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_4(step):
+        if step == 4:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(run_args(tmp_path / "cut", *common, "logging_steps=2"), on_step=kill_at_4)
+    resumed = train(run_args(tmp_path / "cut", *common, "logging_steps=2", "resume_from_checkpoint=true")).history
+    assert [r["step"] for r in resumed] == [2, 4, 6]
+    for a, b in zip(pairs, resumed, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+
+
+def test_a_lora_run_raises_no_future_warning(tmp_path):
+    """PEFT reads transformers' deprecated ``is_gradient_checkpointing``; a user's run shows no FutureWarning."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        train(run_args(tmp_path, "max_steps=1", "gradient_checkpointing=true", "merge_adapter=false"))
