@@ -34,7 +34,7 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from ..methods.attention import Rules, logn_scale
 from . import layout as Lo
-from .config import LOCAL_LAYER_TYPES, naming, nested_layer_types, rope_dict, text_config
+from .config import LOCAL_LAYER_TYPES, family, naming, nested_layer_types, rope_dict, text_config
 
 logger = logging.getLogger("rope_extend")
 
@@ -79,10 +79,6 @@ def attention_modules(model: nn.Module, config) -> list[nn.Module]:
         and getattr(m, "config", None) is config
         and type(m).__name__.endswith("Attention")
     ]
-
-
-def _family(config) -> str:
-    return getattr(config, "model_type", None) or type(config).__name__
 
 
 def _refuse(config, scaling, why: str) -> UnsupportedModelError:
@@ -184,7 +180,7 @@ def _plan_modules(model, config, scaling, inner: str, probed) -> list[tuple[nn.M
         logger.warning(
             "%s changes no layer of %s: its global layers do not rotate (NoPE) and its local layers keep their window",
             scaling.method.name,
-            _family(config),
+            family(config),
         )
     return out
 
