@@ -6,6 +6,7 @@ import transformers as T
 
 import rope_extend
 from rope_extend.hf import cache as C
+from rope_extend.hf import rotary as R
 from rope_extend.hf.config import rotary_geometry, scaled_layer_types, text_config
 from tests.tiny import tiny_config, tiny_model
 
@@ -61,6 +62,10 @@ def test_cached_keys_equal_the_keys_of_an_uncached_forward(family, method):
     torch.manual_seed(0)
     ids = torch.randint(3, 500, (1, 4 * L + 20))
     chunks = [40] + [1] * (4 * L - 40) + [20]  # decoding across L, 2L, 4L, then 20 tokens at once
+    if family == "gemma3" and method == "longrope" and R._LONGROPE_PER_LAYER_BUG:
+        with pytest.raises(rope_extend.UnsupportedModelError, match="fixed in transformers 5.21"):
+            patch(tiny_model(family, max_position_embeddings=L), method)
+        return
     model = patch(tiny_model(family, max_position_embeddings=L), method)
     got, want = cached_keys(model, ids, chunks)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -169,3 +174,45 @@ def test_a_config_naming_a_dynamic_type_gets_the_keeper():
     ids = torch.randint(3, 500, (1, 3 * L))
     got, want = cached_keys(model, ids, [40] + [1] * (3 * L - 40))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+DECODE = [12] + [1] * 108  # a 12-token prompt, then one token at a time across L = 16, 32 ... 120
+
+
+@pytest.mark.parametrize("family", ["glm", "helium", "gemma3_text"])
+def test_cached_keys_are_re_rotated_in_the_family_convention(family):
+    """Families that pair dimensions inside ``apply_rotary_pos_emb`` (GLM, Helium: interleaved, from cos/sin
+    laid out in halves) and per-layer-type sets (Gemma 3), from tests.families' builds: the cached keys, re-rotated
+    at every change of frequencies, equal the uncached forward's."""
+    from tests.families.tiny import build
+
+    model = build(family)
+    rope_extend.patch(model, "dynamic", factor=8, original_max_position_embeddings=16)
+    ids = torch.randint(3, 200, (1, 120), generator=torch.Generator().manual_seed(0))
+    got, want = cached_keys(model, ids, DECODE)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_cached_keys_of_nope_layers_are_left_alone():
+    """SmolLM3's NoPE layers (``no_rope_layers`` 0; layer 0 here): their cached keys never turn."""
+    config = T.SmolLM3Config(
+        vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, no_rope_layers=[0, 1], pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = T.SmolLM3ForCausalLM(config).eval()
+    rope_extend.patch(model, "dynamic", factor=8, original_max_position_embeddings=16)
+    ids = torch.randint(3, 200, (1, 120), generator=torch.Generator().manual_seed(0))
+    got, want = cached_keys(model, ids, DECODE)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_compressed_cache_is_refused_not_turned_wrong():
+    """DeepSeek-V3 (MLA) caches keys of another size than its attention sees: re-rotation is refused clearly."""
+    from tests.families.tiny import build
+
+    model = build("deepseek_v3")
+    rope_extend.patch(model, "dynamic", factor=8, original_max_position_embeddings=16)
+    ids = torch.randint(3, 200, (1, 60), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(rope_extend.UnsupportedModelError, match="layer 0 caches keys of size .*compressed cache"):
+        cached_keys(model, ids, DECODE[:49])

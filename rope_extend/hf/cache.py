@@ -9,9 +9,11 @@ position ``p`` is brought to new frequencies by one more rotation by ``p (theta'
 Design: ``CacheKeeper`` is a forward pre-hook on the decoder (the module that owns the rotary module and
 receives ``past_key_values``). Before each forward it works out the longest position of the sequence,
 advances the dynamic frequency sets (``RotaryRuntime.advance``) and, when a set's frequencies change,
-rotates every cached key of the layers that use it, in float32, with the angle differences taken from the
-model's own cos/sin for the old and the new frequencies (so the result is what the uncached forward
-computes, up to float32 rounding). Frequencies change only on a grid of lengths (``rotary.bucket``: about
+turns every cached key of the layers that use it by the angle differences ``p (theta' - theta)`` (float64
+angles, float32 keys), in each layer's own convention as ``hf.layout.probe`` measured it on the model
+(pairing, which dimensions, direction; NoPE layers are left alone; a layer it cannot reproduce is refused),
+so the result is what the uncached forward computes, up to float32 rounding. The probe runs once, when
+cached keys first need turning (the frequency lengths in use are put back after it). Frequencies change only on a grid of lengths (``rotary.bucket``: about
 23 times between ``L`` and ``4L``), which bounds both the work and the rounding that repeated in-place
 rotations accumulate.
 
@@ -26,14 +28,13 @@ with an error naming the layer class, before anything is computed.
 
 from __future__ import annotations
 
-import sys
-
 import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
+from . import layout as Lo
 from .config import nested_layer_types, text_config
-from .rotary import RotaryRuntime, next_seen, scale_name
+from .rotary import RotaryRuntime, buffer_name, next_seen, scale_name
 
 
 def _supported(layer) -> bool:
@@ -49,30 +50,69 @@ def _supported(layer) -> bool:
     return isinstance(layer, kinds) and "Indexed" not in type(layer).__name__
 
 
-def _rotate_half(module: nn.Module):
-    fn = getattr(sys.modules.get(type(module).__module__), "rotate_half", None)
-    if fn is None:
-        raise UnsupportedModelError(
-            f"{type(module).__name__}'s module has no rotate_half: rope-extend cannot re-rotate its cached keys"
-        )
-    return fn
-
-
 class CacheKeeper:
     """The decoder's forward pre-hook (see the module docstring)."""
 
-    def __init__(self, modules: list[nn.Module], config):
+    def __init__(self, modules: list[nn.Module], config, model: nn.Module):
         self.modules = modules  # rotary modules; their runtime is looked up at each call (a patch replaces it)
-        config = text_config(config)
+        self.config = config = text_config(config)
+        self.model = model
         nested = nested_layer_types(config)
         # which frequency set each decoder layer's keys were rotated with
         self.layer_sets = list(config.layer_types) if nested else None
         self.history: torch.Tensor | None = None  # position ids of the cached slots, [batch, slots]
+        # how each decoder layer rotates (layer index -> hf.layout.LayerProbe), or why that is unknown
+        self.layouts: dict[int, Lo.LayerProbe] | None = None
+        self.unprobed: str | None = None
+        self.probing = False
+
+    def _probe(self, device) -> None:
+        """Find each layer's rotation once (``hf.layout.probe``), leaving the runtimes' lengths as they were."""
+        runtimes = [r for r in (m.__dict__.get("forward") for m in self.modules) if isinstance(r, RotaryRuntime)]
+        saved = [(r, lt, e.seen) for r in runtimes for lt, e in r.entries.items()]
+        length = next(e.scaling.original_max_position_embeddings for r in runtimes for e in r.entries.values())
+        self.probing = True
+        try:
+            found = Lo.probe(self.model, self.config, list(self.modules), length)
+            self.layouts = {m.layer_idx: p for m, p in found.items() if isinstance(getattr(m, "layer_idx", None), int)}
+        except UnsupportedModelError as exc:
+            self.layouts, self.unprobed = {}, str(exc)
+        finally:
+            self.probing = False
+            for runtime, layer_type, seen in saved:
+                if runtime.entries[layer_type].seen != seen:
+                    runtime.advance(layer_type, seen, device)
+
+    def _layout(self, index: int, layer) -> Lo.Layout | None:
+        """Layer ``index``'s rotation (None: NoPE, nothing to re-rotate); raises when it is unknown, or when the
+        cache holds keys of another size than its attention sees (a compressed MLA cache)."""
+        seen = self.layouts.get(index)
+        if seen is not None and seen.kind == "nope":
+            return None
+        if seen is not None and seen.kind == "rope" and layer.keys.shape[-1] == seen.width:
+            return seen.layout
+        if seen is not None and seen.kind == "rope":
+            why = (
+                f"layer {index} caches keys of size {layer.keys.shape[-1]}, not the {seen.width} its attention "
+                "sees (a compressed cache), so rope-extend cannot tell which dimensions rotate"
+            )
+        else:
+            why = self.unprobed or (
+                f"layer {index} rotates its keys in a way rope-extend cannot reproduce"
+                if seen is not None
+                else f"layer {index} does not call transformers' attention interface"
+            )
+        raise UnsupportedModelError(
+            f"a dynamic rope method must re-rotate cached keys when its frequencies change, and {why}; "
+            "use a static method (yarn, ntk, linear) or generate without the cache"
+        )
 
     def _set_of(self, index: int):
         return self.layer_sets[index] if self.layer_sets is not None and index < len(self.layer_sets) else None
 
     def __call__(self, module, args, kwargs):
+        if self.probing:  # the probe's own forward
+            return
         ids = kwargs.get("input_ids", args[0] if args else None)
         embeds = kwargs.get("inputs_embeds")
         tokens = ids if ids is not None else embeds
@@ -101,16 +141,18 @@ class CacheKeeper:
                 if not layers or cached is None or entry.length(seen) == entry.length(entry.seen):
                     runtime.advance(layer_type, seen, positions.device)
                     continue
-                cos_old, sin_old = runtime.cos_sin(layer_type, cached)
+                if self.layouts is None:  # once, when keys first need turning (not for runs without a cache)
+                    self._probe(positions.device)
+                layouts = [(layer, self._layout(index, layer)) for index, layer in layers]  # refuses before any change
+                old = _frequencies(runtime, layer_type)
                 scale_old = float(getattr(runtime.module, scale_name(layer_type)))
                 runtime.advance(layer_type, seen, positions.device)
-                cos_new, sin_new = runtime.cos_sin(layer_type, cached)
-                # rotation by (new - old): cos(b - a) and sin(b - a), times m'/m (the cos/sin carry m)
-                cos_d = (cos_new * cos_old + sin_new * sin_old) / scale_old**2
-                sin_d = (sin_new * cos_old - cos_new * sin_old) / scale_old**2
-                rotate_half = _rotate_half(runtime.module)
-                for layer in layers:
-                    _rotate(layer, cos_d, sin_d, rotate_half)
+                # keys carry the attention scale m of their frequencies: turn by p (theta' - theta), times m'/m
+                angles = cached.to(torch.float64)[:, None, :, None] * (_frequencies(runtime, layer_type) - old)
+                ratio = float(getattr(runtime.module, scale_name(layer_type))) / scale_old
+                for layer, layout in layouts:
+                    if layout is not None:
+                        _turn(layer, layout, angles, ratio)
         self.history = positions if cached is None or low == 0 else torch.cat([cached, positions], dim=1)
         return
 
@@ -128,7 +170,8 @@ class CacheKeeper:
         return torch.arange(past, device=device).expand(batch, -1)
 
     def _layers(self, cache, layer_type) -> list:
-        """The cache layers whose keys use the frequency set ``layer_type``; refuses ones that cannot be re-rotated."""
+        """``(index, cache layer)`` for the layers whose keys use the frequency set ``layer_type``; refuses ones
+        that cannot be re-rotated."""
         if cache is None:
             return []
         found = []
@@ -142,7 +185,7 @@ class CacheKeeper:
                     "a StaticCache, or a static method (yarn, ntk, linear)"
                 )
             if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
-                found.append(layer)
+                found.append((index, layer))
         if not found and cache is not None and not hasattr(cache, "layers"):
             raise UnsupportedModelError(
                 f"{type(cache).__name__} is not a transformers Cache with layers: rope-extend cannot keep its keys "
@@ -151,18 +194,21 @@ class CacheKeeper:
         return found
 
 
-def _rotate(layer, cos: torch.Tensor, sin: torch.Tensor, rotate_half) -> None:
-    """Rotate the cached keys of ``layer`` (slots matching ``cos``: the last ones of a sliding window) in float32."""
+def _frequencies(runtime: RotaryRuntime, layer_type) -> torch.Tensor:
+    """The frequency set ``layer_type`` in use, float64."""
+    return runtime.module._buffers[buffer_name(layer_type)].to(torch.float64)
+
+
+def _turn(layer, layout: Lo.Layout, angles: torch.Tensor, ratio: float) -> None:
+    """Turn the cached keys of ``layer`` by ``angles`` ``[batch, 1, slots, dim/2]`` (slots matching: the last ones
+    of a sliding window) in float32, their rotary dimensions times ``ratio``."""
     from transformers.cache_utils import StaticLayer
 
     keys = layer.keys
-    slots = min(keys.shape[-2], cos.shape[1])
+    slots = min(keys.shape[-2], angles.shape[2])
     static = isinstance(layer, StaticLayer)  # slots by cache position; a dynamic layer keeps the last ones
     part = keys[:, :, :slots] if static else keys[:, :, -slots:]
-    c, s = cos[:, -slots:].unsqueeze(1), sin[:, -slots:].unsqueeze(1)
-    dim = c.shape[-1]
-    k = part.float()
-    rotated = torch.cat([k[..., :dim] * c + rotate_half(k[..., :dim]) * s, k[..., dim:]], dim=-1).to(keys.dtype)
+    rotated = layout.turn(part.float(), angles[:, :, -slots:], ratio).to(keys.dtype)
     if static:
         keys[:, :, :slots].copy_(rotated)
     else:
@@ -185,7 +231,7 @@ def install(model: nn.Module, runtime: RotaryRuntime, config):
     decoder = owner(model, runtime.module)
     if decoder is None or keepers(decoder):
         return None
-    handle = decoder.register_forward_pre_hook(CacheKeeper([runtime.module], config), with_kwargs=True)
+    handle = decoder.register_forward_pre_hook(CacheKeeper([runtime.module], config, model), with_kwargs=True)
     return decoder, handle.id
 
 

@@ -75,8 +75,15 @@ class Layout:
 
     def rotate(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """``x`` ``[..., n, d]`` rotated by ``delta[t]`` positions on row ``t`` (angles in float64; ``x``'s dtype)."""
-        angles = self.sign * delta.to(device=x.device, dtype=torch.float64)[:, None] * self.frequencies(x.device)[None]
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        angles = delta.to(device=x.device, dtype=torch.float64)[:, None] * self.frequencies(x.device)[None]
+        return self.turn(x, angles)
+
+    def turn(self, x: torch.Tensor, angles: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        """``x`` ``[..., n, d]`` with each rotary pair turned by ``angles`` ``[..., n, dim/2]`` (float64, broadcast
+        over ``x``'s leading dimensions) in the layer's convention, and the rotary dimensions times ``scale`` (an
+        attention scale carried by cos and sin); ``x``'s dtype."""
+        angles = self.sign * angles.to(device=x.device, dtype=torch.float64)
+        cos, sin = (scale * angles.cos()).to(x.dtype), (scale * angles.sin()).to(x.dtype)
         part = x[..., self.start : self.start + self.dim]
         if self.pairing == "half":
             a, b = part[..., : self.dim // 2], part[..., self.dim // 2 :]
@@ -105,6 +112,7 @@ class LayerProbe:
     kwargs: frozenset = frozenset()  # the non-None extra arguments it passes to the attention function
     error: float | None = None  # the best candidate's relative error, for an "unknown" layer
     why: str | None = None  # for an "unknown" layer that could not be matched at all
+    width: int | None = None  # the key head size its attention function received
 
 
 class _Recorder:
@@ -202,10 +210,10 @@ def probe(model: nn.Module, config, rotary: list[nn.Module], length: int) -> dic
         q0, q1, k0, k1 = query[:1], query[1:], key[:1], key[1:]
         if query.shape[-2] != PROBE_TOKENS or key.shape[-2] != PROBE_TOKENS:
             why = f"its attention sees {key.shape[-2]} keys for {query.shape[-2]} queries: compressed or extra keys"
-            out[module] = LayerProbe("unknown", None, extra, why=why)
+            out[module] = LayerProbe("unknown", None, extra, why=why, width=key.shape[-1])
             continue
         if _relative_error(k0, k1) <= tolerance:
-            out[module] = LayerProbe("nope", None, extra)
+            out[module] = LayerProbe("nope", None, extra, width=key.shape[-1])
             continue
         best, best_error = None, float("inf")
         for layout in candidates(rotary, key.shape[-1]):
@@ -215,7 +223,7 @@ def probe(model: nn.Module, config, rotary: list[nn.Module], length: int) -> dic
             if error < best_error:
                 best, best_error = layout, error
         if best is not None and best_error <= tolerance:
-            out[module] = LayerProbe("rope", best, extra)
+            out[module] = LayerProbe("rope", best, extra, width=key.shape[-1])
         else:
-            out[module] = LayerProbe("unknown", None, extra, best_error)
+            out[module] = LayerProbe("unknown", None, extra, best_error, width=key.shape[-1])
     return out

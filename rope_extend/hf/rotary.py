@@ -278,14 +278,6 @@ class RotaryRuntime:
         freqs, scale = self.entries[None].current()
         return freqs.to(device) if device is not None else freqs, scale
 
-    def cos_sin(self, layer_type, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 cos and sin (attention scale included) for ``position_ids`` with the frequencies in use,
-        computed by the module's own forward, so laid out as the model lays them out."""
-        x = torch.empty(0, dtype=torch.float32, device=position_ids.device)
-        extra = () if layer_type is None else (layer_type,)
-        with torch.no_grad():
-            return _raw_forward(type(self.module))(self.module, x, position_ids, *extra)
-
 
 def next_seen(entry: Entry, low: int, high: int) -> int:
     """The longest length after a forward over positions ``low .. high``: a forward from position 0 starts a
