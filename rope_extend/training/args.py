@@ -88,6 +88,12 @@ class DataArgs:
         "crossing them (YaRN, LongLoRA on PG19); mask restarts positions per document and confines "
         "attention to it (varlen on flash_attention_2, an L x L block mask on sdpa)",
     )
+    passkey_share: float = option(
+        0.0,
+        help="share of training windows that are passkey examples: the evaluation's prompt built to fill a "
+        "window exactly, its haystack taken from the training text, the key at a uniform random depth and the "
+        "answer after the question (0: none)",
+    )
     packing: bool = option(
         True,
         help="false: one document per sequence, cut to max_seq_length and padded "
@@ -216,9 +222,9 @@ class TrainArgs:
             bad("data.max_seq_length", d.max_seq_length, "at least 2 tokens")
         if d.max_docs is not None and d.max_docs < 1:
             bad("data.max_docs", d.max_docs, "a positive number of documents, or null")
+        if not 0.0 <= d.passkey_share < 1.0:
+            bad("data.passkey_share", d.passkey_share, "a share in [0, 1) of the training windows")
         if self.pose.enabled:
-            if not d.packing:
-                bad("data.packing", d.packing, "true with PoSE (PoSE stretches the positions of full windows)")
             if r.method == "none":
                 bad("rope.method", r.method, "a scaling method with PoSE (PoSE trains for a longer target)")
             if d.document_boundaries != "eos":

@@ -101,6 +101,47 @@ def _restart_positions(ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
     return idx - start
 
 
+def with_passkey_windows(packed: Packed, rows: list[list[int]]) -> Packed:
+    """``packed`` plus ``rows`` (each exactly one window long) as more windows, positions from 0."""
+    if not rows:
+        return packed
+    extra = torch.tensor(rows, dtype=torch.long)
+    n, T = extra.shape
+    if T != packed.input_ids.shape[1]:
+        raise ValueError(f"passkey windows of {T} tokens for windows of {packed.input_ids.shape[1]}")
+    mask = None if packed.attention_mask is None else torch.cat([packed.attention_mask, torch.ones_like(extra)])
+    return Packed(
+        torch.cat([packed.input_ids, extra]),
+        torch.cat([packed.position_ids, torch.arange(T).expand(n, -1)]),
+        packed.restart,
+        mask,
+    )
+
+
+def passkey_windows(tokenizer, texts: list[str], count: int, window: int, seed: int) -> list[list[int]]:
+    """``count`` passkey examples of exactly ``window`` tokens: the evaluation protocol's prompt
+    (``evaluation.prompts.passkey_prompt``: task line, haystack, key line, haystack, question) with the
+    haystack read from a random sentence of a random training text, a key in 1..99999 at a uniform random
+    depth, then the answer `` KEY.``. Same seed, same windows (so a resumed run sees what it saw)."""
+    from ..evaluation.prompts import encode, passkey_prompt, split_sentences
+
+    rng = np.random.default_rng([seed, 2])
+    docs = [split_sentences(t) for t in texts if t.strip()]
+    weights = np.array([len(d) for d in docs], dtype=float)
+    rows = []
+    for _ in range(count):
+        key = int(rng.integers(1, 100000))
+        answer = encode(tokenizer, f" {key}.")
+        doc = docs[int(rng.choice(len(docs), p=weights / weights.sum()))]
+        depth, start = float(rng.random()), int(rng.integers(len(doc)))
+        try:
+            prompt = passkey_prompt(tokenizer, window - len(answer), key, depth, filler=doc, start=start)
+        except RopeExtendError as exc:
+            raise RecipeError(f"data.passkey_share: {exc}") from None
+        rows.append(prompt.input_ids + answer)
+    return rows
+
+
 # ------------------------------------------------------------------------------------------ PoSE
 def pose_position_ids(window: int, target_length: int, num_chunks: int, generator: np.random.Generator) -> torch.Tensor:
     """PoSE position ids for a window of ``window`` tokens that should see distances up to ``target_length``.

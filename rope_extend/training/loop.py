@@ -32,7 +32,7 @@ from ..io import atomic_path
 from ..patch import patch, patched
 from . import checkpoint as ckpt
 from .args import RecipeError, TrainArgs, to_dict
-from .data import Batches, pack, pad_documents, read_documents, tokenize
+from .data import Batches, pack, pad_documents, passkey_windows, read_documents, tokenize, with_passkey_windows
 from .loss import model_loss
 from .model import build_model
 from .report import write_loss_curve
@@ -108,6 +108,7 @@ def _setup_model(args: TrainArgs, texts: list[str]):
         from peft import LoraConfig, get_peft_model
 
         lora = args.lora
+        tying = _weight_tying(model, lora.modules_to_save)
         with warnings.catch_warnings():
             # PEFT reads the old name `is_gradient_checkpointing`, which transformers 5 deprecates at every run;
             # checkpointing itself goes through hf.checkpointing under the new name
@@ -122,11 +123,42 @@ def _setup_model(args: TrainArgs, texts: list[str]):
                     target_modules=lora.target_modules,
                     modules_to_save=lora.modules_to_save,
                     task_type="CAUSAL_LM",
+                    **tying,
                 ),
+            )
+        if tying and model.get_output_embeddings().weight is not model.get_input_embeddings().weight:
+            raise RecipeError(
+                "lora.modules_to_save: the model ties its input and output embeddings, and PEFT did not keep the "
+                "trained copy tied; leave embed_tokens out of modules_to_save or upgrade peft"
             )
     else:
         model.requires_grad_(True)
     return model, tokenizer, scaling
+
+
+def _weight_tying(model, modules_to_save: list[str] | None) -> dict:
+    """``{"ensure_weight_tying": True}`` when the model ties its input and output embeddings (SmolLM2, Gemma,
+    Qwen small) and ``modules_to_save`` trains one of them: without it PEFT trains a copy of the input
+    embedding while the head keeps the original, and the merged model, saved tied, reloads with a head that
+    training never used. Empty otherwise."""
+    from peft import LoraConfig
+
+    tied = getattr(model.config.get_text_config(), "tie_word_embeddings", False)
+    inp, out = model.get_input_embeddings(), model.get_output_embeddings()
+    if not tied or out is None or out.weight is not inp.weight or not modules_to_save:
+        return {}
+    names = {name for name, module in model.named_modules() if module is inp or module is out}
+    if not any(name == key or name.endswith("." + key) for name in names for key in modules_to_save):
+        return {}
+    if "ensure_weight_tying" not in LoraConfig.__dataclass_fields__:
+        import peft
+
+        raise RecipeError(
+            f"lora.modules_to_save: {modules_to_save} trains the embedding that this model ties to its output, "
+            f"which needs LoraConfig(ensure_weight_tying=True); peft {peft.__version__} does not have it: "
+            "upgrade peft, or leave embed_tokens out of modules_to_save"
+        )
+    return {"ensure_weight_tying": True}
 
 
 def _setup_data(args: TrainArgs, texts: list[str], tokenizer, target: int, processes: int) -> Batches:
@@ -138,6 +170,11 @@ def _setup_data(args: TrainArgs, texts: list[str], tokenizer, target: int, proce
     else:
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         packed = pad_documents(tokenize(texts, tokenizer), tokenizer.eos_token_id, pad_id, args.data.max_seq_length)
+    share = args.data.passkey_share
+    if share > 0:
+        count = max(1, round(packed.input_ids.shape[0] * share / (1 - share)))
+        rows = passkey_windows(tokenizer, texts, count, args.data.max_seq_length, args.seed)
+        packed = with_passkey_windows(packed, rows)
     pose_target = (args.pose.target_length or target) if args.pose.enabled else None
     return Batches(
         packed,

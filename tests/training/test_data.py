@@ -151,3 +151,52 @@ def test_unpacked_documents_are_padded_and_masked_out_of_the_loss():
     targets, mask = rows[(5, 6, 7)]
     assert targets == [6, 7, 2, -100, -100, -100] and mask == [1, 1, 1, 1, 0, 0]
     assert rows[(8, 8, 8)][0] == [8, 8, 8, 8, 8, -100]
+
+
+def _word_tokenizer():
+    from rope_extend.training.data import train_bpe_tokenizer
+
+    text = "The cat sat on the mat. A dog ran far away! Is it here? " * 40
+    from rope_extend.evaluation.prompts import KEY_LINE, QUESTION, TASK
+
+    return train_bpe_tokenizer([text, TASK, KEY_LINE, QUESTION], 300)
+
+
+def test_passkey_windows_fill_the_window_end_with_the_answer_and_repeat_per_seed():
+    from rope_extend.training.data import passkey_windows, with_passkey_windows
+
+    tok = _word_tokenizer()
+    texts = ["The cat sat on the mat. A dog ran far away! Is it here?", "Rain fell. The sun came out."]
+    rows = passkey_windows(tok, texts, 4, 400, seed=3)
+    assert len(rows) == 4 and all(len(r) == 400 for r in rows)
+    for r in rows:
+        text = tok.decode(r)
+        key = int(text.split("The pass key is ")[1].split(".")[0])
+        assert text.endswith(f"What is the pass key? The pass key is {key}.")
+        assert text.count(str(key)) == 3  # twice in the key line, once as the answer
+    assert rows == passkey_windows(tok, texts, 4, 400, seed=3)
+    assert rows != passkey_windows(tok, texts, 4, 400, seed=4)
+    packed = with_passkey_windows(pack([[5] * 800], EOS, 400), rows)
+    assert packed.input_ids.shape == (6, 400) and packed.input_ids[2:].tolist() == rows
+    assert packed.position_ids[5].tolist() == list(range(400))
+
+
+def test_passkey_share_must_be_a_share():
+    from rope_extend.training import load_args
+
+    with pytest.raises(RecipeError, match=r"data.passkey_share: got 1.0; expected a share in \[0, 1\)"):
+        load_args("tiny-cpu", ["data.passkey_share=1.0"])
+
+
+def test_a_fetched_text_is_named_by_its_file(tmp_path, monkeypatch):
+    from rope_extend import RopeExtendError, fetch
+
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    (folder / "a.txt").write_text("first text")
+    (folder / "b.txt").write_text("second text")
+    monkeypatch.setattr(fetch, "fetch", lambda name, **kw: folder)
+    assert read_documents(DataArgs(path=["canterbury/b.txt"])) == ["second text"]
+    assert read_documents(DataArgs(path="canterbury")) == ["first text", "second text"]
+    with pytest.raises(RopeExtendError, match="canterbury has no text 'c.txt'; it has a.txt, b.txt"):
+        read_documents(DataArgs(path="canterbury/c.txt"))

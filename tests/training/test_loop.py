@@ -232,3 +232,38 @@ def test_a_lora_run_raises_no_future_warning(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         train(run_args(tmp_path, "max_steps=1", "gradient_checkpointing=true", "merge_adapter=false"))
+
+
+def test_tied_embeddings_trained_with_lora_stay_tied_after_merge_and_reload(tmp_path, monkeypatch):
+    """SmolLM2, Gemma and small Qwens tie the output head to the input embedding. Training the embedding
+    (modules_to_save) trains the head with it (PEFT's ensure_weight_tying; by default PEFT unties them and the
+    merged model is saved with a separate head): the merged model stays tied, and reloads with the logits it
+    was trained with."""
+    from peft.tuners.tuners_utils import BaseTuner
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.randint(3, 512, (1, 300))
+    trained = {}
+    merge = BaseTuner.merge_and_unload
+
+    def spy(self, *args, **kwargs):  # the model as trained, just before the merge
+        with torch.no_grad():
+            trained["logits"] = self.model.eval()(ids).logits
+        return merge(self, *args, **kwargs)
+
+    monkeypatch.setattr(BaseTuner, "merge_and_unload", spy)
+    result = train(
+        run_args(
+            tmp_path,
+            "max_steps=3",
+            "model.config.tie_word_embeddings=true",
+            "lora.modules_to_save=[embed_tokens, norm]",
+            "learning_rate=0.05",
+        )
+    )
+    config = json.loads((result.final_dir / "config.json").read_text())
+    assert config["tie_word_embeddings"] is True
+    assert "lm_head.weight" not in load_file(result.final_dir / "model.safetensors")
+    reloaded = AutoModelForCausalLM.from_pretrained(result.final_dir).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, trained["logits"], rtol=1e-5, atol=1e-5)
