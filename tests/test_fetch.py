@@ -125,3 +125,11 @@ def test_texts_with_a_wrong_checksum_are_refused_and_nothing_is_cached(cache, mo
     with pytest.raises(RopeExtendError, match="checksum mismatch.*story.txt"):
         fetch.fetch("tiny-texts")
     assert not (cache / "tiny-texts").exists() and not list(cache.glob(".*"))
+
+
+def test_load_names_a_shipped_model_in_python():
+    import rope_extend
+
+    model, tokenizer = rope_extend.load("bundled")
+    assert not model.training and model.config.max_position_embeddings == 256
+    assert tokenizer("The pass key is 42.")["input_ids"]
