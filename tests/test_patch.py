@@ -198,15 +198,19 @@ def test_longrope_switches_to_long_factors_beyond_the_original_length():
         assert torch.equal(emb.inv_freq, long) and emb.attention_scaling == scale
 
 
+# Llama 3.1's shipped scaling, at a tiny model's size (L = 64, shipped context 512)
+LLAMA3_SHIPPED = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+    "rope_theta": 10000.0,
+}
+
+
 def test_shipped_scaling_is_replaced_and_the_factor_counts_from_the_shipped_context(caplog):
-    shipped = {
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64,
-        "rope_theta": 10000.0,
-    }
+    shipped = dict(LLAMA3_SHIPPED)
     model = tiny_model(rope_parameters=dict(shipped), max_position_embeddings=512)
     ids = inputs(300)
     before = logits(model, ids)
@@ -247,14 +251,7 @@ def test_a_method_shorter_than_the_shipped_context_is_refused_unless_asked(tmp_p
 def test_configuring_again_counts_from_the_same_shipped_context_after_save_and_reload(tmp_path):
     import transformers
 
-    shipped = {
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 64,
-        "rope_theta": 10000.0,
-    }
+    shipped = dict(LLAMA3_SHIPPED)
     config = tiny_model(rope_parameters=dict(shipped), max_position_embeddings=512).config
     rope_extend.configure(config, "yarn", factor=2)
     config.save_pretrained(tmp_path)

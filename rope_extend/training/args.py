@@ -225,6 +225,8 @@ class TrainArgs:
         if not 0.0 <= d.passkey_share < 1.0:
             bad("data.passkey_share", d.passkey_share, "a share in [0, 1) of the training windows")
         if self.pose.enabled:
+            if not d.packing:
+                bad("data.packing", d.packing, "true with PoSE (PoSE stretches the positions of full windows)")
             if r.method == "none":
                 bad("rope.method", r.method, "a scaling method with PoSE (PoSE trains for a longer target)")
             if d.document_boundaries != "eos":

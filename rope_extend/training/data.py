@@ -128,11 +128,12 @@ def passkey_windows(tokenizer, texts: list[str], count: int, window: int, seed: 
     rng = np.random.default_rng([seed, 2])
     docs = [split_sentences(t) for t in texts if t.strip()]
     weights = np.array([len(d) for d in docs], dtype=float)
+    weights /= weights.sum()
     rows = []
     for _ in range(count):
         key = int(rng.integers(1, 100000))
         answer = encode(tokenizer, f" {key}.")
-        doc = docs[int(rng.choice(len(docs), p=weights / weights.sum()))]
+        doc = docs[int(rng.choice(len(docs), p=weights))]
         depth, start = float(rng.random()), int(rng.integers(len(doc)))
         try:
             prompt = passkey_prompt(tokenizer, window - len(answer), key, depth, filler=doc, start=start)

@@ -139,8 +139,8 @@ def _setup_model(args: TrainArgs, texts: list[str]):
 def _weight_tying(model, modules_to_save: list[str] | None) -> dict:
     """``{"ensure_weight_tying": True}`` when the model ties its input and output embeddings (SmolLM2, Gemma,
     Qwen small) and ``modules_to_save`` trains one of them: without it PEFT trains a copy of the input
-    embedding while the head keeps the original, and the merged model, saved tied, reloads with a head that
-    training never used. Empty otherwise."""
+    embedding while the head keeps the original, and the merged model is saved untied (a second vocabulary-
+    sized matrix, and a head that never trained). Empty otherwise."""
     from peft import LoraConfig
 
     tied = getattr(model.config.get_text_config(), "tie_word_embeddings", False)
