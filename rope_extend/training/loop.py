@@ -120,8 +120,10 @@ def _setup_model(args: TrainArgs, texts: list[str]):
                     lora_alpha=lora.lora_alpha,
                     lora_dropout=lora.lora_dropout,
                     bias=lora.bias,
-                    target_modules=lora.target_modules,
-                    modules_to_save=lora.modules_to_save,
+                    # copies: PEFT appends to modules_to_save (ensure_weight_tying adds the tied head's name), and
+                    # the recipe saved in run_config.yaml must stay what the user wrote, or resume sees a change
+                    target_modules=_copy(lora.target_modules),
+                    modules_to_save=_copy(lora.modules_to_save),
                     task_type="CAUSAL_LM",
                     **tying,
                 ),
@@ -134,6 +136,10 @@ def _setup_model(args: TrainArgs, texts: list[str]):
     else:
         model.requires_grad_(True)
     return model, tokenizer, scaling
+
+
+def _copy(value):
+    return list(value) if isinstance(value, (list, tuple)) else value
 
 
 def _weight_tying(model, modules_to_save: list[str] | None) -> dict:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from rope_extend import resources
@@ -267,3 +268,24 @@ def test_tied_embeddings_trained_with_lora_stay_tied_after_merge_and_reload(tmp_
     reloaded = AutoModelForCausalLM.from_pretrained(result.final_dir).eval()
     with torch.no_grad():
         torch.testing.assert_close(reloaded(ids).logits, trained["logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_tied_embedding_run_resumes_with_its_own_recipe(tmp_path):
+    """PEFT appends the tied head's name to the modules_to_save list it is given; the runner hands it a copy, so
+    run_config.yaml keeps the recipe as written and a resume with the same recipe is not refused as changed."""
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_3(step):
+        if step == 3:
+            raise Killed
+
+    tied = ["max_steps=4", "save_steps=2", "merge_adapter=false", "model.config.tie_word_embeddings=true"]
+    tied.append("lora.modules_to_save=[embed_tokens, norm]")
+    with pytest.raises(Killed):
+        train(run_args(tmp_path, *tied), on_step=kill_at_3)
+    saved = yaml.safe_load((tmp_path / "run" / "run_config.yaml").read_text())
+    assert saved["lora"]["modules_to_save"] == ["embed_tokens", "norm"]
+    resumed = train(run_args(tmp_path, *tied, "resume_from_checkpoint=true"))
+    assert [r["step"] for r in resumed.history] == [1, 2, 3, 4]
