@@ -133,7 +133,15 @@ def table(summary: dict, lengths: list[int]) -> str:
     text = [
         "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))) for line in lines
     ]
-    return "\n".join([text[0], "-" * len(text[0])] + text[1:])
+    footer = []
+    trials = sorted({r["trials"] for r in summary.get("passkey", [])})
+    if trials:
+        from .evaluation.report import wilson
+
+        n = trials[-1]
+        spans = ", ".join(f"{k}/{n}: {100 * lo:.0f}-{100 * hi:.0f}%" for k in (n, n // 2) for lo, hi in [wilson(k, n)])
+        footer = [f"passkey: {'/'.join(map(str, trials))} trials per cell; 95% Wilson intervals ({spans}) in report.md"]
+    return "\n".join([text[0], "-" * len(text[0])] + text[1:] + footer)
 
 
 def run(out: Path, *, quick: bool, seed: int, overwrite: bool, finetune_too: bool = True) -> dict:

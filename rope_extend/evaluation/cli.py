@@ -10,6 +10,23 @@ from ..arguments import add_folder_arguments, add_method_arguments, method_kwarg
 from ..hf.window import SLIDING_WINDOW_MODES
 
 
+def _json_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one line of JSON (the output folder, the summary, the files) instead of the tables",
+    )
+
+
+def _print_result(args, report: Path, payload: dict) -> None:
+    """The report's tables at the terminal and where the files went; or, with --json, one line for a program."""
+    if args.json:
+        print(json.dumps(payload, default=str))
+        return
+    print(report.read_text(encoding="utf-8").rstrip())
+    print(f"\nwrote {len(payload['files'])} files into {payload['out']} (report.md, results.json/.csv, plots)")
+
+
 def _common(p: argparse.ArgumentParser, *, data: bool = False) -> None:
     p.add_argument("--model", required=True, help="saved model folder or hub name (a causal LM)")
     p.add_argument("--tokenizer", help="tokenizer folder or name (default: the model's)")
@@ -22,6 +39,7 @@ def _common(p: argparse.ArgumentParser, *, data: bool = False) -> None:
     p.add_argument("--out", required=True, help="output folder (records.jsonl, results.json/.csv, report.md, PNGs)")
     add_folder_arguments(p, "run")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+    _json_argument(p)
     p.add_argument(
         "--sliding-window",
         choices=SLIDING_WINDOW_MODES,
@@ -86,12 +104,8 @@ def _finish(args, records: list[dict], title: str) -> int:
     from .report import summarize, write_report
 
     files = write_report(args.out, records, title=title, notes=[f"model: `{args.model}`"])
-    print(
-        json.dumps(
-            {"out": str(args.out), "summary": summarize(records), "files": [str(f) for f in files.values()]},
-            default=str,
-        )
-    )
+    payload = {"out": str(args.out), "summary": summarize(records), "files": [str(f) for f in files.values()]}
+    _print_result(args, files["markdown"], payload)
     return 0
 
 
@@ -197,7 +211,8 @@ def _cmd_compare(args) -> int:
         overrides.append(f"model={json.dumps(args.model)}")
     suite = load_suite(args.suite, overrides)
     result = run_suite(suite, out=args.out, resume=args.resume, overwrite=args.overwrite, progress=args.progress)
-    print(json.dumps({"out": str(result["out"]), "files": [str(f) for f in result["files"].values()]}))
+    payload = {"out": str(result["out"]), "files": [str(f) for f in result["files"].values()]}
+    _print_result(args, result["files"]["markdown"], payload)
     return 0
 
 
@@ -230,7 +245,10 @@ def _cmd_spectrum(args) -> int:
         original_length=args.original_length,
         x=args.x,
     )
-    print(json.dumps({"out": str(path), "methods": list(curves), "skipped": list(skipped)}))
+    if args.json:
+        print(json.dumps({"out": str(path), "methods": list(curves), "skipped": list(skipped)}))
+    else:
+        print(f"wrote {path}: {', '.join(curves)}")
     return 0
 
 
@@ -289,6 +307,7 @@ def register(subparsers) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a suite key, e.g. passkey.trials=2")
     add_folder_arguments(p, "suite run")
     p.add_argument("--no-progress", dest="progress", action="store_false")
+    _json_argument(p)
     p.set_defaults(func=_cmd_compare)
 
     pl = subparsers.add_parser("plot", help="pictures: the rotary spectrum of each method")
@@ -303,4 +322,5 @@ def register(subparsers) -> None:
     p.add_argument("--original-length", type=int, default=4096)
     p.add_argument("--x", choices=["wavelength", "dim"], default="wavelength", help="x axis")
     p.add_argument("--out", default="spectrum.png", help="PNG file to write")
+    p.add_argument("--json", action="store_true", help="print one line of JSON (the file, methods drawn, skipped)")
     p.set_defaults(func=_cmd_spectrum)

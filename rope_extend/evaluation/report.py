@@ -26,6 +26,34 @@ def label_of(record: dict) -> str:
     return f"{record['method']} x{record.get('factor', 1):g}{own}"
 
 
+def wilson(successes: float, trials: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval for a proportion (Wilson 1927), 95% by default (z = 1.96):
+
+        centre = (p + z^2 / 2n) / (1 + z^2 / n),   half = z / (1 + z^2 / n) * sqrt(p (1 - p) / n + z^2 / 4n^2)
+
+    with p = successes / n. Unlike p +- z sqrt(p(1-p)/n) it stays inside [0, 1] and is not empty at p = 0 or 1:
+    5 of 5 gives [0.57, 1], 0 of 5 gives [0, 0.43]. ``successes`` may be a sum of fractional scores (RULER's
+    multi-value tasks), where the interval is the same formula on the mean score."""
+    if trials <= 0:
+        return (0.0, 1.0)
+    p = min(max(successes / trials, 0.0), 1.0)
+    z2 = z * z
+    denominator = 1 + z2 / trials
+    centre = (p + z2 / (2 * trials)) / denominator
+    half = z / denominator * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials))
+    low = 0.0 if p == 0.0 else max(0.0, centre - half)  # exactly 0 (and 1) there; rounding would leave 1e-17
+    high = 1.0 if p == 1.0 else min(1.0, centre + half)
+    return (low, high)
+
+
+def _proportion(xs: Sequence[float]) -> dict:
+    """accuracy, trials, correct (a count for 0/1 outcomes) and the 95% Wilson interval ``low``..``high``."""
+    total = float(sum(xs))
+    low, high = wilson(total, len(xs))
+    correct = int(total) if total == int(total) else round(total, 3)
+    return {"accuracy": total / len(xs), "trials": len(xs), "correct": correct, "low": low, "high": high}
+
+
 def _length_name(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 and n >= 1024 else str(n)
 
@@ -51,11 +79,9 @@ def summarize(records: Iterable[dict]) -> dict[str, list[dict]]:
             row[2] += 1
     out: dict[str, list[dict]] = defaultdict(list)
     for (task, label, length), xs in acc.items():
-        out[task].append({"label": label, "length": length, "accuracy": sum(xs) / len(xs), "trials": len(xs)})
+        out[task].append({"label": label, "length": length, **_proportion(xs)})
     for (task, label, length, depth), xs in cell.items():
-        out[f"{task}_depth"].append(
-            {"label": label, "length": length, "depth": depth, "accuracy": sum(xs) / len(xs), "trials": len(xs)}
-        )
+        out[f"{task}_depth"].append({"label": label, "length": length, "depth": depth, **_proportion(xs)})
     for (label, length), (nll, tokens, docs) in ppl.items():
         out["perplexity"].append(
             {
@@ -68,9 +94,8 @@ def summarize(records: Iterable[dict]) -> dict[str, list[dict]]:
         )
     tasks: dict = defaultdict(list)  # (label, length) -> task accuracies, for the average
     for (label, name, length), xs in ruler.items():
-        out["ruler"].append(
-            {"label": label, "task": name, "length": length, "accuracy": sum(xs) / len(xs), "samples": len(xs)}
-        )
+        cell_ = _proportion(xs)
+        out["ruler"].append({"label": label, "task": name, "length": length, **cell_, "samples": cell_["trials"]})
         tasks[(label, length)].append(sum(xs) / len(xs))
     for (label, length), accs in tasks.items():
         out["ruler"].append(
@@ -100,13 +125,19 @@ def ruler_markdown(rows: Sequence[dict]) -> list[str]:
         mine = [r for r in rows if r["label"] == label]
         table = {(r["task"], r["length"]): r for r in mine}
         tasks = [t for t in dict.fromkeys(r["task"] for r in mine) if t != "average"]
-        lines += [f"### {label}", "", "| task | " + " | ".join(_length_name(n) for n in lengths) + " |"]
+        lines += [f"### {label}", "", "Each cell: mean score (samples; 95% Wilson interval, %).", ""]
+        lines += ["| task | " + " | ".join(_length_name(n) for n in lengths) + " |"]
         lines.append("|---|" + "---:|" * len(lengths))
         for task in [*tasks, "average"]:
             cells = []
             for n in lengths:
                 r = table.get((task, n))
-                note = f" ({r['tasks']} tasks)" if r and task == "average" and r["tasks"] != len(tasks) else ""
+                if r and task == "average":
+                    note = f" ({r['tasks']} tasks)" if r["tasks"] != len(tasks) else ""
+                elif r and "low" in r:
+                    note = f" (n={r['trials']}; {100 * r['low']:.0f}-{100 * r['high']:.0f})"
+                else:
+                    note = ""
                 cells.append(f"{100 * r['accuracy']:.1f}{note}" if r else "")
             name = f"**{task}**" if task == "average" else task
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -124,6 +155,18 @@ def passkey_context(rows: Sequence[dict], label: str, threshold: float = 0.8) ->
     return max(ok) if ok else None
 
 
+def accuracy_cell(row: dict) -> str:
+    """``80% (4/5; 38-96)``: the accuracy, the count behind it and its 95% Wilson interval in percent."""
+    if "low" not in row:  # a summary written before intervals were reported
+        return f"{100 * row['accuracy']:.0f}%"
+    return f"{100 * row['accuracy']:.0f}% ({row['correct']:g}/{row['trials']}; {100 * row['low']:.0f}-{100 * row['high']:.0f})"
+
+
+def perplexity_cell(row: dict) -> str:
+    v = row["perplexity"]
+    return "" if v is None else f"{v:.3f}" if v < 1e4 else f"{v:.3g}"
+
+
 def markdown(summary: dict[str, list[dict]], title: str = "Results", notes: Sequence[str] = ()) -> str:
     """One table per task: a row per length, a column per run."""
     lines = [f"# {title}", ""] + [f"{n}  " for n in notes] + ([""] if notes else [])
@@ -137,9 +180,12 @@ def markdown(summary: dict[str, list[dict]], title: str = "Results", notes: Sequ
         if not rows:
             continue
         labels = _labels(rows)
-        table = {(r["label"], r["length"]): r[key] for r in rows}
-        fmt = (lambda v: f"{100 * v:.0f}%") if key == "accuracy" else (lambda v: f"{v:.3f}" if v < 1e4 else f"{v:.3g}")
-        lines += [f"## {heading}", "", "| length | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
+        table = {(r["label"], r["length"]): r for r in rows}
+        fmt = accuracy_cell if key == "accuracy" else perplexity_cell
+        lines += [f"## {heading}", ""]
+        if key == "accuracy":
+            lines += ["Each cell: accuracy (correct/trials; 95% Wilson interval, %).", ""]
+        lines += ["| length | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
         for length in sorted({r["length"] for r in rows}):
             cells = [fmt(table[(lb, length)]) if (lb, length) in table else "" for lb in labels]
             lines.append(f"| {_length_name(length)} | " + " | ".join(cells) + " |")
@@ -189,23 +235,36 @@ def _length_axis(ax, lengths: Sequence[int]) -> None:
 def plot_lines(
     rows: Sequence[dict], key: str, path: str | Path, *, title: str, ylabel: str, log_y: bool = False
 ) -> Path:
-    """``key`` vs length, one line per run (accuracy or perplexity)."""
+    """``key`` vs length, one line per run (accuracy or perplexity). Each run has its own colour, marker and
+    dash; accuracy points carry their 95% Wilson interval as error bars, and runs are nudged apart along the
+    length axis (a few percent, log scale) so that equal values (several runs at 100%) stay visible."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     lengths = sorted({r["length"] for r in rows})
-    for k, label in enumerate(_labels(rows)):
-        pts = sorted((r["length"], r[key]) for r in rows if r["label"] == label and r[key] is not None)
-        ys = [100 * y for _, y in pts] if key == "accuracy" else [y for _, y in pts]
-        # distinct markers and dashes: runs with equal numbers still show up as separate lines
-        ax.plot(
-            [x for x, _ in pts],
-            ys,
-            marker="osD^v<>p"[k % 8],
-            linestyle=["-", "--", "-.", ":"][k % 4],
-            markersize=7 - min(k, 4),
-            alpha=0.85,
-            label=label,
-        )
+    labels = _labels(rows)
+    colours = plt.get_cmap("tab10").colors
+    for k, label in enumerate(labels):
+        mine = sorted((r for r in rows if r["label"] == label and r[key] is not None), key=lambda r: r["length"])
+        nudge = 2 ** (0.04 * (k - (len(labels) - 1) / 2)) if key == "accuracy" and len(labels) > 1 else 1.0
+        xs = [r["length"] * nudge for r in mine]
+        style = {
+            "color": colours[k % len(colours)],
+            "marker": "osD^v<>p*h"[k % 10],
+            "linestyle": ["-", "--", "-.", ":"][(k // 10 + k) % 4],
+            "markersize": 6,
+            "alpha": 0.9,
+            "label": label,
+        }
+        if key == "accuracy":
+            ys = [100 * r["accuracy"] for r in mine]
+            if all("low" in r for r in mine):
+                below = [100 * (r["accuracy"] - r["low"]) for r in mine]
+                above = [100 * (r["high"] - r["accuracy"]) for r in mine]
+                ax.errorbar(xs, ys, yerr=[below, above], capsize=2.5, elinewidth=0.9, **style)
+            else:
+                ax.plot(xs, ys, **style)
+        else:
+            ax.plot(xs, [r[key] for r in mine], **style)
     _length_axis(ax, lengths)
     if log_y:
         from matplotlib.ticker import FuncFormatter, LogLocator
@@ -220,7 +279,10 @@ def plot_lines(
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    # outside the axes, so that it never covers a point
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    if key == "accuracy":
+        ax.text(1.01, 0.0, "bars: 95% Wilson interval", transform=ax.transAxes, fontsize=7, va="bottom")
     return _save(fig, path)
 
 
@@ -240,14 +302,20 @@ def plot_heatmap(
     lengths = sorted({r["length"] for r in rows})
     depths = list(order(dict.fromkeys(r[row_key] for r in rows)))
     grid = [[float("nan")] * len(lengths) for _ in depths]
+    counts = [[""] * len(lengths) for _ in depths]
     for r in rows:
-        grid[depths.index(r[row_key])][lengths.index(r["length"])] = r["accuracy"]
-    fig, ax = plt.subplots(figsize=(1.0 + 0.7 * len(lengths), 1.0 + 0.45 * len(depths)))
+        i, j = depths.index(r[row_key]), lengths.index(r["length"])
+        grid[i][j] = r["accuracy"]
+        if "correct" in r:  # a mean of fractional scores shows its sample count, a count of successes as k/n
+            counts[i][j] = (
+                f"\n{r['correct']}/{r['trials']}" if r["correct"] == int(r["correct"]) else f"\nn={r['trials']}"
+            )
+    fig, ax = plt.subplots(figsize=(1.0 + 0.7 * len(lengths), 1.0 + 0.55 * len(depths)))
     im = ax.imshow(grid, cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
     for i in range(len(depths)):
         for j in range(len(lengths)):
             if grid[i][j] == grid[i][j]:
-                ax.text(j, i, f"{100 * grid[i][j]:.0f}%", ha="center", va="center", fontsize=8)
+                ax.text(j, i, f"{100 * grid[i][j]:.0f}%{counts[i][j]}", ha="center", va="center", fontsize=7)
     ax.set_xticks(range(len(lengths)), [_length_name(n) for n in lengths])
     ax.set_yticks(range(len(depths)), [row_names(d) for d in depths])
     ax.set_xlabel("context length (tokens)")

@@ -68,11 +68,24 @@ def plot_spectrum(
     waves = [2 * math.pi * base ** (2 * i / (2 * half)) for i in dims]
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     styles = ["-", "--", "-.", ":"]
+    colours = plt.get_cmap("tab10").colors
+    xs = waves if x == "wavelength" else dims
     for k, (name, c) in enumerate(curves.items()):
         notes = [f"at length {c['seq_len']}"] if c.get("seq_len") else []
         notes += [f"attn scale {c['attention_scale']:.3f}"] if abs(c["attention_scale"] - 1) > 1e-9 else []
         label = f"{name} ({', '.join(notes)})" if notes else name
-        ax.plot(waves if x == "wavelength" else dims, c["ratio"], styles[k % 4], linewidth=1.8, label=label)
+        # a colour, dash and marker of its own per method (tab10 has ten colours; past ten the dash differs)
+        ax.plot(
+            xs,
+            c["ratio"],
+            color=colours[k % len(colours)],
+            linestyle=styles[(k + k // len(colours)) % len(styles)],
+            marker="osD^v<>p*h"[k % 10],
+            markevery=max(1, len(xs) // 8),
+            markersize=4,
+            linewidth=1.8,
+            label=label,
+        )
     if x == "wavelength":
         ax.set_xscale("log")
         ax.axvline(original_length, color="grey", linewidth=0.8)
@@ -93,5 +106,5 @@ def plot_spectrum(
         fontsize=10,
     )
     ax.grid(True, alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return _save(fig, path)

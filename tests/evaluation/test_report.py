@@ -1,8 +1,10 @@
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from rope_extend.evaluation.report import markdown, summarize, write_report
+from rope_extend.evaluation.report import markdown, summarize, wilson, write_report
 from rope_extend.evaluation.spectrum import spectrum
 
 
@@ -62,8 +64,31 @@ def test_summary_and_markdown_numbers():
     assert len(summary["passkey_depth"]) == 18
     md = markdown(summary, "T")
     assert "| length | none | yarn-4 |" in md
-    assert "| 2k | 50% | 100% |" in md and "| 4k | 900.000 | 7.100 |" in md
+    # 3 depths x 4 trials per cell: 6/12 and 12/12 with their 95% Wilson intervals
+    assert "| 2k | 50% (6/12; 25-75) | 100% (12/12; 76-100) |" in md and "| 4k | 900.000 | 7.100 |" in md
+    assert "| 4k | 0% (0/12; 0-24) | 75% (9/12; 47-91) |" in md
+    row = next(r for r in summary["passkey"] if (r["label"], r["length"]) == ("yarn-4", 4096))
+    assert (row["correct"], row["trials"]) == (9, 12) and row["low"] == pytest.approx(0.4677, abs=1e-4)
     assert "| context (>= 80%) | 1k | 2k |" in md
+
+
+@pytest.mark.parametrize(
+    "k, n, low, high",
+    # Newcombe (1998), "Two-sided confidence intervals for the single proportion", Table I, method 3 (Wilson)
+    [(81, 263, 0.2553, 0.3662), (15, 148, 0.0624, 0.1605), (0, 20, 0.0, 0.1611), (1, 29, 0.0061, 0.1718)],
+)
+def test_wilson_interval_matches_newcombes_published_values(k, n, low, high):
+    assert wilson(k, n) == pytest.approx((low, high), abs=5e-5)
+
+
+@given(st.integers(1, 500).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))))
+def test_wilson_interval_holds_the_estimate_inside_zero_one_and_narrows_with_more_trials(kn):
+    k, n = kn
+    low, high = wilson(k, n)
+    assert 0.0 <= low <= k / n <= high <= 1.0 and high - low > 0
+    low4, high4 = wilson(4 * k, 4 * n)  # the same proportion from four times the trials
+    assert high4 - low4 < high - low
+    assert wilson(n - k, n) == pytest.approx((1 - high, 1 - low))  # symmetric in success and failure
 
 
 def test_write_report_files(tmp_path):

@@ -191,7 +191,7 @@ def test_scores_are_the_mean_share_of_answers(tok, model, monkeypatch):
     assert acc == {"niah_multivalue": {512: 0.75}, "fwe": {512: 0.25}} and avg == {512: 0.5}
     rows = summarize(records)["ruler"]
     assert {"label": "none", "task": "average", "length": 512, "accuracy": 0.5, "tasks": 2} in rows
-    assert "| niah_multivalue | 75.0 |" in markdown(summarize(records))
+    assert "| niah_multivalue | 75.0 (n=2; 20-97) |" in markdown(summarize(records))
     both = records + [dict(x, label="yarn x2", score=1.0) for x in records]  # two runs: averages side by side
     text = markdown(summarize(both))
     assert "| length | none | yarn x2 |" in text and "| 512 | 50.0 | 100.0 |" in text

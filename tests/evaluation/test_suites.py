@@ -106,7 +106,7 @@ def test_cli_passkey_perplexity_and_errors(tiny_dir, data_file, tmp_path, capsys
         str(out),
         "--no-progress",
     ]
-    assert main(args) == 0
+    assert main(args + ["--json"]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {r["length"] for r in printed["summary"]["passkey"]} == {128, 160}
     assert {p.name for p in out.iterdir()} >= {
@@ -123,6 +123,9 @@ def test_cli_passkey_perplexity_and_errors(tiny_dir, data_file, tmp_path, capsys
     assert main(args) == 2  # existing results and no --resume: refused, nothing lost
     assert "already holds results" in capsys.readouterr().err and (out / "records.jsonl").read_text() == before
     assert main(args + ["--resume"]) == 0 and (out / "records.jsonl").read_text() == before
+    table = capsys.readouterr().out  # without --json: the report's tables, trials and intervals in each cell
+    assert "| length | yarn x2 |" in table and f"wrote 5 files into {out}" in table
+    assert [line.count("/4;") for line in table.splitlines() if line.startswith(("| 128 |", "| 160 |"))] == [1, 1]
 
     assert (
         main(
@@ -233,7 +236,10 @@ def test_cli_niah_and_compare(tiny_dir, data_file, tmp_path):
 
 def test_cli_plot_spectrum(tmp_path, capsys):
     out = tmp_path / "spectrum.png"
-    assert main(["plot", "spectrum", "--methods", "linear,yarn,longrope", "--factor", "4", "--out", str(out)]) == 0
+    spectrum = ["plot", "spectrum", "--methods", "linear,yarn,longrope", "--factor", "4", "--out", str(out)]
+    assert main(spectrum) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {out}: linear, yarn"
+    assert main(spectrum + ["--json"]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["methods"] == ["linear", "yarn"] and printed["skipped"] == ["longrope"]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
