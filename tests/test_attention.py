@@ -25,6 +25,7 @@ METHODS = {
     "dual_chunk": dict(chunk_size=24, local_window=4),
     "rerope": dict(window=8),
     "leaky_rerope": dict(window=8, k=4.0),
+    "string": dict(shifted_offset=12, local_window=4),
 }
 
 
@@ -48,6 +49,9 @@ def relative(method, params, i, j):
     if method == "leaky_rerope":
         w, k = params["window"], params["k"]
         return d if d < w else w + (d - w) / k
+    if method == "string":  # HKUNLP/STRING: shift the relative positions at and past S down by S - W
+        shift, w = params["shifted_offset"], params["local_window"]
+        return d if d < shift else d - shift + w
     return d  # plain RoPE (logn only)
 
 
@@ -62,8 +66,10 @@ class Reference:
     def __init__(self, model, method, params, logn=False):
         self.method, self.params, self.logn = method, params, logn
         self.rotary = model.get_decoder().rotary_emb
+        self.calls = 0
 
     def __call__(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, **kw):
+        self.calls += 1
         if getattr(module, "sliding_window", None) and module.config.model_type.startswith("gemma"):
             bias = torch.zeros(attention_mask.shape).masked_fill(~attention_mask, torch.finfo(torch.float32).min)
             eager = __import__(type(module).__module__, fromlist=["x"]).eager_attention_forward
@@ -117,15 +123,18 @@ def run(model, x):
 
 
 def reference_logits(model, method, params, x, logn=False):
-    AttentionInterface.register("rope_extend_test_reference", Reference(model, method, params, logn))
+    reference = Reference(model, method, params, logn)
+    AttentionInterface.register("rope_extend_test_reference", reference)
     AttentionMaskInterface.register("rope_extend_test_reference", sdpa_mask)
     config = model.config
     saved = config._attn_implementation
     config._attn_implementation = "rope_extend_test_reference"
     try:
-        return run(model, x)
+        logits = run(model, x)
     finally:
         config._attn_implementation = saved
+    assert reference.calls >= config.get_text_config().num_hidden_layers  # every layer went through it
+    return logits
 
 
 @pytest.fixture(autouse=True)
@@ -139,8 +148,10 @@ def test_exact_against_explicit_positions(family):
     model = model_for(family)
     x = ids()
     for method, params in METHODS.items():
-        want = reference_logits(model, method, params, x)
         rope_extend.patch(model, method, **params)
+        # the reference after the patch: queries and keys as the patched rotary gives them (STRING's attention
+        # factor scales cos and sin there, in every layer that shares the rotary), positions moved by the reference
+        want = reference_logits(model, method, params, x)
         got = run(model, x)
         rope_extend.unpatch(model)
         assert (got - want).abs().max().item() < 2e-5, (family, method)
@@ -273,6 +284,10 @@ def test_configure_builds_the_method():
         ("leaky_rerope", dict(window=8, k=1), "k must be > 1.0"),
         ("rerope", dict(logn="yes"), "logn must be true or false"),
         ("rerope", dict(group_size=2), "unknown parameter 'group_size' for method 'rerope'"),
+        ("string", dict(shifted_offset=L), "shifted_offset must be < the original length L=32"),
+        ("string", dict(shifted_offset=8, local_window=8), "local_window must be < shifted_offset"),
+        ("string", dict(attention_factor=0), "attention_factor must be > 0.0"),
+        ("string", dict(shifted_offset=12, local_window=4, factor=2), r"reaches 40 tokens \(L \+ shifted_offset"),
     ],
 )
 def test_bad_parameters_raise_before_touching(method, params, message):
@@ -281,6 +296,23 @@ def test_bad_parameters_raise_before_touching(method, params, message):
     with pytest.raises(RopeExtendError, match=message):
         rope_extend.patch(model, method, **params)
     assert model.config.to_dict() == before and rope_extend.patched(model) is None
+
+
+def test_string_scales_every_logit_by_the_square_of_its_attention_factor():
+    """The authors multiply cos and sin by 1 + 0.1 ln 2; with shifted_offset past the sequence (no pair is
+    shifted) STRING is plain RoPE with that scale on queries and keys, and attention_factor=1 is plain RoPE."""
+    model = model_for("llama")
+    x = ids(n=24)
+    plain = run(model, x)
+    rope_extend.patch(model, "string", shifted_offset=30, local_window=4, attention_factor=1.0)
+    assert (run(model, x) - plain).abs().max().item() < 2e-5
+    rope_extend.patch(model, "string", shifted_offset=30, local_window=4)
+    assert model.get_decoder().rotary_emb.attention_scaling == pytest.approx(1 + 0.1 * math.log(2))
+    scaled = run(model, x)
+    rope_extend.unpatch(model)
+    for layer in model.get_decoder().layers:  # the same logits from scaling the softmax scale by its square
+        layer.self_attn.scaling *= (1 + 0.1 * math.log(2)) ** 2
+    assert (run(model, x) - scaled).abs().max().item() < 2e-5
 
 
 def test_flash_implementation_refused():

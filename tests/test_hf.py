@@ -92,12 +92,15 @@ def test_patched_model_saves_and_reloads_with_identical_logits(tmp_path, method)
     params = (
         {"short_factor": [1.0] * 8, "long_factor": [float(i + 2) for i in range(8)]} if method == "longrope" else {}
     )
-    rope_extend.patch(model, method, factor=3, **params)
-    x = ids(3 * L)
+    factor = 3
+    if method == "string":  # reaches L + shifted_offset - local_window < 2L
+        factor, params = 1.5, {"shifted_offset": 200, "local_window": 8}
+    rope_extend.patch(model, method, factor=factor, **params)
+    x = ids(int(factor * L))
     before = logits(model, x)
     model.save_pretrained(tmp_path)
     reloaded = T.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    assert reloaded.config.max_position_embeddings == 3 * L
+    assert reloaded.config.max_position_embeddings == int(factor * L)
     assert reloaded.config.original_max_position_embeddings == L
     assert torch.equal(logits(reloaded, x), before)
 

@@ -18,6 +18,8 @@ LONGROPE = lambda d: {
 
 
 def method_params(method, model):
+    if method == "string":  # reaches L + shifted_offset - local_window: past the 1.5 L the tests below ask for
+        return {"shifted_offset": 3 * L // 4, "local_window": 8}
     if method != "longrope":
         return {}
     emb = model.get_decoder().rotary_emb if hasattr(model, "get_decoder") else None
@@ -58,9 +60,10 @@ def test_patched_equals_built_from_configured_config(family, method):
 def test_every_method_on_llama_equals_the_configured_model(method):
     model = tiny_model("llama")
     params = method_params(method, model)
-    rope_extend.patch(model, method, factor=3, **params)
-    fresh = built_from_configured_config("llama", model, method, factor=3, **params)
-    ids = inputs(3 * L)
+    factor = 1.5 if method == "string" else 3  # STRING reaches less than 2 L
+    rope_extend.patch(model, method, factor=factor, **params)
+    fresh = built_from_configured_config("llama", model, method, factor=factor, **params)
+    ids = inputs(int(factor * L))
     torch.testing.assert_close(logits(model, ids), logits(fresh, ids), rtol=0, atol=0)
 
 

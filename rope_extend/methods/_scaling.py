@@ -102,8 +102,9 @@ def resolve(
     made = method.make_params(params)
     usable = getattr(made, "usable_length", None)
     if usable is not None and s * length > usable(length) * (1 + 1e-9):
+        formula, remedy = made.USABLE  # how the params class computes its reach, and what lengthens it
         raise RopeExtendError(
-            f"{method.name} with these parameters reaches {usable(length)} tokens ((L - window) * group_size + window), "
-            f"less than the target {math.ceil(s * length)}; raise group_size or lower the factor"
+            f"{method.name} with these parameters reaches {usable(length)} tokens ({formula}), "
+            f"less than the target {math.ceil(s * length)}; {remedy}"
         )
     return Scaling(method, s, length, made, logn)

@@ -202,6 +202,7 @@ class SelfExtendParams:
 
     group_size: int = 8
     window: int | None = None
+    USABLE = ("(L - window) * group_size + window", "raise group_size or lower the factor")
 
     def __post_init__(self):
         check_int("group_size", self.group_size, minimum=1)

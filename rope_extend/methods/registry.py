@@ -16,6 +16,7 @@ from . import linear as _linear
 from . import llama3 as _llama3
 from . import longrope as _longrope
 from . import ntk as _ntk
+from . import string as _string
 from . import yarn as _yarn
 from ._common import Geometry, Method, check_factor, check_int, rotary_dim
 from ._scaling import Scaling, resolve
@@ -60,6 +61,7 @@ for _m in (
     _llama3.METHOD,
     _longrope.METHOD,
     *_attention.METHODS,
+    _string.STRING,
 ):
     register(_m)
 

@@ -56,7 +56,7 @@ def _reason(message: str, model_type: str, method: str) -> str:
     """The refusal without the family and method in front, and with the method named generically."""
     reason = message.split(f"{model_type}: cannot apply {method!r}: ", 1)[-1]
     if "requires" in reason:  # a family that allows one rope type: one reason for every method
-        types = "linear|yarn|dynamic_ntk|llama3|longrope|self_extend|dual_chunk|rerope"
+        types = "linear|yarn|dynamic_ntk|llama3|longrope|self_extend|dual_chunk|rerope|string"
         reason = re.sub(rf"\b({types})\b", "<the method's type>", reason)
     return reason
 

@@ -38,6 +38,7 @@ METHODS = {
     "self_extend": dict(group_size=4, window=16),
     "dual_chunk": dict(chunk_size=48, local_window=8),
     "rerope": dict(window=16),
+    "string": dict(shifted_offset=32, local_window=8),
     "logn": {},
 }
 

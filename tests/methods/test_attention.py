@@ -8,6 +8,7 @@ import torch
 from rope_extend import RopeExtendError
 from rope_extend.methods import registry as M
 from rope_extend.methods.attention import DualChunkParams, LeakyReRopeParams, ReRopeParams, SelfExtendParams, logn_scale
+from rope_extend.methods.string import StringParams
 
 L = 64
 RULES = {
@@ -15,6 +16,7 @@ RULES = {
     "dual_chunk": DualChunkParams(chunk_size=40, local_window=8).rules(L),
     "rerope": ReRopeParams(window=16).rules(L),
     "leaky_rerope": LeakyReRopeParams(window=16, k=4.0).rules(L),
+    "string": StringParams(shifted_offset=20, local_window=4).rules(L),
 }
 
 
@@ -70,6 +72,18 @@ def test_self_extend_and_leaky_positions():
     lk = RULES["leaky_rerope"]
     rel = lk.query_position("far", torch.tensor([100])) - lk.key_position("far", torch.tensor([40]))
     assert rel.item() == pytest.approx(16 + (60 - 16) / 4)
+
+
+def test_string_shifts_far_positions_and_reaches_L_plus_S_minus_W():
+    st = RULES["string"]  # S = 20, W = 4: reach 64 + 20 - 4 = 80
+    assert StringParams(shifted_offset=20, local_window=4).usable_length(L) == 80
+    i, j = torch.arange(80)[:, None], torch.arange(80)[None, :]
+    far = st.region("far", i, j) & (j <= i)
+    rel = st.query_position("far", i) - st.key_position("far", j)
+    assert torch.equal(far, (i - j >= 20) & (j <= i))
+    assert torch.equal(rel[far], (i - j - 16).expand(80, 80)[far]) and rel[far].max() == L - 1
+    defaults = StringParams().rules(4096)  # the authors' S = 0.33 L, W = 128
+    assert (defaults.window, defaults.local_window) == (1351, 128)
 
 
 def test_logn_scale():
