@@ -17,6 +17,7 @@ Nothing is patched until ``patch`` is called; ``unpatch`` undoes it bit for bit.
 
 from __future__ import annotations
 
+from . import bundled
 from .errors import NotPatchedError, RopeExtendError, RopeExtendException, UnsupportedModelError
 from .hf.config import configure, rope_parameters
 from .hf.register import register as _register
@@ -55,6 +56,7 @@ __all__ = [
     "RopeExtendException",
     "UnsupportedModelError",
     "__version__",
+    "bundled",
     "configure",
     "get_method",
     "inv_freq",

@@ -284,6 +284,8 @@ def test_configure_builds_the_method():
         ("leaky_rerope", dict(window=8, k=1), "k must be > 1.0"),
         ("rerope", dict(logn="yes"), "logn must be true or false"),
         ("rerope", dict(group_size=2), "unknown parameter 'group_size' for method 'rerope'"),
+        ("dual_chunk", dict(temperature=-0.1), "temperature must be >= 0.0"),
+        ("dual_chunk", dict(temperature="yarn"), "temperature must be a finite number"),
         ("string", dict(shifted_offset=L), "shifted_offset must be < the original length L=32"),
         ("string", dict(shifted_offset=8, local_window=8), "local_window must be < shifted_offset"),
         ("string", dict(attention_factor=0), "attention_factor must be > 0.0"),
@@ -313,6 +315,49 @@ def test_string_scales_every_logit_by_the_square_of_its_attention_factor():
     for layer in model.get_decoder().layers:  # the same logits from scaling the softmax scale by its square
         layer.self_attn.scaling *= (1 + 0.1 * math.log(2)) ** 2
     assert (run(model, x) - scaled).abs().max().item() < 2e-5
+
+
+@pytest.mark.parametrize("temperature", [0.05, 0.1])
+def test_dual_chunk_temperature_scales_every_logit_by_the_square_of_its_factor(temperature):
+    """ChunkLlama's 0.05 ln(n/L) + 1 (and YaRN's 0.1, Qwen2.5-1M in vLLM) on cos and sin. With the chunk past the
+    sequence (every pair intra-chunk, true positions) DCA at factor s is plain RoPE with every logit scaled by
+    (1 + t ln s)^2; temperature 0 is the paper's DCA (plain RoPE here)."""
+    model = model_for("llama")
+    x = ids(n=24)
+    plain = run(model, x)
+    rope_extend.patch(model, "dual_chunk", chunk_size=30, local_window=4, factor=4, temperature=0)
+    assert (run(model, x) - plain).abs().max().item() < 2e-5
+    rope_extend.patch(model, "dual_chunk", chunk_size=30, local_window=4, factor=4, temperature=temperature)
+    m = 1 + temperature * math.log(4)
+    assert model.get_decoder().rotary_emb.attention_scaling == pytest.approx(m)
+    scaled = run(model, x)
+    rope_extend.unpatch(model)
+    for layer in model.get_decoder().layers:
+        layer.self_attn.scaling *= m**2
+    assert (run(model, x) - scaled).abs().max().item() < 2e-5
+    assert (scaled - plain).abs().max().item() > 1e-3  # the temperature changed something
+
+
+def test_dual_chunk_temperature_with_chunks_exact_cached_and_reloaded(tmp_path):
+    """Past the chunk, with the temperature at factor 4: exact against the explicit positions (the reference reads
+    the patched rotary's scaled cos and sin), greedy generation with the cache equals without, and the config
+    keeps the temperature through save and reload."""
+    model = model_for("qwen2")
+    x = ids()
+    params = dict(METHODS["dual_chunk"], factor=4, temperature=0.1)
+    rope_extend.patch(model, "dual_chunk", **params)
+    want = reference_logits(model, "dual_chunk", METHODS["dual_chunk"], x)
+    assert (run(model, x) - want).abs().max().item() < 2e-5
+    prompt = ids(n=40, batch=1)
+    with torch.no_grad():
+        cached = model.generate(prompt, max_new_tokens=12, do_sample=False, use_cache=True)
+        uncached = model.generate(prompt, max_new_tokens=12, do_sample=False, use_cache=False)
+    assert torch.equal(cached, uncached)
+    assert model.config.rope_parameters["temperature"] == 0.1
+    model.save_pretrained(tmp_path)
+    again = type(model).from_pretrained(tmp_path)
+    assert again.config.rope_parameters["temperature"] == 0.1
+    assert (run(again, x) - run(model, x)).abs().max().item() < 1e-6
 
 
 def test_flash_implementation_refused():

@@ -25,7 +25,8 @@ VARIANTS = {  # name: extra model_args
     "none-1024": "max_length=1024",
     "yarn": "method=yarn,factor=4",
     "self_extend": "method=self_extend,factor=4",
-    "dual_chunk": "method=dual_chunk,factor=4",
+    "dual_chunk": "method=dual_chunk,factor=4",  # temperature 0.05, the authors' code
+    "dual_chunk-t0": "method=dual_chunk,factor=4,temperature=0",  # the paper's DCA
     "rerope": "method=rerope,factor=4",
 }
 

@@ -1,6 +1,6 @@
 """Sliding-window attention: how wide a model's window is, and widening it for a long-context measurement.
 
-evaluation.md: "disable a model's sliding-window attention when measuring long context". Mistral and
+The project's evaluation protocol disables a model's sliding-window attention when measuring long context. Mistral and
 Phi-3 use one window in every layer (a memory saving their long-context versions drop); Gemma 2 and 3
 interleave local layers with global ones by design (the local layers keep their own rotary).
 """

@@ -14,7 +14,8 @@ log-sum-exp (``hf.attention``).
   authors' ChunkLlama code computes it): ``chunk_size`` ``C``, ``local_window`` ``w``, chunk length
   ``s = C - w``, chunk ``i // s``. Key position ``j mod s``; query position ``i mod s`` for a key in the same
   chunk (``intra``), ``min(i mod s + s, C)`` in the previous chunk (``successive``), ``min(2s - 1, C)`` in
-  any chunk before (``inter``). Every relative position stays ``<= C < L``; no length limit.
+  any chunk before (``inter``). Every relative position stays ``<= C < L``; no length limit. Its temperature
+  multiplies cos and sin by ``1 + t ln s`` (``DualChunkParams``).
 - ``rerope`` (Su 2023, "Rectified Rotary Position Embeddings"): relative position ``min(i - j, w)``: far
   pairs use query ``w`` and key ``0``. ``leaky_rerope``: beyond ``w`` the relative position grows with
   slope ``1/k``: ``w + (i - j - w) / k`` (query ``w + (i - w) / k``, key ``j / k``).
@@ -221,18 +222,40 @@ class SelfExtendParams:
         return (length - rules.window) * rules.group_size + rules.window
 
 
+DCA_TEMPERATURE = 0.05  # ChunkLlama's chunkllama_attn_replace.py
+YARN_TEMPERATURE = 0.1  # YaRN's attention factor; Qwen2.5-1M's DCA in vLLM
+
+
 @dataclass(frozen=True)
 class DualChunkParams:
-    """``chunk_size`` C (default 3L/4) in ``[2, L)``; ``local_window`` w (default L/16) in ``[1, C)``."""
+    """``chunk_size`` C (default 3L/4) in ``[2, L)``; ``local_window`` w (default L/16) in ``[1, C)``;
+    ``temperature`` t >= 0 (default 0.05).
+
+    The temperature multiplies cos and sin by ``m = 1 + t ln s`` (queries and keys, so every logit by ``m^2``)
+    where ``s = n / L`` is the factor. The authors' code (ChunkLlama, ``chunkllama_attn_replace.py``) does this
+    with ``t = 0.05`` and ``n`` the longest sequence it has seen; their comment says the paper's reported
+    results did not use it, so ``temperature=0`` is the paper's DCA. ``t = 0.1`` is YaRN's attention factor:
+    DCA with YaRN as Qwen2.5-1M is served (vLLM's dual-chunk attention scales keys and the softmax scale by
+    ``0.1 ln(n / L) + 1`` with ``n`` the request's length; RoPE frequencies unchanged), and the authors'
+    ``flash_decoding_chunkllama.py``. Here ``n`` is the target length ``factor x L`` fixed at patch time, so
+    generation with a cache equals generation without; it matches those codes for a sequence of that length.
+    Without a factor (``s = 1``) the temperature has no effect.
+    """
 
     chunk_size: int | None = None
     local_window: int | None = None
+    temperature: float = DCA_TEMPERATURE
 
     def __post_init__(self):
         if self.chunk_size is not None:
             check_int("chunk_size", self.chunk_size, minimum=2)
         if self.local_window is not None:
             check_int("local_window", self.local_window, minimum=1)
+        check_number("temperature", self.temperature, minimum=0.0)
+
+    def attention_factor(self, factor: float) -> float:
+        """``m = 1 + temperature * ln(factor)`` on cos and sin."""
+        return 1.0 + float(self.temperature) * math.log(factor)
 
     def rules(self, length: int) -> DualChunkRules:
         chunk = _window("chunk_size", self.chunk_size, length, max(2, 3 * length // 4))
@@ -276,6 +299,12 @@ def _plain(params, geo: Geometry, factor: float, seq_len: int | None):
     return rope_frequencies(geo.dim, geo.base), 1.0
 
 
+def _dual_chunk(params: DualChunkParams, geo: Geometry, factor: float, seq_len: int | None):
+    """Plain RoPE frequencies; the attention scale is the temperature's ``1 + t ln s``."""
+    params.rules(geo.original_max_position_embeddings)
+    return rope_frequencies(geo.dim, geo.base), params.attention_factor(factor)
+
+
 SELF_EXTEND = Method(
     "self_extend",
     SelfExtendParams,
@@ -287,7 +316,7 @@ SELF_EXTEND = Method(
 DUAL_CHUNK = Method(
     "dual_chunk",
     DualChunkParams,
-    _plain,
+    _dual_chunk,
     rope_type="dual_chunk",
     attention=True,
     source="An et al. 2024, Dual Chunk Attention (ChunkLlama)",

@@ -7,6 +7,7 @@ import torch
 
 from rope_extend import RopeExtendError
 from rope_extend.methods import registry as M
+from rope_extend.methods._common import Geometry
 from rope_extend.methods.attention import DualChunkParams, LeakyReRopeParams, ReRopeParams, SelfExtendParams, logn_scale
 from rope_extend.methods.string import StringParams
 
@@ -96,6 +97,17 @@ def test_defaults_come_from_L():
     assert DualChunkParams().rules(4096).chunk_size == 3072 and DualChunkParams().rules(4096).local_window == 256
     assert SelfExtendParams().rules(4096).window == 1024
     assert SelfExtendParams(group_size=8, window=1024).usable_length(4096) == 25600
+
+
+def test_dual_chunk_temperature_is_chunkllamas_mscale():
+    """ChunkLlama's get_mscale(s) = 0.05 ln s + 1 for s > 1, else 1, as the attention scale at the factor."""
+    geo = Geometry(dim=64, base=10000.0, original_max_position_embeddings=4096)
+    for s in (1.0, 2.0, 4.0, 16.0, 100.0):
+        _, scale = M.get("dual_chunk").compute(DualChunkParams(), geo, s, None)
+        assert scale == pytest.approx(0.05 * math.log(s) + 1.0 if s > 1 else 1.0)
+        _, yarn = M.get("dual_chunk").compute(DualChunkParams(temperature=0.1), geo, s, None)
+        assert yarn == pytest.approx(0.1 * math.log(s) + 1.0)  # YaRN's attention factor (Qwen2.5-1M)
+        assert M.get("dual_chunk").compute(DualChunkParams(temperature=0), geo, s, None)[1] == 1.0
 
 
 def test_factor_defaults_and_limits():
