@@ -21,6 +21,7 @@ from . import bundled
 from .errors import NotPatchedError, RopeExtendError, RopeExtendException, UnsupportedModelError
 from .hf.config import configure, rope_parameters
 from .hf.register import register as _register
+from .hf.sinks import SinkCache
 from .methods import get as get_method
 from .methods import inv_freq
 from .methods import names as methods
@@ -54,6 +55,7 @@ __all__ = [
     "NotPatchedError",
     "RopeExtendError",
     "RopeExtendException",
+    "SinkCache",
     "UnsupportedModelError",
     "__version__",
     "bundled",
