@@ -21,11 +21,11 @@ from . import bundled
 from .errors import NotPatchedError, RopeExtendError, RopeExtendException, UnsupportedModelError
 from .hf.config import configure, rope_parameters
 from .hf.register import register as _register
-from .hf.sinks import SinkCache
 from .methods import get as get_method
 from .methods import inv_freq
 from .methods import names as methods
 from .patch import patch, patched, unpatch
+from .sinks import SinkCache
 from .version import __version__
 
 

@@ -1,4 +1,4 @@
-"""Attention sinks (``rope_extend.hf.sinks``, StreamingLLM): the cache stays within sinks + window, positions stay
+"""Attention sinks (``rope_extend.sinks``, StreamingLLM): the cache stays within sinks + window, positions stay
 inside it, and every step's logits equal a recompute of the kept tokens."""
 
 import pytest

@@ -32,10 +32,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..errors import RopeExtendError, UnsupportedModelError
-from . import layout as Lo
-from . import rotary as R
-from .config import text_config
+from .errors import RopeExtendError, UnsupportedModelError
+from .hf import layout as Lo
+from .hf import rotary as R
+from .hf.config import text_config
+from .patch import patched
 
 
 def _dynamic_cache():
@@ -76,8 +77,6 @@ class SinkCache(_dynamic_cache()):
 
 
 def _refuse_methods(model: nn.Module) -> None:
-    from ..patch import patched
-
     scaling = patched(model)
     if scaling is not None and (scaling.method.attention or scaling.method.dynamic or scaling.logn):
         kind = "an attention-level method" if scaling.method.attention or scaling.logn else "a dynamic method"
