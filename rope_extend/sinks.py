@@ -31,21 +31,17 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers.cache_utils import DynamicCache
 
 from .errors import RopeExtendError, UnsupportedModelError
+from .hf import attention as A
 from .hf import layout as Lo
 from .hf import rotary as R
-from .hf.config import text_config
+from .hf.config import original_length, text_config
 from .patch import patched
 
 
-def _dynamic_cache():
-    from transformers.cache_utils import DynamicCache
-
-    return DynamicCache
-
-
-class SinkCache(_dynamic_cache()):
+class SinkCache(DynamicCache):
     """A ``DynamicCache`` of at most ``sink_tokens + window`` tokens (see the module docstring).
 
     ``model`` is the model it will be used with: constructing the cache checks the model, finds how its layers
@@ -76,66 +72,53 @@ class SinkCache(_dynamic_cache()):
         )
 
 
-def _refuse_methods(model: nn.Module) -> None:
-    scaling = patched(model)
-    if scaling is not None and (scaling.method.attention or scaling.method.dynamic or scaling.logn):
-        kind = "an attention-level method" if scaling.method.attention or scaling.logn else "a dynamic method"
-        raise UnsupportedModelError(
-            f"attention sinks assign positions inside the cache, and {scaling.method.name} is {kind} that assigns "
-            "them itself; use a static frequency method (yarn, ntk, linear, llama3) or none with SinkCache"
-        )
-    for _, module in R.rotary_modules(model):
-        runtime = module.__dict__.get("forward")
-        if isinstance(runtime, R.RotaryRuntime) and any(e.dynamic for e in runtime.entries.values()):
-            raise UnsupportedModelError(
-                "attention sinks assign positions inside the cache, and this model's rotary frequencies are dynamic "
-                "(a dynamic rope_type in its config); use a static method with SinkCache"
-            )
-    config = text_config(model.config)
-    if getattr(config, "_attn_implementation", None) == "rope_extend":
-        raise UnsupportedModelError(
-            "attention sinks assign positions inside the cache, and this model runs a rope-extend attention method "
-            "(its config names one); use a static method with SinkCache"
-        )
-
-
 class SinkKeeper:
     """The decoder's forward pre-hook that applies a ``SinkCache``'s policy (see the module docstring)."""
 
     def __init__(self, model: nn.Module):
         self.model = model
+        self.rotary = [m for _, m in R.rotary_modules(model)]  # found once: the check runs before every forward
         self.layouts: dict[int, Lo.LayerProbe] | None = None
 
-    def _probe(self) -> dict[int, Lo.LayerProbe]:
+    def check(self) -> None:
+        """Refuse the methods that assign positions themselves (the patch may change between forwards)."""
+        scaling = patched(self.model)
+        if scaling is not None and (scaling.method.attention or scaling.method.dynamic or scaling.logn):
+            kind = "an attention-level method" if scaling.method.attention or scaling.logn else "a dynamic method"
+            raise UnsupportedModelError(
+                f"attention sinks assign positions inside the cache, and {scaling.method.name} is {kind} that "
+                "assigns them itself; use a static frequency method (yarn, ntk, linear, llama3) or none with SinkCache"
+            )
+        for module in self.rotary:
+            runtime = module.__dict__.get("forward")
+            if isinstance(runtime, R.RotaryRuntime) and any(e.dynamic for e in runtime.entries.values()):
+                raise UnsupportedModelError(
+                    "attention sinks assign positions inside the cache, and this model's rotary frequencies are "
+                    "dynamic (a dynamic rope_type in its config); use a static method with SinkCache"
+                )
+        if getattr(text_config(self.model.config), "_attn_implementation", None) == A.NAME:
+            raise UnsupportedModelError(
+                "attention sinks assign positions inside the cache, and this model runs a rope-extend attention "
+                "method (its config names one); use a static method with SinkCache"
+            )
+
+    def probe(self) -> None:
+        """How each layer rotates (``hf.layout.probe``), found once."""
         if self.layouts is None:
             config = text_config(self.model.config)
-            rotary = [m for _, m in R.rotary_modules(self.model)]
-            length = int(getattr(config, "original_max_position_embeddings", None) or config.max_position_embeddings)
-            found = Lo.probe(self.model, config, rotary, length)
-            self.layouts = {m.layer_idx: p for m, p in found.items() if isinstance(getattr(m, "layer_idx", None), int)}
-        return self.layouts
+            self.layouts = Lo.layer_probes(self.model, config, self.rotary, original_length(config))
 
     def _layout(self, index: int, layer) -> Lo.Layout | None:
-        seen = self._probe().get(index)
-        if seen is not None and seen.kind == "nope":
-            return None
-        if seen is not None and seen.kind == "rope" and layer.keys.shape[-1] == seen.width:
-            return seen.layout
-        why = (
-            f"layer {index} caches keys of size {layer.keys.shape[-1]}, not the {seen.width} its attention sees "
-            "(a compressed cache)"
-            if seen is not None and seen.kind == "rope"
-            else f"layer {index} rotates its keys in a way rope-extend cannot reproduce"
-            if seen is not None
-            else f"layer {index} does not call transformers' attention interface"
-        )
-        raise UnsupportedModelError(f"attention sinks turn the cached keys they keep, and {why}")
+        layout, why = Lo.cached_layout(self.layouts, index, layer.keys.shape[-1])
+        if why is not None:
+            raise UnsupportedModelError(f"attention sinks turn the cached keys they keep, and {why}")
+        return layout
 
     def __call__(self, module, args, kwargs):
         cache = kwargs.get("past_key_values")
         if not isinstance(cache, SinkCache):
             return None
-        _refuse_methods(self.model)
+        self.check()
         tokens = kwargs.get("input_ids", args[0] if args else None)
         if tokens is None:
             tokens = kwargs.get("inputs_embeds")
@@ -189,12 +172,13 @@ class SinkKeeper:
 
 def install(model: nn.Module) -> SinkKeeper:
     """The ``SinkKeeper`` of ``model``'s decoder, registered once (a forward pre-hook with kwargs)."""
-    _refuse_methods(model)
     decoder = Lo.decoder_of(model)
     for hook in decoder._forward_pre_hooks.values():
         if isinstance(hook, SinkKeeper):
+            hook.check()
             return hook
     keeper = SinkKeeper(model)
-    keeper._probe()  # how each layer rotates, found now: a model it cannot turn is refused before generating
+    keeper.check()
+    keeper.probe()  # how each layer rotates, found now: a model it cannot turn is refused before generating
     decoder.register_forward_pre_hook(keeper, with_kwargs=True)
     return keeper

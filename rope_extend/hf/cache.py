@@ -73,8 +73,7 @@ class CacheKeeper:
         length = next(e.scaling.original_max_position_embeddings for r in runtimes for e in r.entries.values())
         self.probing = True
         try:
-            found = Lo.probe(self.model, self.config, list(self.modules), length)
-            self.layouts = {m.layer_idx: p for m, p in found.items() if isinstance(getattr(m, "layer_idx", None), int)}
+            self.layouts = Lo.layer_probes(self.model, self.config, list(self.modules), length)
         except UnsupportedModelError as exc:
             self.layouts, self.unprobed = {}, str(exc)
         finally:
@@ -86,26 +85,13 @@ class CacheKeeper:
     def _layout(self, index: int, layer) -> Lo.Layout | None:
         """Layer ``index``'s rotation (None: NoPE, nothing to re-rotate); raises when it is unknown, or when the
         cache holds keys of another size than its attention sees (a compressed MLA cache)."""
-        seen = self.layouts.get(index)
-        if seen is not None and seen.kind == "nope":
-            return None
-        if seen is not None and seen.kind == "rope" and layer.keys.shape[-1] == seen.width:
-            return seen.layout
-        if seen is not None and seen.kind == "rope":
-            why = (
-                f"layer {index} caches keys of size {layer.keys.shape[-1]}, not the {seen.width} its attention "
-                "sees (a compressed cache), so rope-extend cannot tell which dimensions rotate"
+        layout, why = Lo.cached_layout(self.layouts, index, layer.keys.shape[-1], self.unprobed)
+        if why is not None:
+            raise UnsupportedModelError(
+                f"a dynamic rope method must re-rotate cached keys when its frequencies change, and {why}; "
+                "use a static method (yarn, ntk, linear) or generate without the cache"
             )
-        else:
-            why = self.unprobed or (
-                f"layer {index} rotates its keys in a way rope-extend cannot reproduce"
-                if seen is not None
-                else f"layer {index} does not call transformers' attention interface"
-            )
-        raise UnsupportedModelError(
-            f"a dynamic rope method must re-rotate cached keys when its frequencies change, and {why}; "
-            "use a static method (yarn, ntk, linear) or generate without the cache"
-        )
+        return layout
 
     def _set_of(self, index: int):
         return self.layer_sets[index] if self.layer_sets is not None and index < len(self.layer_sets) else None

@@ -227,3 +227,31 @@ def probe(model: nn.Module, config, rotary: list[nn.Module], length: int) -> dic
         else:
             out[module] = LayerProbe("unknown", None, extra, best_error, width=key.shape[-1])
     return out
+
+
+def layer_probes(model: nn.Module, config, rotary: list[nn.Module], length: int) -> dict[int, LayerProbe]:
+    """``probe``'s findings keyed by decoder layer index (the modules with an integer ``layer_idx``)."""
+    found = probe(model, config, rotary, length)
+    return {m.layer_idx: p for m, p in found.items() if isinstance(getattr(m, "layer_idx", None), int)}
+
+
+def cached_layout(
+    probes: dict[int, LayerProbe], index: int, width: int, unprobed: str | None = None
+) -> tuple[Layout | None, str | None]:
+    """How to turn layer ``index``'s cached keys of size ``width``: ``(layout, None)``; ``(None, None)`` for a NoPE
+    layer (nothing to turn); ``(None, why)`` when it cannot be done (``unprobed``: why the probe itself failed)."""
+    seen = probes.get(index)
+    if seen is not None and seen.kind == "nope":
+        return None, None
+    if seen is not None and seen.kind == "rope" and width == seen.width:
+        return seen.layout, None
+    if seen is not None and seen.kind == "rope":
+        return None, (
+            f"layer {index} caches keys of size {width}, not the {seen.width} its attention sees (a compressed "
+            "cache), so rope-extend cannot tell which dimensions rotate"
+        )
+    if unprobed:
+        return None, unprobed
+    if seen is not None:
+        return None, f"layer {index} rotates its keys in a way rope-extend cannot reproduce"
+    return None, f"layer {index} does not call transformers' attention interface"

@@ -223,7 +223,6 @@ class SelfExtendParams:
 
 
 DCA_TEMPERATURE = 0.05  # ChunkLlama's chunkllama_attn_replace.py
-YARN_TEMPERATURE = 0.1  # YaRN's attention factor; Qwen2.5-1M's DCA in vLLM
 
 
 @dataclass(frozen=True)
