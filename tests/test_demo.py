@@ -1,11 +1,26 @@
 """`rope-extend demo --quick` end to end on the bundled model (about a minute)."""
 
 import json
+import re
 
 import pytest
 
 from rope_extend.cli import main
-from rope_extend.demo import FINETUNED, METHODS
+from rope_extend.demo import FINETUNED, METHODS, Stages
+
+
+def test_stage_lines_scale_elapsed_time_by_the_costs_left(monkeypatch, capsys):
+    clock = iter([10.0, 12.0, 70.0])
+    monkeypatch.setattr("rope_extend.demo.time.perf_counter", lambda: next(clock))
+    stages = Stages(["a", "b", "c"], [1.0, 2.0, 6.0], start=10.0)
+    assert stages.next() == "[demo] stage 1/3: a | 0:00 elapsed | estimating the time left"
+    # 2 s for a stage of cost 1: the stages of cost 2 + 6 left take about 16 s
+    assert stages.next("B x4") == "[demo] stage 2/3: B x4 | 0:02 elapsed | about 0:16 left"
+    # 60 s for cost 3: 6 left take about 120 s
+    assert stages.next() == "[demo] stage 3/3: c | 1:00 elapsed | about 2:00 left"
+    assert capsys.readouterr().err.count("[demo] stage") == 3
+    with pytest.raises(RuntimeError, match="past the last of 3"):
+        stages.next()
 
 
 @pytest.mark.skipif(
@@ -15,7 +30,12 @@ from rope_extend.demo import FINETUNED, METHODS
 def test_demo_quick(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--quick", "--out", str(out)]) == 0
-    table = capsys.readouterr().out
+    captured = capsys.readouterr()
+    table = captured.out
+    # one progress line per stage: the nine methods, the fine-tune, the fine-tuned model
+    stages = re.findall(r"\[demo\] stage (\d+)/(\d+): (.+?) \|", captured.err)
+    assert [int(i) for i, _, _ in stages] == list(range(1, 12)) and {n for _, n, _ in stages} == {"11"}
+    assert stages[-1][2] == FINETUNED and stages[9][2] == "fine-tune (12 steps)"
     for label in [
         "none",
         "linear x4",

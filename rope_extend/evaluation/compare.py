@@ -7,6 +7,7 @@ task runs with its records appended to ``OUT/records.jsonl``, and the model is u
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from .passkey import passkey
 from .perplexity import perplexity
 from .report import owned, write_report
 from .ruler import ruler
-from .suite import Suite, default_out, resolve_path
+from .suite import MethodSpec, Suite, default_out, resolve_path
 
 
 def _texts(suite: Suite, task) -> list[str]:
@@ -59,10 +60,12 @@ def run_suite(
     progress: bool = True,
     model=None,
     tokenizer=None,
+    on_method: Callable[[MethodSpec], None] | None = None,
 ) -> dict[str, Any]:
     """Run every method x task of ``suite``; returns ``{"records": [...], "files": {...}, "out": path}``.
 
-    ``resume`` continues an earlier run in ``out``; ``overwrite`` replaces it (``io.claim_output_dir``)."""
+    ``resume`` continues an earlier run in ``out``; ``overwrite`` replaces it (``io.claim_output_dir``).
+    ``on_method(spec)`` is called before each method is applied (a caller's progress line)."""
     out = Path(out) if out is not None else default_out(suite)
     records_path = out / "records.jsonl"
     claim_output_dir(out, kind="eval", owned=owned, resume=resume, overwrite=overwrite, check_only=True)
@@ -85,6 +88,8 @@ def run_suite(
     common = dict(records=records_path, resume=True, progress=progress)
     try:
         for spec in suite.methods:
+            if on_method is not None:
+                on_method(spec)
             apply(model, spec)
             run = {"label": spec.name()}
             if suite.passkey:
