@@ -3,7 +3,9 @@
     import rope_extend
     rope_extend.patch(model, "yarn", factor=4)
 
-What ``import rope_extend`` does to transformers (``rope_extend.hf.register``), and nothing more:
+What ``import rope_extend`` does to transformers (``rope_extend.hf.register``), and nothing more. It happens
+at once if transformers' rope utilities are already imported, else as soon as they are
+(``rope_extend.deferred``), so that ``import rope_extend`` itself stays light:
 
 - adds the rope types transformers lacks (``ntk``, ``dynamic_ntk``, ``ntk_by_parts``, ``dynamic_yarn``) to
   ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS``, with config validators that raise on a bad
@@ -15,18 +17,41 @@ What ``import rope_extend`` does to transformers (``rope_extend.hf.register``), 
 Nothing is patched until ``patch`` is called; ``unpatch`` undoes it bit for bit.
 """
 
+# ruff: noqa: TC004 (the TYPE_CHECKING imports name what lazy_exports provides at run time)
 from __future__ import annotations
 
-from . import bundled
+from typing import TYPE_CHECKING
+
+from .deferred import lazy_exports, when_transformers_ready
 from .errors import NotPatchedError, RopeExtendError, RopeExtendException, UnsupportedModelError
-from .hf.config import configure, rope_parameters
-from .hf.register import register as _register
-from .methods import get as get_method
-from .methods import inv_freq
-from .methods import names as methods
-from .patch import patch, patched, unpatch
-from .sinks import SinkCache
 from .version import __version__
+
+if TYPE_CHECKING:  # the names for type checkers; at run time lazy_exports imports them on first use
+    from . import bundled
+    from .hf.config import configure, rope_parameters
+    from .methods import get as get_method
+    from .methods import inv_freq
+    from .methods import names as methods
+    from .patch import patch, patched, unpatch
+    from .sinks import SinkCache
+
+# imported on first use, so that ``import rope_extend`` (and the command line's --help) does not import torch
+# and transformers' model code
+lazy_exports(
+    __name__,
+    {
+        "bundled": (".bundled", None),
+        "configure": (".hf.config", "configure"),
+        "rope_parameters": (".hf.config", "rope_parameters"),
+        "get_method": (".methods", "get"),
+        "inv_freq": (".methods", "inv_freq"),
+        "methods": (".methods", "names"),
+        "patch": (".patch", "patch"),
+        "patched": (".patch", "patched"),
+        "unpatch": (".patch", "unpatch"),
+        "SinkCache": (".sinks", "SinkCache"),
+    },
+)
 
 
 def load(name_or_path: str, **options):
@@ -49,7 +74,13 @@ def search(model, tokenizer, factor, texts, **options):
     return run(model, tokenizer, factor, texts, **options)
 
 
-_register()
+def _register() -> None:
+    from .hf.register import register
+
+    register()
+
+
+when_transformers_ready(_register)
 
 __all__ = [
     "NotPatchedError",

@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from transformers import SchedulerType
-
 from .. import resources, schema
 from ..documents import SampleBy
 from ..errors import RopeExtendError
@@ -27,9 +25,6 @@ from ..schema import option
 
 class RecipeError(RopeExtendError):
     """A recipe that does not parse or validate."""
-
-
-Scheduler = Literal[tuple(s.value for s in SchedulerType)]  # transformers.get_scheduler names
 
 
 @dataclass
@@ -156,7 +151,7 @@ class TrainArgs:
     per_device_train_batch_size: int = option(1, help="sequences per process per micro-batch")
     gradient_accumulation_steps: int = option(1, help="micro-batches per optimizer step")
     learning_rate: float = option(2e-5, help="peak learning rate")
-    lr_scheduler_type: Scheduler = option("constant_with_warmup", help="transformers' get_scheduler name")
+    lr_scheduler_type: str = option("constant_with_warmup", help="transformers' get_scheduler name")
     warmup_steps: int = option(20, help="linear warm-up steps")
     weight_decay: float = option(0.0, help="AdamW weight decay (matrices only)")
     adam_beta1: float = option(0.9, help="AdamW beta1")
@@ -179,6 +174,13 @@ class TrainArgs:
         def bad(key, value, allowed):
             raise RecipeError(f"{key}: got {value!r}; expected {allowed}")
 
+        from transformers import SchedulerType  # here, not at import: the command line's --help stays fast
+
+        schedulers = [s.value for s in SchedulerType]
+        if self.lr_scheduler_type not in schedulers:
+            bad(
+                "lr_scheduler_type", self.lr_scheduler_type, f"one of transformers' schedulers: {', '.join(schedulers)}"
+            )
         m = self.model
         if (m.name_or_path is None) == (m.config is None):
             bad(
