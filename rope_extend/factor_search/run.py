@@ -115,9 +115,76 @@ def _settings(model, factor, dim, base, length, docs, population, seed) -> dict[
             "texts": digest, "population": population, "seed": seed}  # fmt: skip
 
 
-def _rng_state(rng: random.Random) -> list:
-    version, internal, gauss = rng.getstate()
-    return [version, list(internal), gauss]
+class _Run:
+    """One search: the state that is saved after each generation (pool of ``[factors, fitness]``, history,
+    the seeds' fitness, the random generator) and the steps that change it."""
+
+    def __init__(self, model, head, ids, space: E.Space, factor: float, population: int, rng: random.Random):
+        self.model, self.head, self.ids, self.space = model, head, ids, space
+        self.factor, self.population, self.rng = factor, population, rng
+        self.pool: list[list] = []
+        self.history: list[list[float]] = []  # [evaluation, fitness, best so far]
+        self.seeds: dict[str, float] = {}
+        self.seen: set[tuple[float, ...]] = set()
+        self.max_evaluations: int | None = None
+        self.bar = None
+
+    def state(self, settings: dict[str, Any]) -> dict[str, Any]:
+        version, internal, gauss = self.rng.getstate()
+        rng = [version, list(internal), gauss]
+        return {"settings": settings, "rng": rng, "pool": self.pool, "history": self.history, "seeds": self.seeds}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.pool, self.history, self.seeds = state["pool"], state["history"], state["seeds"]
+        self.seen = {tuple(c) for c, _ in self.pool}
+
+    def fitness(self, candidate: list[float]) -> float:
+        """Token-weighted perplexity of the texts with ``candidate`` as LongRoPE's long factors."""
+        patch(self.model, "longrope", factor=self.factor, short_factor=[1.0] * self.space.size, long_factor=candidate)
+        total = count = 0
+        for x in self.ids:
+            nll, n = window_nll(self.head, x, 1)
+            total, count = total + nll, count + n
+        return math.exp(total / count)
+
+    def evaluate(self, batch: list[list[float]]) -> None:
+        for candidate in batch:
+            if self.max_evaluations is not None and len(self.history) >= self.max_evaluations:
+                return
+            fit = self.fitness(candidate)
+            self.pool.append([candidate, fit])
+            best = min(f for _, f in self.pool)
+            self.history.append([len(self.history) + 1, fit, best])
+            if self.bar is not None:
+                self.bar.update(1)
+                self.bar.set_postfix(best=f"{best:.4f}")
+
+    def first_generation(self, seeds: dict[str, list[float]]) -> None:
+        """The seed methods' factors (each once: two seeds that repair to the same factors share them), then
+        mutations of them up to the population; records each seed's fitness by name."""
+        first, named = [], {}
+        for name, factors in seeds.items():
+            candidate = E.repair(self.space, factors)
+            named[name] = tuple(candidate)
+            if named[name] not in self.seen:
+                self.seen.add(named[name])
+                first.append(candidate)
+        first += E.offspring(self.space, list(first), self.population - len(first), self.rng, self.seen)
+        self.evaluate(first)
+        fitness = {tuple(c): f for c, f in self.pool}
+        self.seeds = {name: fitness[candidate] for name, candidate in named.items()}
+
+    def next_generation(self) -> None:
+        """Keep the best half (elitism); crossover and mutation of it fill the rest."""
+        self.pool.sort(key=lambda cf: cf[1])
+        parents = [c for c, _ in self.pool[: max(2, self.population // 2)]]
+        self.evaluate(E.offspring(self.space, parents, self.population - len(parents), self.rng, self.seen))
+
+    def best(self) -> tuple[list[float], float]:
+        candidate, fit = min(self.pool, key=lambda cf: cf[1])
+        return list(candidate), float(fit)
 
 
 def search(
@@ -144,8 +211,11 @@ def search(
     The model is left as it was (unpatched)."""
     if max_evaluations is None and max_seconds is None:
         raise RopeExtendError("the search needs a budget: max_evaluations, max_seconds or both")
-    if max_evaluations is not None and (not isinstance(max_evaluations, int) or max_evaluations < 1):
-        raise RopeExtendError(f"max_evaluations must be a positive integer, got {max_evaluations!r}")
+    if max_evaluations is not None and (not isinstance(max_evaluations, int) or max_evaluations < len(SEED_METHODS)):
+        raise RopeExtendError(
+            f"max_evaluations must be an integer >= {len(SEED_METHODS)} (the {', '.join(SEED_METHODS)} seeds are "
+            f"evaluated first), got {max_evaluations!r}"
+        )
     if max_seconds is not None and not (isinstance(max_seconds, (int, float)) and max_seconds > 0):
         raise RopeExtendError(f"max_seconds must be a positive number, got {max_seconds!r}")
     if not isinstance(population, int) or population < 4:
@@ -161,24 +231,14 @@ def search(
     head = H.lm_head(model, decoder=True)
     device = next(model.parameters()).device
     ids = [torch.tensor(d, device=device) for d in docs]
-
-    def fitness(candidate: list[float]) -> float:
-        patch(model, "longrope", factor=float(factor), short_factor=[1.0] * space.size, long_factor=candidate)
-        total = count = 0
-        for x in ids:
-            nll, n = window_nll(head, x, 1)
-            total, count = total + nll, count + n
-        return math.exp(total / count)
+    run = _Run(model, head, ids, space, float(factor), population, random.Random(seed))
+    run.max_evaluations = max_evaluations
 
     state_path = None
     if out is not None:
         owned = {STATE, RESULT, "report.md", "search.png"}
         claim_output_dir(out, kind="search", owned=owned.__contains__, resume=resume, overwrite=overwrite)
         state_path = Path(out) / STATE
-    rng = random.Random(seed)
-    pool: list[list] = []  # [factors, fitness]
-    history: list[list[float]] = []
-    seeds: dict[str, float] = {}
     if resume:
         if state_path is None or not state_path.is_file():
             raise RopeExtendError(f"resume: no search state in {out!r} ({STATE} not found)")
@@ -186,67 +246,38 @@ def search(
         if state["settings"] != settings:
             diff = sorted(k for k in settings if state["settings"].get(k) != settings[k])
             raise RopeExtendError(f"resume: the search in {out} was run with other settings ({', '.join(diff)})")
-        version, internal, gauss = state["rng"]
-        rng.setstate((version, tuple(internal), gauss))
-        pool, history, seeds = state["pool"], state["history"], state["seeds"]
-
-    from tqdm.auto import tqdm
-
-    bar = tqdm(
-        total=max_evaluations, initial=len(history), disable=not progress, unit="eval", desc=f"search x{factor:g}"
-    )
-    start = time.monotonic()
-    seen = {tuple(c) for c, _ in pool}
-
-    def spent() -> bool:
-        return (max_evaluations is not None and len(history) >= max_evaluations) or (
-            max_seconds is not None and time.monotonic() - start >= max_seconds
-        )
-
-    def evaluate(batch: list[list[float]]) -> None:
-        for cand in batch:
-            if max_evaluations is not None and len(history) >= max_evaluations:
-                return
-            fit = fitness(cand)
-            pool.append([cand, fit])
-            best = min(f for _, f in pool)
-            history.append([len(history) + 1, fit, best])
-            bar.update(1)
-            bar.set_postfix(best=f"{best:.4f}")
+        run.restore(state)
 
     def save() -> None:
         if state_path is not None:
-            state = {"settings": settings, "rng": _rng_state(rng), "pool": pool, "history": history, "seeds": seeds}
-            write_json(state_path, state)
+            write_json(state_path, run.state(settings))
 
+    from tqdm.auto import tqdm
+
+    start = time.monotonic()
+    run.bar = tqdm(
+        total=max_evaluations, initial=len(run.history), disable=not progress, unit="eval", desc=f"search x{factor:g}"
+    )
     # a Mistral / Phi-3 window would hide the long context
     with sliding_window_widened(model, length):
         try:
-            if not pool:  # generation 0: the three methods, then mutations of them
-                first = []
-                for name in SEED_METHODS:
-                    cand = E.repair(space, seed_factors(name, dim, base, float(factor), L))
-                    if tuple(cand) not in seen:
-                        seen.add(tuple(cand))
-                        first.append(cand)
-                first += E.offspring(space, list(first), population - len(first), rng, seen)
-                evaluate(first)
-                for name, cand in zip(SEED_METHODS, first):
-                    seeds[name] = next(f for c, f in pool if c == cand)
+            if not run.pool:  # generation 0: the three methods, then mutations of them
+                run.first_generation({name: seed_factors(name, dim, base, float(factor), L) for name in SEED_METHODS})
                 save()
-            while not spent():
-                pool.sort(key=lambda cf: cf[1])
-                parents = [c for c, _ in pool[: max(2, population // 2)]]
-                evaluate(E.offspring(space, parents, population - len(parents), rng, seen))
+            while not (
+                (max_evaluations is not None and len(run.history) >= max_evaluations)
+                or (max_seconds is not None and time.monotonic() - start >= max_seconds)
+            ):
+                run.next_generation()
                 save()
         finally:
-            bar.close()
+            run.bar.close()
             unpatch(model)
-    best, fit = min(pool, key=lambda cf: cf[1])
-    result = SearchResult(float(factor), L, list(best), float(fit), dict(seeds), history, len(history))
+    best, fit = run.best()
+    result = SearchResult(float(factor), L, best, fit, dict(run.seeds), run.history, len(run.history))
     if out is not None:
         curves = {name: seed_factors(name, dim, base, float(factor), L) for name in SEED_METHODS}
         write_report(result, curves, out)
-        write_json(Path(out) / RESULT, {**result.rope_parameters(), "fitness": fit, "seeds": seeds,
-                                        "evaluations": len(history), "settings": settings})  # fmt: skip
+        write_json(Path(out) / RESULT, {**result.rope_parameters(), "fitness": fit, "seeds": run.seeds,
+                                        "evaluations": len(run.history), "settings": settings})  # fmt: skip
     return result

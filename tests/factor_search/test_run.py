@@ -92,9 +92,20 @@ def test_the_result_patches_configures_and_reloads_in_plain_transformers(setup, 
         torch.testing.assert_close(reloaded(ids).logits, patched, atol=1e-5, rtol=1e-5)
 
 
+def test_seeds_keep_their_names_when_two_give_the_same_factors(setup, monkeypatch):
+    plain = run(setup, max_evaluations=4)
+    real = R.seed_factors
+    monkeypatch.setattr(R, "seed_factors", lambda name, *a: real("linear" if name == "ntk" else name, *a))
+    merged = run(setup, max_evaluations=4)
+    # NTK's factors are PI's here: both names get PI's fitness, YaRN keeps its own (not a mutation's)
+    assert merged.seeds == {"linear": plain.seeds["linear"], "ntk": plain.seeds["linear"], "yarn": plain.seeds["yarn"]}
+    assert merged.evaluations == 4 and plain.seeds["ntk"] != plain.seeds["linear"]
+
+
 @pytest.mark.parametrize(("kw", "match"), [
     ({"max_evaluations": None}, "needs a budget"),
-    ({"max_evaluations": 0}, "positive integer"),
+    ({"max_evaluations": 0}, "integer >= 3"),
+    ({"max_evaluations": 2}, r"integer >= 3 \(the linear, ntk, yarn seeds are evaluated first\), got 2"),
     ({"max_seconds": -1.0}, "positive number"),
     ({"population": 3}, "population must be"),
 ])  # fmt: skip
