@@ -55,8 +55,10 @@ class Stages:
 
     The time left is the elapsed time scaled by the relative costs (``COST``) of the stages still to run."""
 
-    def __init__(self, names: list[str], costs: list[float], start: float):
-        self.names, self.costs, self.start, self.done = names, costs, start, 0
+    def __init__(self, stages: list[tuple[str, float]], start: float):
+        self.names = [name for name, _ in stages]
+        self.costs = [cost for _, cost in stages]
+        self.start, self.done = start, 0
 
     def next(self, name: str | None = None) -> str:
         i = self.done
@@ -194,10 +196,10 @@ def run(out: Path, *, quick: bool, seed: int, overwrite: bool, finetune_too: boo
         f"[demo] bundled model trained at L={L}; lengths {lengths}; {plan.trials} passkey trials per length",
         file=sys.stderr,
     )
-    names = list(METHODS) + ([f"fine-tune ({plan.steps} steps)", FINETUNED] if finetune_too else [])
-    costs = [COST["attention" if m in ATTENTION else "frequencies"] for m in METHODS]
-    costs += [COST["fine-tune"], COST["frequencies"]] if finetune_too else []
-    stages = Stages(names, costs, start)
+    plan_stages = [(m, COST["attention" if m in ATTENTION else "frequencies"]) for m in METHODS]
+    if finetune_too:
+        plan_stages += [(f"fine-tune ({plan.steps} steps)", COST["fine-tune"]), (FINETUNED, COST["frequencies"])]
+    stages = Stages(plan_stages, start)
     records = evaluate(model, tokenizer, METHODS, lengths, plan, out / "zero-shot", seed=seed, stages=stages)
     if finetune_too:
         stages.next()

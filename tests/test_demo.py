@@ -12,7 +12,7 @@ from rope_extend.demo import FINETUNED, METHODS, Stages
 def test_stage_lines_scale_elapsed_time_by_the_costs_left(monkeypatch, capsys):
     clock = iter([10.0, 12.0, 70.0])
     monkeypatch.setattr("rope_extend.demo.time.perf_counter", lambda: next(clock))
-    stages = Stages(["a", "b", "c"], [1.0, 2.0, 6.0], start=10.0)
+    stages = Stages([("a", 1.0), ("b", 2.0), ("c", 6.0)], start=10.0)
     assert stages.next() == "[demo] stage 1/3: a | 0:00 elapsed | estimating the time left"
     # 2 s for a stage of cost 1: the stages of cost 2 + 6 left take about 16 s
     assert stages.next("B x4") == "[demo] stage 2/3: B x4 | 0:02 elapsed | about 0:16 left"

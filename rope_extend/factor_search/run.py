@@ -119,15 +119,20 @@ class _Run:
     """One search: the state that is saved after each generation (pool of ``[factors, fitness]``, history,
     the seeds' fitness, the random generator) and the steps that change it."""
 
-    def __init__(self, model, head, ids, space: E.Space, factor: float, population: int, rng: random.Random):
+    def __init__(
+        self, model, head, ids, space: E.Space, factor: float, population: int, rng: random.Random, max_evaluations
+    ):
         self.model, self.head, self.ids, self.space = model, head, ids, space
-        self.factor, self.population, self.rng = factor, population, rng
+        self.factor, self.population, self.rng, self.max_evaluations = factor, population, rng, max_evaluations
         self.pool: list[list] = []
         self.history: list[list[float]] = []  # [evaluation, fitness, best so far]
         self.seeds: dict[str, float] = {}
         self.seen: set[tuple[float, ...]] = set()
-        self.max_evaluations: int | None = None
         self.bar = None
+
+    def spent(self) -> bool:
+        """The evaluation budget is used up."""
+        return self.max_evaluations is not None and len(self.history) >= self.max_evaluations
 
     def state(self, settings: dict[str, Any]) -> dict[str, Any]:
         version, internal, gauss = self.rng.getstate()
@@ -151,7 +156,7 @@ class _Run:
 
     def evaluate(self, batch: list[list[float]]) -> None:
         for candidate in batch:
-            if self.max_evaluations is not None and len(self.history) >= self.max_evaluations:
+            if self.spent():
                 return
             fit = self.fitness(candidate)
             self.pool.append([candidate, fit])
@@ -231,8 +236,7 @@ def search(
     head = H.lm_head(model, decoder=True)
     device = next(model.parameters()).device
     ids = [torch.tensor(d, device=device) for d in docs]
-    run = _Run(model, head, ids, space, float(factor), population, random.Random(seed))
-    run.max_evaluations = max_evaluations
+    run = _Run(model, head, ids, space, float(factor), population, random.Random(seed), max_evaluations)
 
     state_path = None
     if out is not None:
@@ -264,10 +268,7 @@ def search(
             if not run.pool:  # generation 0: the three methods, then mutations of them
                 run.first_generation({name: seed_factors(name, dim, base, float(factor), L) for name in SEED_METHODS})
                 save()
-            while not (
-                (max_evaluations is not None and len(run.history) >= max_evaluations)
-                or (max_seconds is not None and time.monotonic() - start >= max_seconds)
-            ):
+            while not (run.spent() or (max_seconds is not None and time.monotonic() - start >= max_seconds)):
                 run.next_generation()
                 save()
         finally:

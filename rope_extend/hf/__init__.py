@@ -4,7 +4,7 @@
 - ``hf.rotary``: the ``*RotaryEmbedding`` module convention and the runtime rope-extend installs in it;
   ``hf.window``: sliding-window attention; ``hf.head``: the LM head and its logit quirks;
   ``hf.checkpointing``: activation checkpointing under both of transformers' names;
-- ``hf.register``: registration of rope-extend's rope types with transformers (run by ``import rope_extend``).
+- ``hf.register``: registration of rope-extend's rope types with transformers (arranged by ``import rope_extend``).
 
 This package's ``__init__`` imports only ``hf.config``.
 """

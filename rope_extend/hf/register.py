@@ -1,4 +1,5 @@
-"""Registration with transformers: the top of ``hf``, run once by ``import rope_extend``.
+"""Registration with transformers: the top of ``hf``, run once after ``import rope_extend``
+(when transformers loads its rope utilities: ``rope_extend.deferred``).
 
 What it changes in transformers, and nothing else:
 
@@ -148,7 +149,7 @@ def _install_rope_types(method) -> None:
 
 
 def register() -> None:
-    """Register rope-extend's own rope types with transformers. Idempotent; runs on ``import rope_extend``."""
+    """Register rope-extend's own rope types with transformers. Idempotent; ``import rope_extend`` arranges it (``deferred``)."""
     global _registered
     if _registered:
         return
