@@ -109,7 +109,9 @@ def evaluate(
     """Passkey and perplexity of ``model`` under each method, records appended to ``out/records.jsonl``."""
     from . import bundled
     from .evaluation.compare import run_suite
-    from .evaluation.suite import MethodSpec, PasskeyTask, PerplexityTask, Suite
+    from .evaluation.suite import MethodSpec, make_suite
+    from .evaluation.tasks.passkey import PasskeyOptions
+    from .evaluation.tasks.perplexity import PerplexityOptions
 
     specs = []
     for m in methods:
@@ -119,11 +121,11 @@ def evaluate(
             specs.append(MethodSpec(method=method, params=params, label=label or m))
         else:
             specs.append(MethodSpec(method=m, factor=None if m == "none" else FACTOR, label=label))
-    suite = Suite(
+    suite = make_suite(
         model="bundled",
         methods=specs,
-        passkey=PasskeyTask(lengths=lengths, trials=plan.trials, seed=seed),
-        perplexity=PerplexityTask(lengths=lengths, data=str(bundled.EVAL_CORPUS), max_docs=plan.ppl_docs),
+        passkey=PasskeyOptions(lengths=lengths, trials=plan.trials, seed=seed),
+        perplexity=PerplexityOptions(lengths=lengths, data=str(bundled.EVAL_CORPUS), max_docs=plan.ppl_docs),
     )
     on_method = None if stages is None else (lambda spec: stages.next(spec.name()))
     return run_suite(suite, out=out, model=model, tokenizer=tokenizer, on_method=on_method)["records"]

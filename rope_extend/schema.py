@@ -16,6 +16,7 @@ YAML is read with ``yaml.safe_load``: no tag constructs an arbitrary object (``!
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import types
@@ -268,3 +269,64 @@ def merge(base: dict, over: dict) -> dict:
         else:
             out[key] = value
     return out
+
+
+# ------------------------------------------------------------------------------------------ command line
+def _split_items(values: list[str]) -> list[Any]:
+    """``["1k,2k", "4k"]`` -> ``["1k", "2k", "4k"]``; each item read as a YAML scalar (``"8"`` -> 8)."""
+    return [parse_value(item.strip(), "value") for v in values for item in v.split(",") if item.strip()]
+
+
+def _argument(hint: Any) -> dict[str, Any]:
+    """argparse keywords for a field's type: choices for a Literal, --x/--no-x for a bool, a list as one or
+    more (comma-separated) values, a scalar typed; anything else (Any, a mapping) is passed on as text."""
+    inner = [h for h in typing.get_args(hint) if h is not type(None)] if _is_union(hint) else [hint]
+    hint = inner[0] if len(inner) == 1 else hint
+    if typing.get_origin(hint) is Literal:
+        return {"choices": typing.get_args(hint)}
+    if hint is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if typing.get_origin(hint) is list:
+        return {"nargs": "+", "type": str}
+    if hint in (int, float, str):
+        return {"type": hint}
+    if typing.get_origin(hint) is dict:
+        return {"type": lambda text: parse_value(text, "value")}
+    return {"type": str}
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls) -> None:
+    """One ``--field-name`` per public field of the dataclass ``cls``, with its help and default; fields
+    without a default are required. ``arguments_data`` reads them back for ``build``, so the command line and
+    a YAML section of the same dataclass accept the same values and give the same errors."""
+    for f in public_fields(cls):
+        hint = typing.get_type_hints(cls)[f.name]
+        keywords = _argument(hint)
+        required = f.default is _MISSING and f.default_factory is _MISSING
+        text = f.metadata.get("help", "")
+        if not required:
+            default = f.default if f.default is not _MISSING else f.default_factory()
+            if default is not None and keywords.get("action") is None:
+                shown = ",".join(map(str, default)) if isinstance(default, list) else default
+                text += f" (default: {shown})"
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            default=argparse.SUPPRESS,  # absent: the dataclass default applies
+            required=required,
+            help=text.replace("%", "%%"),
+            **keywords,
+        )
+
+
+def arguments_data(args: argparse.Namespace, cls) -> dict[str, Any]:
+    """The values of ``add_arguments(parser, cls)`` that were given, as data for ``build(cls, ...)``."""
+    hints = typing.get_type_hints(cls)
+    data = {}
+    for f in public_fields(cls):
+        if hasattr(args, f.name):
+            value = getattr(args, f.name)
+            data[f.name] = (
+                _split_items(value) if isinstance(value, list) and _argument(hints[f.name]).get("nargs") else value
+            )
+    return data

@@ -17,22 +17,9 @@ from ..hf import config as hf
 from ..io import claim_output_dir, write_text
 from ..loading import load_model, load_tokenizer
 from ..patch import patch, patched, unpatch
-from .data import default_texts, load_texts
-from .niah import niah
-from .passkey import passkey
-from .perplexity import perplexity
 from .report import owned, write_report
-from .ruler import ruler
 from .suite import MethodSpec, Suite, default_out, resolve_path
-
-
-def _texts(suite: Suite, task) -> list[str]:
-    source = resolve_path(suite, task.data)
-    if source is None:
-        return default_texts()
-    return load_texts(
-        source, text_field=task.text_field, split=task.split, max_docs=task.max_docs, sample_by=task.sample_by
-    )
+from .tasks.base import Context, load_task_texts
 
 
 def apply(model, spec) -> None:
@@ -70,9 +57,9 @@ def run_suite(
     records_path = out / "records.jsonl"
     claim_output_dir(out, kind="eval", owned=owned, resume=resume, overwrite=overwrite, check_only=True)
     texts = {
-        name: _texts(suite, task)
-        for name, task in (("niah", suite.niah), ("perplexity", suite.perplexity), ("ruler", suite.ruler))
-        if task is not None
+        task.name: load_task_texts(options, resolve_path(suite, options.data))
+        for task, options in suite.tasks()
+        if task.reads_texts
     }  # bad data fails before the model is loaded
     if model is None:
         name = resolve_path(suite, suite.model)
@@ -85,73 +72,20 @@ def run_suite(
     check_methods(model, suite)
     claim_output_dir(out, kind="eval", owned=owned, resume=resume, overwrite=overwrite)  # checked: now write
     records: list[dict] = []
-    common = dict(records=records_path, resume=True, progress=progress)
     try:
         for spec in suite.methods:
             if on_method is not None:
                 on_method(spec)
             apply(model, spec)
-            run = {"label": spec.name()}
-            if suite.passkey:
-                t = suite.passkey
-                records += passkey(
-                    model,
-                    tokenizer,
-                    t.lengths,
-                    depths=t.depths,
-                    trials=t.trials,
-                    seed=t.seed,
-                    key_range=tuple(t.key_range),
-                    max_new_tokens=t.max_new_tokens,
-                    run=run,
-                    sliding_window=t.sliding_window,
-                    **common,
-                ).records
-            if suite.niah:
-                t = suite.niah
-                extra = {k: getattr(t, k) for k in ("needle", "question", "answer") if getattr(t, k) is not None}
-                records += niah(
-                    model,
-                    tokenizer,
-                    texts["niah"],
-                    t.lengths,
-                    depths=t.depths,
-                    trials=t.trials,
-                    seed=t.seed,
-                    max_new_tokens=t.max_new_tokens,
-                    run=run,
-                    sliding_window=t.sliding_window,
-                    **extra,
-                    **common,
-                ).records
-            if suite.perplexity:
-                t = suite.perplexity
-                records += perplexity(
-                    model,
-                    tokenizer,
-                    texts["perplexity"],
-                    t.lengths,
-                    stride=t.stride,
-                    chunk_size=t.chunk_size,
-                    sliding_window=t.sliding_window,
-                    run=run,
-                    **common,
-                ).records
-            if suite.ruler:
-                t = suite.ruler
-                records += ruler(
-                    model,
-                    tokenizer,
-                    t.lengths,
-                    tasks=t.tasks,
-                    samples=t.samples,
-                    seed=t.seed,
-                    haystack=texts["ruler"],
-                    max_new_tokens=t.max_new_tokens,
-                    run=run,
-                    sliding_window=t.sliding_window,
-                    **common,
-                ).records
+            for task, options in suite.tasks():
+                context = Context(
+                    texts=texts.get(task.name),
+                    records=records_path,
+                    resume=True,
+                    progress=progress,
+                    run={"label": spec.name()},
+                )
+                records += task.run(model, tokenizer, options, context)
     finally:
         if patched(model) is not None:
             unpatch(model)

@@ -1,6 +1,7 @@
 """Reports for people and machines: results JSON (summary + every record), CSV of records, a markdown
-table, and PNG plots (passkey accuracy vs length, depth x length heatmaps, perplexity vs length, the
-rotary spectrum). Every file is written atomically (``rope_extend.io.atomic_path``)."""
+report and PNG plots. Each task gives its own sections and plots (``evaluation.tasks``); this module holds
+what they share: labels, Wilson intervals, length tables, line plots and heatmaps. Every file is written
+atomically (``rope_extend.io.atomic_path``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import csv
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ def wilson(successes: float, trials: int, z: float = 1.96) -> tuple[float, float
     return (low, high)
 
 
-def _proportion(xs: Sequence[float]) -> dict:
+def proportion(xs: Sequence[float]) -> dict:
     """accuracy, trials, correct (a count for 0/1 outcomes) and the 95% Wilson interval ``low``..``high``."""
     total = float(sum(xs))
     low, high = wilson(total, len(xs))
@@ -54,99 +55,37 @@ def _proportion(xs: Sequence[float]) -> dict:
     return {"accuracy": total / len(xs), "trials": len(xs), "correct": correct, "low": low, "high": high}
 
 
-def _length_name(n: int) -> str:
+def length_name(n: int) -> str:
+    """``4096`` -> ``4k``; a length that is not a whole number of k stays as it is."""
     return f"{n // 1024}k" if n % 1024 == 0 and n >= 1024 else str(n)
 
 
-def summarize(records: Iterable[dict]) -> dict[str, list[dict]]:
-    """Per task, one row per (run, length) (and per depth for heatmaps), in first-seen run order."""
-    acc: dict = defaultdict(list)
-    cell: dict = defaultdict(list)
-    ppl: dict = defaultdict(lambda: [0.0, 0, 0])
-    ruler: dict = defaultdict(list)
-    for r in records:
-        task, label = r.get("task"), label_of(r)
-        if task == "ruler":
-            ruler[(label, r["ruler_task"], r["length"])].append(float(r["score"]))
-        elif task in ("passkey", "niah"):
-            acc[(task, label, r["length"])].append(bool(r["correct"]))
-            if r.get("depth_grid") is not None:
-                cell[(task, label, r["length"], r["depth_grid"])].append(bool(r["correct"]))
-        elif task == "perplexity":
-            row = ppl[(label, r["length"])]
-            row[0] += r["nll"]
-            row[1] += r["tokens"]
-            row[2] += 1
-    out: dict[str, list[dict]] = defaultdict(list)
-    for (task, label, length), xs in acc.items():
-        out[task].append({"label": label, "length": length, **_proportion(xs)})
-    for (task, label, length, depth), xs in cell.items():
-        out[f"{task}_depth"].append({"label": label, "length": length, "depth": depth, **_proportion(xs)})
-    for (label, length), (nll, tokens, docs) in ppl.items():
-        out["perplexity"].append(
-            {
-                "label": label,
-                "length": length,
-                "perplexity": math.exp(nll / tokens) if tokens else None,
-                "tokens": tokens,
-                "docs": docs,
-            }
-        )
-    tasks: dict = defaultdict(list)  # (label, length) -> task accuracies, for the average
-    for (label, name, length), xs in ruler.items():
-        cell_ = _proportion(xs)
-        out["ruler"].append({"label": label, "task": name, "length": length, **cell_, "samples": cell_["trials"]})
-        tasks[(label, length)].append(sum(xs) / len(xs))
-    for (label, length), accs in tasks.items():
-        out["ruler"].append(
-            {"label": label, "task": "average", "length": length, "accuracy": sum(accs) / len(accs), "tasks": len(accs)}
-        )
-    return dict(out)
-
-
-def ruler_markdown(rows: Sequence[dict]) -> list[str]:
-    """Per run, a task x length table of RULER accuracy (string_match_all, %) with the average over tasks."""
-    lines = ["## RULER synthetic tasks (string_match_all accuracy)", ""]
-    lengths = sorted({r["length"] for r in rows})
-    labels = _labels(rows)
-    if len(labels) > 1:  # the runs side by side: the average over tasks per length
-        mean = {(r["label"], r["length"]): r["accuracy"] for r in rows if r["task"] == "average"}
-        lines += [
-            "Average over tasks:",
-            "",
-            "| length | " + " | ".join(labels) + " |",
-            "|---:|" + "---:|" * len(labels),
-        ]
-        for n in lengths:
-            cells = [f"{100 * mean[(lb, n)]:.1f}" if (lb, n) in mean else "" for lb in labels]
-            lines.append(f"| {_length_name(n)} | " + " | ".join(cells) + " |")
-        lines.append("")
-    for label in labels:
-        mine = [r for r in rows if r["label"] == label]
-        table = {(r["task"], r["length"]): r for r in mine}
-        tasks = [t for t in dict.fromkeys(r["task"] for r in mine) if t != "average"]
-        lines += [f"### {label}", "", "Each cell: mean score (samples; 95% Wilson interval, %).", ""]
-        lines += ["| task | " + " | ".join(_length_name(n) for n in lengths) + " |"]
-        lines.append("|---|" + "---:|" * len(lengths))
-        for task in [*tasks, "average"]:
-            cells = []
-            for n in lengths:
-                r = table.get((task, n))
-                if r and task == "average":
-                    note = f" ({r['tasks']} tasks)" if r["tasks"] != len(tasks) else ""
-                elif r and "low" in r:
-                    note = f" (n={r['trials']}; {100 * r['low']:.0f}-{100 * r['high']:.0f})"
-                else:
-                    note = ""
-                cells.append(f"{100 * r['accuracy']:.1f}{note}" if r else "")
-            name = f"**{task}**" if task == "average" else task
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        lines.append("")
-    return lines
-
-
-def _labels(rows: Sequence[dict]) -> list[str]:
+def labels_of(rows: Sequence[dict]) -> list[str]:
+    """The runs' labels in first-seen order."""
     return list(dict.fromkeys(r["label"] for r in rows))
+
+
+def accuracy_rows(records: Iterable[dict], key=lambda r: bool(r["correct"])) -> list[dict]:
+    """One row per (run, length) of 0/1 (or fractional) outcomes: accuracy, count and Wilson interval."""
+    groups: dict = defaultdict(list)
+    for r in records:
+        groups[(label_of(r), r["length"])].append(key(r))
+    return [{"label": label, "length": length, **proportion(xs)} for (label, length), xs in groups.items()]
+
+
+def summarize(records: Iterable[dict]) -> dict[str, list[dict]]:
+    """Per section, one row per (run, length) (and per depth for heatmaps), in first-seen run order: each
+    registered task summarizes its own records (``evaluation.tasks``); records of no registered task are
+    left out of the summary (they stay in results.json and the CSV)."""
+    from .tasks.base import tasks
+
+    records = list(records)
+    out: dict[str, list[dict]] = {}
+    for task in tasks():
+        mine = [r for r in records if r.get("task") == task.name]
+        if mine:
+            out.update(task.summarize(mine))
+    return out
 
 
 def passkey_context(rows: Sequence[dict], label: str, threshold: float = 0.8) -> int | None:
@@ -167,34 +106,36 @@ def perplexity_cell(row: dict) -> str:
     return "" if v is None else f"{v:.3f}" if v < 1e4 else f"{v:.3g}"
 
 
+def length_table(
+    rows: Sequence[dict],
+    heading: str,
+    cell: Callable[[dict], str],
+    *,
+    note: str | None = None,
+    footer: Callable[[str], str] | None = None,
+    footer_name: str = "",
+) -> list[str]:
+    """A markdown section: a row per length, a column per run, ``cell(row)`` in each; ``footer(label)`` adds
+    a last row named ``footer_name``."""
+    labels = labels_of(rows)
+    table = {(r["label"], r["length"]): r for r in rows}
+    lines = [f"## {heading}", ""] + ([note, ""] if note else [])
+    lines += ["| length | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
+    for length in sorted({r["length"] for r in rows}):
+        cells = [cell(table[(lb, length)]) if (lb, length) in table else "" for lb in labels]
+        lines.append(f"| {length_name(length)} | " + " | ".join(cells) + " |")
+    if footer is not None:
+        lines.append(f"| {footer_name} | " + " | ".join(footer(lb) for lb in labels) + " |")
+    return [*lines, ""]
+
+
 def markdown(summary: dict[str, list[dict]], title: str = "Results", notes: Sequence[str] = ()) -> str:
-    """One table per task: a row per length, a column per run."""
+    """The title, the notes, then each registered task's section(s) in registration order."""
+    from .tasks.base import tasks
+
     lines = [f"# {title}", ""] + [f"{n}  " for n in notes] + ([""] if notes else [])
-    specs = [
-        ("passkey", "Passkey retrieval accuracy", "accuracy"),
-        ("niah", "Needle in a haystack accuracy", "accuracy"),
-        ("perplexity", "Perplexity (token-weighted; lower is better)", "perplexity"),
-    ]
-    for task, heading, key in specs:
-        rows = summary.get(task)
-        if not rows:
-            continue
-        labels = _labels(rows)
-        table = {(r["label"], r["length"]): r for r in rows}
-        fmt = accuracy_cell if key == "accuracy" else perplexity_cell
-        lines += [f"## {heading}", ""]
-        if key == "accuracy":
-            lines += ["Each cell: accuracy (correct/trials; 95% Wilson interval, %).", ""]
-        lines += ["| length | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
-        for length in sorted({r["length"] for r in rows}):
-            cells = [fmt(table[(lb, length)]) if (lb, length) in table else "" for lb in labels]
-            lines.append(f"| {_length_name(length)} | " + " | ".join(cells) + " |")
-        if task == "passkey":
-            ctx = [passkey_context(rows, lb) for lb in labels]
-            lines.append("| context (>= 80%) | " + " | ".join(_length_name(c) if c else "-" for c in ctx) + " |")
-        lines.append("")
-    if summary.get("ruler"):
-        lines += ruler_markdown(summary["ruler"])
+    for task in tasks():
+        lines += task.render(summary)
     return "\n".join(lines) + "\n"
 
 
@@ -228,7 +169,7 @@ def _save(fig, path: str | Path) -> Path:
 def _length_axis(ax, lengths: Sequence[int]) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths)
-    ax.set_xticklabels([_length_name(n) for n in lengths])
+    ax.set_xticklabels([length_name(n) for n in lengths])
     ax.minorticks_off()
 
 
@@ -241,7 +182,7 @@ def plot_lines(
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     lengths = sorted({r["length"] for r in rows})
-    labels = _labels(rows)
+    labels = labels_of(rows)
     colours = plt.get_cmap("tab10").colors
     for k, label in enumerate(labels):
         mine = sorted((r for r in rows if r["label"] == label and r[key] is not None), key=lambda r: r["length"])
@@ -316,7 +257,7 @@ def plot_heatmap(
         for j in range(len(lengths)):
             if grid[i][j] == grid[i][j]:
                 ax.text(j, i, f"{100 * grid[i][j]:.0f}%{counts[i][j]}", ha="center", va="center", fontsize=7)
-    ax.set_xticks(range(len(lengths)), [_length_name(n) for n in lengths])
+    ax.set_xticks(range(len(lengths)), [length_name(n) for n in lengths])
     ax.set_yticks(range(len(depths)), [row_names(d) for d in depths])
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel(ylabel)
@@ -325,7 +266,7 @@ def plot_heatmap(
     return _save(fig, path)
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
 
@@ -353,38 +294,8 @@ def write_report(
         "csv": write_csv(out / "results.csv", records),
         "markdown": write_text(out / "report.md", markdown(summary, title, notes)),
     }
-    if summary.get("passkey"):
-        files["passkey_plot"] = plot_lines(
-            summary["passkey"], "accuracy", out / "passkey.png", title="Passkey retrieval", ylabel="accuracy (%)"
-        )
-    if summary.get("perplexity"):
-        files["perplexity_plot"] = plot_lines(
-            summary["perplexity"],
-            "perplexity",
-            out / "perplexity.png",
-            title="Perplexity vs context length",
-            ylabel="perplexity (log)",
-            log_y=True,
-        )
-    ruler = summary.get("ruler", [])
-    for label in _labels(ruler):
-        name = f"ruler_heatmap_{_slug(label)}"
-        files[name] = plot_heatmap(
-            [r for r in ruler if r["label"] == label],
-            out / f"{name}.png",
-            title=f"RULER: {label}",
-            row_key="task",
-            row_names=str,
-            ylabel="task",
-            order=lambda names: [t for t in names if t != "average"] + ["average"],
-        )
-    for task in ("passkey", "niah"):
-        rows = summary.get(f"{task}_depth", [])
-        for label in _labels(rows):
-            name = f"{task}_heatmap_{_slug(label)}"
-            files[name] = plot_heatmap(
-                [r for r in rows if r["label"] == label],
-                out / f"{name}.png",
-                title=f"{'Passkey' if task == 'passkey' else 'Needle'} retrieval: {label}",
-            )
+    from .tasks.base import tasks
+
+    for task in tasks():
+        files.update(task.plot(summary, out))
     return files

@@ -1,6 +1,7 @@
 """Evaluation suites: one model under several scalings (``method: none`` included), several tasks, one report.
 
-A suite is a YAML file read by the one strict loader (``rope_extend.schema``) onto the dataclasses below:
+A suite is a YAML file read by the one strict loader (``rope_extend.schema``) onto the dataclasses below
+(a section per registered task, ``evaluation.tasks``):
 an unknown key names its closest valid ones, a wrong value names what is allowed, and command-line
 overrides (``--set passkey.trials=2``) win. Shipped suites (``rope_extend/suites/``) can be named
 (``rope-extend eval compare smoke``); relative paths in a suite file are relative to it when they exist there.
@@ -16,22 +17,15 @@ overrides (``--set passkey.trials=2``) win. Shipped suites (``rope_extend/suites
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, make_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from .. import resources, schema
-from ..documents import SampleBy
 from ..errors import RopeExtendError
-from ..hf.window import SlidingWindowMode
 from ..methods import registry as M
 from ..schema import option
-from .data import parse_depths, parse_lengths
-
-WINDOW_HELP = (
-    "sliding-window attention: auto widens a window every layer uses, keeps interleaved local layers; "
-    "full widens all; keep none"
-)
+from .tasks.base import Task, tasks
 
 
 @dataclass
@@ -86,87 +80,10 @@ class MethodSpec:
         )
 
 
-def _task_lengths(task) -> None:
-    task.lengths = parse_lengths(task.lengths)
-    if getattr(task, "depths", None) is not None:
-        task.depths = parse_depths(task.depths)
-
-
-@dataclass
-class PasskeyTask:
-    lengths: list[Any] = option(help="prompt lengths in tokens, e.g. [4k, 8k] (1k = 1024)")
-    depths: Any = option(None, help="null: a random depth per trial; a list or grid:N: a depth x length heatmap")
-    trials: int = option(10, help="trials per length (per cell with depths)")
-    seed: int = option(0, help="seed of the keys and depths")
-    key_range: list[int] = option(help="inclusive range of the keys", factory=lambda: [1, 50000])
-    max_new_tokens: int = option(10, help="tokens generated for the answer")
-    sliding_window: SlidingWindowMode = option("auto", help=WINDOW_HELP)
-
-    __post_init__ = _task_lengths
-
-
-@dataclass(kw_only=True)
-class TextTask:
-    """Where a task's texts come from (the one document reader)."""
-
-    data: str | None = option(
-        None,
-        help="texts: a .txt file, folder, .jsonl, .parquet or a hub dataset (default: the bundled held-out corpus)",
-    )
-    text_field: str = option("text", help="column holding the text (JSONL, Parquet, datasets)")
-    split: str = option("train", help="dataset split (hub datasets)")
-    sample_by: SampleBy = option("document", help="a text file is one document, or split by paragraph or line")
-    max_docs: int | None = option(None, help="use at most this many documents")
-
-
-@dataclass(kw_only=True)
-class NiahTask(TextTask):
-    lengths: list[Any] = option(help="prompt lengths in tokens")
-    needle: str | None = option(None, help="the sentence to hide (default: the San Francisco needle)")
-    question: str | None = option(None, help="the question asked at the end")
-    answer: str | None = option(None, help="the substring a correct answer contains")
-    depths: Any = option(None, help="depth grid (default 0, 25, 50, 75, 100%)")
-    trials: int = option(1, help="trials per cell (each from another haystack document)")
-    seed: int = option(0, help="seed")
-    max_new_tokens: int = option(32, help="tokens generated for the answer")
-    sliding_window: SlidingWindowMode = option("auto", help=WINDOW_HELP)
-
-    __post_init__ = _task_lengths
-
-
-@dataclass(kw_only=True)
-class PerplexityTask(TextTask):
-    lengths: list[Any] = option(help="window lengths in tokens")
-    stride: int | None = option(None, help="sliding-window step; null: one truncated window per document")
-    chunk_size: int | None = option(None, help="positions per LM-head chunk (default: 16M logits / vocab)")
-    sliding_window: SlidingWindowMode = option("auto", help=WINDOW_HELP)
-
-    __post_init__ = _task_lengths
-
-
-@dataclass(kw_only=True)
-class RulerTask(TextTask):
-    """RULER's synthetic tasks; ``data`` is the essay haystack (niah_multivalue, niah_multiquery)."""
-
-    lengths: list[Any] = option(help="prompt lengths in tokens")
-    tasks: list[str] | None = option(
-        None, help="RULER tasks (niah_single_1 ... fwe; see rope_extend.evaluation.ruler); null: all eleven"
-    )
-    samples: int = option(10, help="prompts per task and length")
-    seed: int = option(0, help="seed")
-    max_new_tokens: int | None = option(None, help="tokens generated (null: RULER's per task)")
-    sliding_window: SlidingWindowMode = option("auto", help=WINDOW_HELP)
-
-    def __post_init__(self):
-        from .ruler import check_tasks
-
-        _task_lengths(self)
-        if self.tasks is not None:
-            self.tasks = check_tasks(self.tasks)
-
-
 @dataclass
 class Suite:
+    """A suite's model and methods; ``suite_class()`` adds one optional section per registered task."""
+
     model: str = option(help="saved model folder, a name rope-extend ships (bundled), or a hub name")
     methods: list[MethodSpec] = option(help="the scalings to compare, e.g. [{method: none}, {method: yarn, factor: 4}]")
     tokenizer: str | None = option(None, help="tokenizer folder or name (default: the model's)")
@@ -175,10 +92,6 @@ class Suite:
     trust_remote_code: bool = option(False, help="run the model repository's own code (off by default)")
     title: str | None = option(None, help="report title")
     out: str | None = option(None, help="report folder (default: runs/<suite name>)")
-    passkey: PasskeyTask | None = option(None, help="passkey retrieval")
-    niah: NiahTask | None = option(None, help="needle in a haystack")
-    perplexity: PerplexityTask | None = option(None, help="perplexity")
-    ruler: RulerTask | None = option(None, help="RULER's synthetic tasks")
     path: str | None = option(None, help="the suite file", internal=True)
 
     def __post_init__(self):
@@ -187,8 +100,33 @@ class Suite:
         names = [m.name() for m in self.methods]
         if len(set(names)) != len(names):
             raise RopeExtendError(f"two methods have the same label ({names}); give them distinct `label`s")
-        if not (self.passkey or self.niah or self.perplexity or self.ruler):
-            raise RopeExtendError("no task: give at least one of passkey, niah, perplexity, ruler")
+        if not self.tasks():
+            raise RopeExtendError(f"no task: give at least one of {', '.join(t.name for t in tasks())}")
+
+    def tasks(self) -> list[tuple[Task, Any]]:
+        """(task, options) for each task section the suite has, in registration order."""
+        return [(t, getattr(self, t.name, None)) for t in tasks() if getattr(self, t.name, None) is not None]
+
+
+_CLASSES: dict[tuple, type] = {}
+
+
+def suite_class() -> type[Suite]:
+    """``Suite`` with an optional section per registered task (``passkey: PasskeyOptions | None``, ...),
+    built once per set of tasks: a task registered later is a suite section at once."""
+    registered = tuple(tasks())
+    key = tuple((t.name, t.options) for t in registered)
+    if key not in _CLASSES:
+        fields = [(t.name, t.options | None, option(None, help=t.help)) for t in registered]
+        cls = make_dataclass("Suite", fields, bases=(Suite,), kw_only=True)
+        cls.__module__ = __name__
+        _CLASSES[key] = cls
+    return _CLASSES[key]
+
+
+def make_suite(**values) -> Suite:
+    """A suite from Python: ``make_suite(model=..., methods=[...], passkey=PasskeyOptions(...))``."""
+    return suite_class()(**values)
 
 
 def parse_suite(data: Any, *, path: str | Path | None = None, overrides: Sequence[str] = ()) -> Suite:
@@ -197,7 +135,7 @@ def parse_suite(data: Any, *, path: str | Path | None = None, overrides: Sequenc
     data = {} if data is None else data
     if isinstance(data, dict):
         data = schema.merge(data, schema.parse_overrides(list(overrides)))
-    suite = schema.build(Suite, data, where=where)
+    suite = schema.build(suite_class(), data, where=where)
     suite.path = str(path) if path else None
     return suite
 

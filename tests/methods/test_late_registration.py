@@ -82,3 +82,20 @@ def test_a_method_whose_rope_type_transformers_owns_is_not_registered():
         registry.register(clash)
     assert "clash" not in registry.names() and mru.ROPE_INIT_FUNCTIONS["dynamic"] is own
     assert "proportional_dynamic" not in mru.ROPE_INIT_FUNCTIONS
+
+
+def test_a_method_registered_late_is_a_suite_method(toy, tmp_path):
+    """The same one definition is enough for a suite: a run labelled by it, its records and its report."""
+    from rope_extend.evaluation.compare import run_suite
+    from rope_extend.evaluation.suite import parse_suite
+    from tests.tiny import tiny_tokenizer
+
+    methods = [{"method": "none"}, {"method": "toy_half", "factor": 2, "params": {"share": 0.5}}]
+    suite = parse_suite({"model": "unused", "methods": methods, "perplexity": {"lengths": [128, 384], "max_docs": 1}})
+    result = run_suite(suite, out=tmp_path / "o", model=tiny_model(), tokenizer=tiny_tokenizer(), progress=False)
+    toy_rows = [r for r in result["records"] if r["label"] == "toy_half x2"]
+    assert [r["length"] for r in toy_rows] == [128, 384] and all(r["params"] == {"share": 0.5} for r in toy_rows)
+    assert "toy_half x2" in (tmp_path / "o" / "report.md").read_text()
+    with pytest.raises(Exception, match="share"):
+        parse_suite({"model": "m", "methods": [{"method": "toy_half", "factor": 2, "params": {"shares": 1}}],
+                     "perplexity": {"lengths": [128]}})  # fmt: skip

@@ -1,0 +1,53 @@
+"""The evaluation task interface: one definition per task, from which the suite section, the
+``rope-extend eval TASK`` command and the report's tables and plots all come (as lm-eval's ``LM`` and
+``@register_model``).
+
+A task is a ``Task``: a name, an options dataclass whose fields carry their help (``schema.option``), and
+four functions:
+
+- ``run(model, tokenizer, options, context) -> records``: the measurement, one record per trial, appended to
+  ``context.records`` as it goes (``evaluation.runner``); each record's ``task`` is the task's name;
+- ``summarize(records) -> {section: rows}``: the task's records (all runs) as summary rows;
+- ``render(summary) -> lines``: its markdown from the summary (empty when its sections are absent);
+- ``plot(summary, out) -> {name: path}``: its pictures (none by default).
+
+``register_task(task)`` adds it; from then on a suite takes a section of that name, ``rope-extend eval``
+has a subcommand of that name, and reports show it. Options that subclass ``TextOptions`` read texts (the
+one document reader) before the model is loaded, so bad data fails early. The built-in tasks are
+``passkey``, ``niah``, ``perplexity`` and ``ruler`` (one module each in this package).
+
+This package imports neither torch nor transformers: a task's ``run`` imports its harness when called.
+"""
+
+from .base import (
+    WINDOW_HELP,
+    Context,
+    Task,
+    TextOptions,
+    check_lengths,
+    check_positive,
+    get_task,
+    harness_options,
+    load_task_texts,
+    register_task,
+    tasks,
+    unregister_task,
+)
+
+__all__ = [
+    "WINDOW_HELP",
+    "Context",
+    "Task",
+    "TextOptions",
+    "check_lengths",
+    "check_positive",
+    "get_task",
+    "harness_options",
+    "load_task_texts",
+    "register_task",
+    "tasks",
+    "unregister_task",
+]
+
+# the built-in tasks register themselves, in the order of the report's sections
+from . import passkey, niah, perplexity, ruler  # noqa: F401, I001

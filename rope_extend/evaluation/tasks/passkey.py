@@ -1,0 +1,72 @@
+"""The ``passkey`` task: passkey retrieval per length (and per depth); the harness is
+``evaluation.passkey``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...errors import RopeExtendError
+from ...hf.window import SlidingWindowMode
+from ...schema import option
+from . import _retrieval
+from .base import (
+    WINDOW_HELP,
+    Context,
+    Task,
+    check_lengths,
+    check_positive,
+    harness_options,
+    register_task,
+)
+
+
+@dataclass
+class PasskeyOptions:
+    lengths: list[Any] = option(help="prompt lengths in tokens, e.g. [4k, 8k] (1k = 1024)")
+    depths: Any = option(
+        None, help="null: a random depth per trial; a list (0,0.5,1) or grid:N: a depth x length heatmap"
+    )
+    trials: int = option(10, help="trials per length (per cell with depths)")
+    seed: int = option(0, help="seed of the keys and depths")
+    key_range: list[int] = option(help="inclusive range of the keys, LOW HIGH", factory=lambda: [1, 50000])
+    max_new_tokens: int = option(10, help="tokens generated for the answer")
+    sliding_window: SlidingWindowMode = option("auto", help=WINDOW_HELP)
+
+    def __post_init__(self):
+        check_lengths(self)
+        check_positive(self, "trials", "max_new_tokens")
+        if len(self.key_range) != 2 or not 0 <= self.key_range[0] <= self.key_range[1]:
+            raise RopeExtendError(f"key_range must be two integers 0 <= LOW <= HIGH, got {self.key_range}")
+
+
+def run(model, tokenizer, options: PasskeyOptions, context: Context) -> list[dict]:
+    from ..passkey import passkey
+
+    return passkey(model, tokenizer, **harness_options(options), **context.common()).records
+
+
+def plot(summary: dict, out: Path) -> dict[str, Path]:
+    from .. import report
+
+    files = _retrieval.heatmaps(summary, out, "passkey", "Passkey")
+    if summary.get("passkey"):
+        files["passkey_plot"] = report.plot_lines(
+            summary["passkey"], "accuracy", out / "passkey.png", title="Passkey retrieval", ylabel="accuracy (%)"
+        )
+    return files
+
+
+TASK = register_task(
+    Task(
+        name="passkey",
+        help="passkey retrieval accuracy per length (and depth)",
+        title="Passkey retrieval",
+        options=PasskeyOptions,
+        run=run,
+        summarize=lambda records: _retrieval.summarize("passkey", records),
+        render=lambda summary: _retrieval.render(summary, "passkey", "Passkey retrieval accuracy", context=True),
+        plot=plot,
+    )
+)
