@@ -7,6 +7,7 @@ import argparse
 from typing import Any
 
 from .errors import RopeExtendError
+from .scaling import ScalingSpec
 from .schema import parse_value
 
 
@@ -48,25 +49,33 @@ def add_folder_arguments(parser: argparse.ArgumentParser, what: str, *, resume: 
     )
 
 
-def method_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments for ``patch``/``configure`` from parsed method arguments; a factor, a target
+FLAGS = {
+    "method": "--method",
+    "factor": "--factor",
+    "target_length": "--target-length",
+    "original_max_position_embeddings": "--original-length",
+    "params": "--param",
+}
+
+
+def _flag(key: str) -> str:
+    """How the command line spells a ``ScalingSpec`` key: ``--factor``, ``--param beta_fast``."""
+    return f"--param {key[len('params.') :]}" if key.startswith("params.") else FLAGS.get(key, key)
+
+
+def scaling_from_args(args: argparse.Namespace) -> ScalingSpec:
+    """The checked ``ScalingSpec`` of parsed method arguments; errors name the flags. A factor, a target
     length or a parameter without a method is an error (it would silently measure the unscaled model)."""
-    kwargs = dict(
+    spec = ScalingSpec(
+        method=args.method or "none",
         factor=args.factor,
         target_length=args.target_length,
         original_max_position_embeddings=args.original_max_position_embeddings,
+        params=parse_params(args.param),
     )
-    params = parse_params(args.param)
-    if (args.method or "none") == "none":
-        flags = {
-            "factor": "--factor",
-            "target_length": "--target-length",
-            "original_max_position_embeddings": "--original-length",
-        }
-        given = [flags[k] for k, v in kwargs.items() if v is not None] + [f"--param {k}" for k in params]
-        if given:
-            raise RopeExtendError(
-                f"{', '.join(given)} given without --method: name the scaling method "
-                "(rope-extend methods lists them), or leave them out to run the model as it is"
-            )
-    return {**kwargs, **params}
+    return spec.check(spell=_flag)
+
+
+def method_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments for ``patch``/``configure`` from parsed method arguments (``scaling_from_args``)."""
+    return scaling_from_args(args).patch_kwargs()

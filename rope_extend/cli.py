@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from . import demo
-from .arguments import add_method_arguments, method_kwargs, parse_params
+from .arguments import add_method_arguments, method_kwargs, parse_params, scaling_from_args
 from .bundled import cli as bundled_cli
 from .evaluation import cli as evaluation_cli
 from .factor_search import cli as search_cli
@@ -22,7 +22,7 @@ from .training import cli as training_cli
 
 SUBCOMMANDS = (evaluation_cli, training_cli, search_cli, bundled_cli, demo)
 
-__all__ = ["add_method_arguments", "build_parser", "main", "method_kwargs", "parse_params"]
+__all__ = ["add_method_arguments", "build_parser", "main", "method_kwargs", "parse_params", "scaling_from_args"]
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:
@@ -57,6 +57,7 @@ def _cmd_configure(args: argparse.Namespace) -> int:
     from .io import MARKER, atomic_path, claim_output_dir, write_json
     from .loading import load_model, load_tokenizer, resolve_name
 
+    scaling = scaling_from_args(args)  # checked before anything is read
     source, out = Path(resolve_name(args.model)), Path(args.out)
     gguf = source.is_file() and source.suffix.lower() == ".gguf"
     if not gguf and not (source / "config.json").is_file():
@@ -83,7 +84,7 @@ def _cmd_configure(args: argparse.Namespace) -> int:
             config = AutoConfig.from_pretrained(source, trust_remote_code=args.trust_remote_code)
         except (OSError, ValueError, KeyError) as exc:
             raise RopeExtendError(f"cannot read the config of {source}: {str(exc).splitlines()[0]}") from None
-    configure(config, args.method, **method_kwargs(args))
+    configure(config, scaling.method, **scaling.patch_kwargs())
     with atomic_path(out) as tmp:
         if gguf:
             model.save_pretrained(tmp)

@@ -31,6 +31,7 @@ from typing import Any
 
 from .errors import RopeExtendError, RopeExtendException, closest
 from .methods import registry as _methods
+from .scaling import ScalingSpec
 
 logger = logging.getLogger("rope_extend")
 
@@ -77,7 +78,7 @@ class Arguments:
     """``model_args`` sorted by who takes them."""
 
     load: dict[str, Any]
-    patch: dict[str, Any]  # method, factor, ... and the method's parameters; empty: run the model as it is
+    scaling: ScalingSpec | None  # None: run the model as it is
     hflm: dict[str, Any]
 
 
@@ -105,26 +106,13 @@ def split_arguments(args: dict[str, Any]) -> Arguments:
     load = {k: v for k, v in args.items() if k in LOAD_ARGUMENTS}
     hflm = {k: v for k, v in args.items() if k in HFLM_ARGUMENTS}
     params = set(method_parameters())
-    patch = {
-        k: (_value(v) if k in params else v)
-        for k, v in args.items()
-        if (k in PATCH_ARGUMENTS or k in params) and v is not None
-    }
     if load.get("pretrained") in (None, ""):
         raise RopeExtendError(
             "--model rope-extend needs pretrained=PATH (a model folder, a .gguf file, 'bundled' or a hub name)"
         )
-    method = patch.get("method")
-    if method in (None, "none"):
-        patch.pop("method", None)
-        if patch:
-            raise RopeExtendError(
-                f"{', '.join(sorted(patch))} given without method=: name the scaling method (rope-extend methods "
-                "lists them), or leave them out to evaluate the model as it is"
-            )
-    else:
-        _methods.get(method)  # an unknown method: an error listing the known ones
-    return Arguments(load, patch, hflm)
+    requested = {k: (_value(v) if k in params else v) for k, v in args.items() if k in PATCH_ARGUMENTS or k in params}
+    scaling = ScalingSpec.from_values(requested, spell=lambda key: f"{key.removeprefix('params.')}=")
+    return Arguments(load, scaling if scaling.scales else None, hflm)
 
 
 def _device(device: str | None) -> str:
@@ -144,7 +132,7 @@ def load_patched(args: Arguments):
     """``(model, tokenizer, scaling)``: loaded with ``rope_extend.loading``, patched if a method is given
     (``scaling`` is then ``rope_extend.patched(model)``, else None)."""
     from . import loading
-    from .patch import patch, patched
+    from .patch import patched
 
     load = dict(args.load)
     pretrained = str(load.pop("pretrained"))
@@ -160,10 +148,9 @@ def load_patched(args: Arguments):
         **gguf,
     )
     tokenizer = loading.load_tokenizer(str(tokenizer_name), trust_remote_code=trust, **gguf)
-    if not args.patch:
+    if args.scaling is None:
         return model, tokenizer, None
-    patch_args = dict(args.patch)
-    patch(model, patch_args.pop("method"), **patch_args)
+    args.scaling.apply(model)
     scaling = patched(model)
     logger.info("rope-extend: evaluating %s", scaling.describe())
     return model, tokenizer, scaling

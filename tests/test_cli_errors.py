@@ -129,7 +129,7 @@ CASES = {
         ["eval", "passkey", "--model", "bundled", "--factor", "4", "--lengths", "256", "--out", "o"],
         {},
         ".",
-        "--factor given without --method",
+        "--factor given without a scaling method \\(--method is none\\)",
     ),
     "malformed JSONL": (
         ["eval", "perplexity", "--model", "bundled", "--lengths", "64", "--data", "d.jsonl", "--out", "o"],
@@ -198,7 +198,7 @@ CASES = {
         ["eval", "compare", "s.yaml"],
         {"s.yaml": SUITE_NONE_FACTOR},
         ".",
-        "method none takes no factor",
+        "factor given without a scaling method \\(method is none\\)",
     ),
     "spectrum into a folder": (
         ["plot", "spectrum", "--out", "pics"],

@@ -22,6 +22,7 @@ from rope_extend.errors import RopeExtendError
 from rope_extend.evaluation.prompts import passkey_prompt
 from rope_extend.loading import bundled_available, load_model, load_tokenizer
 from rope_extend.methods import registry
+from rope_extend.scaling import ScalingSpec
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = REPO / "examples" / "lm_eval_tasks"
@@ -55,9 +56,9 @@ def test_hflm_arguments_that_do_not_apply_are_refused():
 
 
 def test_method_arguments_need_a_method_and_a_known_one():
-    with pytest.raises(RopeExtendError, match="factor given without method="):
+    with pytest.raises(RopeExtendError, match=r"factor= given without a scaling method \(method= is none\)"):
         lmeval.split_arguments({"pretrained": "bundled", "factor": 4})
-    with pytest.raises(RopeExtendError, match="group_size given without method="):
+    with pytest.raises(RopeExtendError, match="group_size= given without a scaling method"):
         lmeval.split_arguments({"pretrained": "bundled", "method": "none", "group_size": 4})
     with pytest.raises(RopeExtendError, match="unknown method 'yran'.*did you mean 'yarn'"):
         lmeval.split_arguments({"pretrained": "bundled", "method": "yran", "factor": 4})
@@ -73,15 +74,18 @@ def test_arguments_are_sorted_and_values_read():
             "method": "longrope",
             "factor": 4,
             "short_factor": "[1, 2]",  # lm-eval leaves a list as text
+            "long_factor": "[3, 4]",
             "logn": True,
             "batch_size": 2,
             "max_length": 900,
         }
     )
     assert args.load == {"pretrained": "bundled", "dtype": "float32"}
-    assert args.patch == {"method": "longrope", "factor": 4, "short_factor": [1, 2], "logn": True}
+    assert args.scaling == ScalingSpec(
+        "longrope", factor=4, params={"short_factor": [1, 2], "long_factor": [3, 4], "logn": True}
+    )
     assert args.hflm == {"batch_size": 2, "max_length": 900}
-    assert lmeval.split_arguments({"pretrained": "bundled", "method": "none"}).patch == {}
+    assert lmeval.split_arguments({"pretrained": "bundled", "method": "none"}).scaling is None
 
 
 def test_every_method_parameter_is_allowed():

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..arguments import add_folder_arguments, add_method_arguments, method_kwargs
+from ..arguments import add_folder_arguments, add_method_arguments, scaling_from_args
 from ..schema import add_arguments
 from .tasks.base import tasks
 
@@ -50,23 +50,17 @@ def _cmd_task(args) -> int:
     from .. import schema
     from ..io import claim_output_dir
     from ..loading import load_model, load_tokenizer
-    from ..methods import registry
-    from ..patch import patch
     from .report import owned
     from .tasks.base import Context, get_task, load_task_texts
 
     task = get_task(args.eval_command)
     options = schema.build(task.options, schema.arguments_data(args, task.options), where="the command line")
-    method = args.method or "none"
-    kwargs = method_kwargs(args)  # a factor without a method is refused here
-    if method != "none":
-        registry.get(method)  # an unknown method fails before a model is loaded
+    scaling = scaling_from_args(args)  # checked before a model is loaded
     claim_output_dir(args.out, kind="eval", owned=owned, resume=args.resume, overwrite=args.overwrite, check_only=True)
     texts = load_task_texts(options) if task.reads_texts else None
     model = load_model(args.model, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code)
     tokenizer = load_tokenizer(args.tokenizer or args.model, trust_remote_code=args.trust_remote_code)
-    if method != "none":
-        patch(model, method, **kwargs)
+    scaling.apply(model)
     # everything checked: now write
     claim_output_dir(args.out, kind="eval", owned=owned, resume=args.resume, overwrite=args.overwrite)
     context = Context(

@@ -16,25 +16,24 @@ from ..errors import RopeExtendError
 from ..hf import config as hf
 from ..io import claim_output_dir, write_text
 from ..loading import load_model, load_tokenizer
-from ..patch import patch, patched, unpatch
+from ..patch import patched, unpatch
 from .report import owned, write_report
 from .suite import MethodSpec, Suite, default_out, resolve_path
 from .tasks.base import Context, load_task_texts
 
 
-def apply(model, spec) -> None:
+def apply(model, spec: MethodSpec) -> None:
     """Put ``model`` under ``spec``'s scaling (undoing any earlier rope-extend patch first)."""
     if patched(model) is not None:
         unpatch(model)
-    if spec.method != "none":
-        patch(model, spec.method, **spec.patch_kwargs())
+    spec.apply(model)
 
 
 def check_methods(model, suite: Suite) -> None:
     """Every method of the suite against the model's config, before the first one runs."""
     config = hf.text_config(model.config)
     for spec in suite.methods:
-        if spec.method != "none":
+        if spec.scales:
             hf.plan(config, spec.method, **spec.patch_kwargs())
 
 

@@ -23,61 +23,22 @@ from typing import Any, Literal
 
 from .. import resources, schema
 from ..errors import RopeExtendError
-from ..methods import registry as M
+from ..scaling import ScalingSpec
 from ..schema import option
 from .tasks.base import Task, tasks
 
 
 @dataclass
-class MethodSpec:
-    """One scaling to compare. ``method: none`` is the model as loaded."""
+class MethodSpec(ScalingSpec):
+    """One scaling to compare (a ``ScalingSpec`` with a label). ``method: none`` is the model as loaded."""
 
-    method: str = option("none", help="scaling method (rope-extend methods), or none for the model as loaded")
-    factor: float | None = option(None, help="scale factor s = target / original length L")
-    target_length: int | None = option(None, help="target context in tokens (instead of factor)")
-    original_length: int | None = option(None, help="override the original pretraining length L")
-    params: dict[str, Any] = option(help="method parameters, e.g. {beta_fast: 32}", factory=dict)
     label: str | None = option(None, help="name in tables and plots (default: method and factor)")
 
     def __post_init__(self):
-        if self.method == "none":
-            if self.factor is not None or self.target_length is not None or self.params:
-                raise RopeExtendError(
-                    f"method none takes no factor, target_length or params (got factor={self.factor}, "
-                    f"target_length={self.target_length}, params={self.params}): name a method to scale the model"
-                )
-            return
-        method = M.get(self.method)  # an unknown name raises, listing the known ones
-        if method.attention and self.factor is None and self.target_length is None:
-            pass  # attention methods keep plain RoPE: no factor needed
-        elif (self.factor is None) == (self.target_length is None):
-            raise RopeExtendError(
-                f"method {self.method}: give exactly one of factor and target_length, got "
-                f"factor={self.factor}, target_length={self.target_length}"
-            )
-        if self.factor is not None:
-            M.check_factor(self.factor)
-        elif self.target_length is not None:
-            M.check_int("target_length", self.target_length)
-        method.make_params(self.params)  # the rest is checked against the model's config before any run
+        self.check()  # the rest is checked against the model's config before any run
 
     def name(self) -> str:
-        if self.label:
-            return self.label
-        if self.method == "none":
-            return "none"
-        if self.factor is None and self.target_length is None:  # an attention method without a target
-            return self.method
-        size = f"x{self.factor:g}" if self.factor is not None else f"to {self.target_length}"
-        return f"{self.method} {size}"
-
-    def patch_kwargs(self) -> dict[str, Any]:
-        return dict(
-            factor=self.factor,
-            target_length=self.target_length,
-            original_max_position_embeddings=self.original_length,
-            **self.params,
-        )
+        return self.label or self.describe()
 
 
 @dataclass

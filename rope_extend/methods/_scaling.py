@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..errors import RopeExtendError
-from ._common import Geometry, Method, check_factor, check_int
+from ._common import Geometry, Method, check_factor, check_int, check_number
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,38 @@ class Scaling:
         return self.params.rules(self.original_max_position_embeddings) if self.method.attention else None
 
 
+def _same(key: str) -> str:
+    return key
+
+
+def check_amounts(
+    method: Method, *, factor: Any = None, target_length: Any = None, params: dict[str, Any], spell=_same
+) -> tuple[Any, bool]:
+    """The checks that need no model: the method's parameters (through its dataclass), ``logn``, and the
+    factor or target length. Returns ``(params, logn)``. ``spell(key)`` is how the caller writes a key
+    (``--factor``, ``rope.factor``), so that the message names what the user typed.
+
+    Exactly one of ``factor`` and ``target_length``, except for attention methods, which need neither.
+    """
+    params = dict(params)
+    logn = params.pop("logn", False)
+    if not isinstance(logn, bool):
+        raise RopeExtendError(f"{spell('params.logn')} must be true or false, got {logn!r}")
+    made = method.make_params(params)  # its errors name the method and the parameter
+    if not (method.attention and factor is None and target_length is None) and (factor is None) == (
+        target_length is None
+    ):
+        raise RopeExtendError(
+            f"give exactly one of {spell('factor')} (s >= 1, relative to the original length L) and "
+            f"{spell('target_length')} (>= L), got factor={factor!r}, target_length={target_length!r}"
+        )
+    if target_length is not None:
+        check_int(spell("target_length"), target_length)
+    if factor is not None:
+        check_number(spell("factor"), factor, minimum=1.0)  # check_factor, named as the caller writes it
+    return made, logn
+
+
 def resolve(
     method: Method,
     *,
@@ -72,25 +104,16 @@ def resolve(
 ) -> Scaling:
     """Validate every argument and return the scaling; raises ``RopeExtendError`` naming the problem.
 
-    Exactly one of ``factor`` and ``target_length`` is given; ``factor = target_length / L``. Attention
-    methods (``method.attention``) keep plain RoPE and need neither: the factor then defaults to the method's
+    ``check_amounts`` first (what needs no model); then, with the original length ``L``:
+    ``factor = target_length / L``; attention methods (``method.attention``) given neither get the method's
     usable length over ``L`` (Self-Extend) or 1 (no length limit). ``params`` may hold ``logn`` (true/false)
     for any method.
     """
     length = check_int("original_max_position_embeddings", original_max_position_embeddings)
-    params = dict(params)
-    logn = params.pop("logn", False)
-    if not isinstance(logn, bool):
-        raise RopeExtendError(f"logn must be true or false, got {logn!r}")
-    if method.attention and factor is None and target_length is None:
-        made = method.make_params(params)
-        usable = getattr(made, "usable_length", None)
+    made, logn = check_amounts(method, factor=factor, target_length=target_length, params=params)
+    usable = getattr(made, "usable_length", None)
+    if factor is None and target_length is None:  # an attention method (check_amounts allowed it)
         factor = usable(length) / length if usable is not None else 1.0
-    if (factor is None) == (target_length is None):
-        raise RopeExtendError(
-            "give exactly one of factor (s >= 1, relative to the original length L="
-            f"{length}) and target_length (>= L), got factor={factor!r}, target_length={target_length!r}"
-        )
     if target_length is not None:
         target = check_int("target_length", target_length)
         if target < length:
@@ -99,8 +122,6 @@ def resolve(
             )
         factor = target / length
     s = check_factor(factor)
-    made = method.make_params(params)
-    usable = getattr(made, "usable_length", None)
     if usable is not None and s * length > usable(length) * (1 + 1e-9):
         formula, remedy = made.USABLE  # how the params class computes its reach, and what lengthens it
         raise RopeExtendError(

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from .. import resources, schema
 from ..documents import SampleBy
 from ..errors import RopeExtendError
-from ..methods import registry as M
+from ..scaling import ScalingSpec
 from ..schema import option
 
 
@@ -54,14 +54,11 @@ class ModelArgs:
 
 
 @dataclass
-class RopeArgs:
-    """The scaling, as ``rope_extend.patch(model, method, factor, target_length, ...)`` takes it."""
+class RopeArgs(ScalingSpec):
+    """The scaling to train for (a ``ScalingSpec``; checked in ``TrainArgs.validate`` with keys named
+    ``rope.*``)."""
 
     method: str = option("yarn", help="scaling method (rope-extend methods); none trains the rope as it is")
-    factor: float | None = option(None, help="scale factor s = target / original length L")
-    target_length: int | None = option(None, help="target context in tokens (instead of factor)")
-    original_max_position_embeddings: int | None = option(None, help="override the original pretraining length L")
-    params: dict[str, Any] = option(help="method parameters, e.g. {beta_fast: 32}", factory=dict)
 
 
 @dataclass
@@ -191,32 +188,12 @@ class TrainArgs:
         if m.config is not None and "model_type" not in m.config:
             bad("model.config", m.config, "a mapping with model_type (e.g. llama) and config fields")
         r = self.rope
-        if r.method == "none":
-            if r.factor is not None or r.target_length is not None or r.params:
-                bad(
-                    "rope",
-                    {"factor": r.factor, "target_length": r.target_length, "params": r.params},
-                    "no factor, target_length or params with rope.method none (the rope is left as it is)",
-                )
-        else:
-            try:
-                method = M.get(r.method)
-            except RopeExtendError as exc:
-                raise RecipeError(f"rope.method: {exc}") from None
-            if (r.factor is None) == (r.target_length is None):
-                bad(
-                    "rope",
-                    {"factor": r.factor, "target_length": r.target_length},
-                    "exactly one of rope.factor or rope.target_length",
-                )
-            if r.factor is not None and r.factor < 1:
-                bad("rope.factor", r.factor, "a number >= 1 (target length / original length)")
-            if r.target_length is not None and r.target_length < 1:
-                bad("rope.target_length", r.target_length, "a positive number of tokens")
-            try:
-                method.make_params(r.params)
-            except RopeExtendError as exc:
-                raise RecipeError(f"rope.params: {exc}") from None
+        try:
+            r.check(spell=lambda key: f"rope.{key}")
+        except RecipeError:
+            raise
+        except RopeExtendError as exc:
+            raise RecipeError(str(exc)) from None
         d = self.data
         if d.path is None:
             bad("data.path", None, "a text/JSONL/Parquet file, folder, glob, list of files, or dataset name")

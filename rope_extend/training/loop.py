@@ -29,7 +29,7 @@ import torch
 from ..hf import checkpointing
 from ..hf.head import LMHead, check, lm_head
 from ..io import atomic_path
-from ..patch import patch, patched
+from ..patch import patched
 from . import checkpoint as ckpt
 from .args import RecipeError, TrainArgs, to_dict
 from .data import Batches, pack, pad_documents, passkey_windows, read_documents, tokenize, with_passkey_windows
@@ -90,16 +90,7 @@ def _setup_model(args: TrainArgs, texts: list[str]):
     """The model with its rope scaled (the patch writes it into model.config, so the saved and merged
     config.json carry it), activation checkpointing, and LoRA or full training."""
     model, tokenizer = build_model(args.model, texts, args.seed)
-    r = args.rope
-    if r.method != "none":
-        patch(
-            model,
-            r.method,
-            factor=r.factor,
-            target_length=r.target_length,
-            original_max_position_embeddings=r.original_max_position_embeddings,
-            **r.params,
-        )
+    args.rope.apply(model)
     scaling = patched(model)
     if args.gradient_checkpointing:
         checkpointing.enable(model)

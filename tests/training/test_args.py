@@ -53,8 +53,8 @@ def test_overrides_win_and_dotted_keys_reach_sections():
         ("rope.factr=2", r"unknown key 'rope\.factr'; did you mean 'rope\.factor'"),
         ("lora.lora_alfa=8", r"lora\.lora_alpha"),
         ("max_steps=ten", r"max_steps: got 'ten' \(str\); expected int"),
-        ("rope.factor=0.5", r"rope\.factor: got 0\.5; expected a number >= 1"),
-        ("rope.target_length=4096", r"exactly one of rope\.factor or rope\.target_length"),
+        ("rope.factor=0.5", r"rope\.factor must be >= 1\.0, got 0\.5"),
+        ("rope.target_length=4096", r"exactly one of rope\.factor \(.*\) and rope\.target_length"),
         ("lr_scheduler_type=cosin", r"lr_scheduler_type: got 'cosin'"),
         ("data.document_boundaries=none", r"data\.document_boundaries"),
         ("max_steps", r"expected key=value"),
@@ -118,7 +118,7 @@ def test_rope_method_none_takes_no_factor():
     args.model.name_or_path = "some/model"
     args.validate()
     args.rope.factor = 2.0
-    with pytest.raises(RecipeError, match="rope.method none"):
+    with pytest.raises(RecipeError, match=r"rope\.factor given without a scaling method \(rope\.method is none\)"):
         args.validate()
 
 

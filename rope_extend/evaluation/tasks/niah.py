@@ -7,21 +7,11 @@ from typing import Any
 
 from ...hf.window import SlidingWindowMode
 from ...schema import option
-from . import _retrieval
-from .base import (
-    WINDOW_HELP,
-    Context,
-    Task,
-    TextOptions,
-    check_lengths,
-    check_positive,
-    harness_options,
-    register_task,
-)
+from . import _retrieval, base
 
 
 @dataclass(kw_only=True)
-class NiahOptions(TextOptions):
+class NiahOptions(base.TextOptions):
     lengths: list[Any] = option(help="prompt lengths in tokens")
     needle: str | None = option(None, help="the sentence to hide (default: the San Francisco needle)")
     question: str | None = option(None, help="the question asked at the end")
@@ -30,22 +20,22 @@ class NiahOptions(TextOptions):
     trials: int = option(1, help="trials per cell (each from another haystack document)")
     seed: int = option(0, help="seed")
     max_new_tokens: int = option(32, help="tokens generated for the answer")
-    sliding_window: SlidingWindowMode = option("auto", help=WINDOW_HELP)
+    sliding_window: SlidingWindowMode = option("auto", help=base.WINDOW_HELP)
 
     def __post_init__(self):
-        check_lengths(self)
-        check_positive(self, "trials", "max_new_tokens")
+        base.check_lengths(self)
+        base.check_positive(self, "trials", "max_new_tokens")
 
 
-def run(model, tokenizer, options: NiahOptions, context: Context) -> list[dict]:
+def run(model, tokenizer, options: NiahOptions, context: base.Context) -> list[dict]:
     from ..niah import niah
 
-    given = harness_options(options, unset=("needle", "question", "answer"))
+    given = base.harness_options(options, unset=("needle", "question", "answer"))
     return niah(model, tokenizer, context.texts, **given, **context.common()).records
 
 
-TASK = register_task(
-    Task(
+TASK = base.register_task(
+    base.Task(
         name="niah",
         help="needle in a haystack: length x depth heatmap, substring match",
         title="Needle in a haystack",

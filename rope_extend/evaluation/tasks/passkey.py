@@ -10,16 +10,7 @@ from typing import Any
 from ...errors import RopeExtendError
 from ...hf.window import SlidingWindowMode
 from ...schema import option
-from . import _retrieval
-from .base import (
-    WINDOW_HELP,
-    Context,
-    Task,
-    check_lengths,
-    check_positive,
-    harness_options,
-    register_task,
-)
+from . import _retrieval, base
 
 
 @dataclass
@@ -32,19 +23,19 @@ class PasskeyOptions:
     seed: int = option(0, help="seed of the keys and depths")
     key_range: list[int] = option(help="inclusive range of the keys, LOW HIGH", factory=lambda: [1, 50000])
     max_new_tokens: int = option(10, help="tokens generated for the answer")
-    sliding_window: SlidingWindowMode = option("auto", help=WINDOW_HELP)
+    sliding_window: SlidingWindowMode = option("auto", help=base.WINDOW_HELP)
 
     def __post_init__(self):
-        check_lengths(self)
-        check_positive(self, "trials", "max_new_tokens")
+        base.check_lengths(self)
+        base.check_positive(self, "trials", "max_new_tokens")
         if len(self.key_range) != 2 or not 0 <= self.key_range[0] <= self.key_range[1]:
             raise RopeExtendError(f"key_range must be two integers 0 <= LOW <= HIGH, got {self.key_range}")
 
 
-def run(model, tokenizer, options: PasskeyOptions, context: Context) -> list[dict]:
+def run(model, tokenizer, options: PasskeyOptions, context: base.Context) -> list[dict]:
     from ..passkey import passkey
 
-    return passkey(model, tokenizer, **harness_options(options), **context.common()).records
+    return passkey(model, tokenizer, **base.harness_options(options), **context.common()).records
 
 
 def plot(summary: dict, out: Path) -> dict[str, Path]:
@@ -58,8 +49,8 @@ def plot(summary: dict, out: Path) -> dict[str, Path]:
     return files
 
 
-TASK = register_task(
-    Task(
+TASK = base.register_task(
+    base.Task(
         name="passkey",
         help="passkey retrieval accuracy per length (and depth)",
         title="Passkey retrieval",

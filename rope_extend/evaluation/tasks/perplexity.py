@@ -11,34 +11,25 @@ from typing import Any
 
 from ...hf.window import SlidingWindowMode
 from ...schema import option
-from .base import (
-    WINDOW_HELP,
-    Context,
-    Task,
-    TextOptions,
-    check_lengths,
-    check_positive,
-    harness_options,
-    register_task,
-)
+from . import base
 
 
 @dataclass(kw_only=True)
-class PerplexityOptions(TextOptions):
+class PerplexityOptions(base.TextOptions):
     lengths: list[Any] = option(help="window lengths in tokens")
     stride: int | None = option(None, help="sliding-window step; null: one truncated window per document")
     chunk_size: int | None = option(None, help="positions per LM-head chunk (default: 16M logits / vocab)")
-    sliding_window: SlidingWindowMode = option("auto", help=WINDOW_HELP)
+    sliding_window: SlidingWindowMode = option("auto", help=base.WINDOW_HELP)
 
     def __post_init__(self):
-        check_lengths(self)
-        check_positive(self, "stride", "chunk_size")
+        base.check_lengths(self)
+        base.check_positive(self, "stride", "chunk_size")
 
 
-def run(model, tokenizer, options: PerplexityOptions, context: Context) -> list[dict]:
+def run(model, tokenizer, options: PerplexityOptions, context: base.Context) -> list[dict]:
     from ..perplexity import perplexity
 
-    return perplexity(model, tokenizer, context.texts, **harness_options(options), **context.common()).records
+    return perplexity(model, tokenizer, context.texts, **base.harness_options(options), **context.common()).records
 
 
 def summarize(records: list[dict]) -> dict[str, list[dict]]:
@@ -88,8 +79,8 @@ def plot(summary: dict, out: Path) -> dict[str, Path]:
     return {"perplexity_plot": path}
 
 
-TASK = register_task(
-    Task(
+TASK = base.register_task(
+    base.Task(
         name="perplexity",
         help="token-weighted perplexity per length (chunked, no full logits)",
         title="Perplexity",

@@ -9,20 +9,11 @@ from typing import Any
 
 from ...hf.window import SlidingWindowMode
 from ...schema import option
-from .base import (
-    WINDOW_HELP,
-    Context,
-    Task,
-    TextOptions,
-    check_lengths,
-    check_positive,
-    harness_options,
-    register_task,
-)
+from . import base
 
 
 @dataclass(kw_only=True)
-class RulerOptions(TextOptions):
+class RulerOptions(base.TextOptions):
     """RULER's synthetic tasks; ``data`` is the essay haystack (niah_multivalue, niah_multiquery)."""
 
     lengths: list[Any] = option(help="prompt lengths in tokens")
@@ -34,21 +25,21 @@ class RulerOptions(TextOptions):
     samples: int = option(10, help="prompts per task and length")
     seed: int = option(0, help="seed")
     max_new_tokens: int | None = option(None, help="tokens generated (default: RULER's per task)")
-    sliding_window: SlidingWindowMode = option("auto", help=WINDOW_HELP)
+    sliding_window: SlidingWindowMode = option("auto", help=base.WINDOW_HELP)
 
     def __post_init__(self):
         from ..ruler import check_tasks
 
-        check_lengths(self)
-        check_positive(self, "samples", "max_new_tokens")
+        base.check_lengths(self)
+        base.check_positive(self, "samples", "max_new_tokens")
         if self.tasks is not None:
             self.tasks = check_tasks(self.tasks)
 
 
-def run(model, tokenizer, options: RulerOptions, context: Context) -> list[dict]:
+def run(model, tokenizer, options: RulerOptions, context: base.Context) -> list[dict]:
     from ..ruler import ruler
 
-    return ruler(model, tokenizer, haystack=context.texts, **harness_options(options), **context.common()).records
+    return ruler(model, tokenizer, haystack=context.texts, **base.harness_options(options), **context.common()).records
 
 
 def summarize(records: list[dict]) -> dict[str, list[dict]]:
@@ -136,8 +127,8 @@ def plot(summary: dict, out: Path) -> dict[str, Path]:
     return files
 
 
-TASK = register_task(
-    Task(
+TASK = base.register_task(
+    base.Task(
         name="ruler",
         help="RULER's synthetic tasks (needles, variable tracking, word counts) per length",
         title="RULER synthetic tasks",

@@ -1,0 +1,115 @@
+"""The scaling request: the one ``ScalingSpec`` that a suite's method, a recipe's ``rope`` section, the
+command line's ``--method/--factor/...`` flags and lm-eval's ``model_args`` are all read into.
+
+    ScalingSpec(method="yarn", factor=4)                      # s = 4 relative to the model's L
+    ScalingSpec(method="yarn", target_length=32768)           # s = 32768 / L
+    ScalingSpec(method="self_extend", params={"group_size": 8})  # attention methods need no factor
+
+It is checked, before any model is loaded, by the same rules ``methods.resolve`` applies once the model's
+original length ``L`` is known (``methods._scaling.check_amounts``): a known method; its parameters through
+the method's own dataclass; exactly one of ``factor`` and ``target_length`` (attention methods may give
+neither); ``factor >= 1``; nothing but the method name with ``method: none``. ``L`` is
+``original_max_position_embeddings`` everywhere (transformers' name; ``--original-length`` on the command
+line); unset, it is read from the model's config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import RopeExtendError
+from .schema import option
+
+NONE = "none"
+
+
+def _same(key: str) -> str:
+    return key
+
+
+@dataclass
+class ScalingSpec:
+    """A scaling as a user asks for it (see the module docstring); ``check()`` validates it."""
+
+    method: str = option(NONE, help="scaling method (rope-extend methods), or none for the rope as it is")
+    factor: float | None = option(None, help="scale factor s = target / original length L")
+    target_length: int | None = option(None, help="target context in tokens (instead of factor)")
+    original_max_position_embeddings: int | None = option(
+        None, help="the original pretraining length L (default: read from the model's config)"
+    )
+    params: dict[str, Any] = option(help="method parameters, e.g. {beta_fast: 32}", factory=dict)
+
+    @property
+    def scales(self) -> bool:
+        """Whether a method is asked for (``none`` leaves the model as it is)."""
+        return self.method != NONE
+
+    def check(self, spell: Callable[[str], str] = _same) -> ScalingSpec:
+        """Raise ``RopeExtendError`` naming the problem (keys written as ``spell(key)``: ``--factor``,
+        ``rope.factor``, ``factor=``; a parameter's key is ``params.NAME``); returns ``self``."""
+        from .methods import registry
+        from .methods._common import check_int
+        from .methods._scaling import check_amounts
+
+        if not self.scales:
+            given = [
+                k
+                for k in ("factor", "target_length", "original_max_position_embeddings")
+                if getattr(self, k) is not None
+            ] + [f"params.{k}" for k in self.params]
+            if given:
+                raise RopeExtendError(
+                    f"{', '.join(spell(k) for k in given)} given without a scaling method ({spell('method')} is none): "
+                    "name the method (rope-extend methods lists them), or leave them out to use the rope as it is"
+                )
+            return self
+        if not isinstance(self.params, dict):
+            raise RopeExtendError(f"{spell('params')} must be a mapping of parameter names, got {self.params!r}")
+        try:
+            method = registry.get(self.method)  # an unknown name raises, listing the known ones
+        except RopeExtendError as exc:
+            raise RopeExtendError(f"{spell('method')}: {exc}") from None
+        if self.original_max_position_embeddings is not None:
+            check_int(spell("original_max_position_embeddings"), self.original_max_position_embeddings)
+        check_amounts(method, factor=self.factor, target_length=self.target_length, params=self.params, spell=spell)
+        return self
+
+    def patch_kwargs(self) -> dict[str, Any]:
+        """The keywords of ``rope_extend.patch(model, spec.method, **spec.patch_kwargs())``."""
+        return {
+            "factor": self.factor,
+            "target_length": self.target_length,
+            "original_max_position_embeddings": self.original_max_position_embeddings,
+            **self.params,
+        }
+
+    def apply(self, model) -> None:
+        """Patch ``model`` with this scaling (nothing for ``none``)."""
+        if self.scales:
+            from .patch import patch
+
+            patch(model, self.method, **self.patch_kwargs())
+
+    def describe(self) -> str:
+        """``yarn x4``, ``yarn to 32768``, ``self_extend`` (an attention method without a target), ``none``."""
+        if not self.scales:
+            return NONE
+        if self.factor is None and self.target_length is None:
+            return self.method
+        return (
+            f"{self.method} x{self.factor:g}" if self.factor is not None else f"{self.method} to {self.target_length}"
+        )
+
+    @classmethod
+    def from_values(cls, values: dict[str, Any], spell: Callable[[str], str] = _same) -> ScalingSpec:
+        """A checked spec from flat ``key: value`` pairs (``method``, ``factor``, ``target_length``,
+        ``original_max_position_embeddings``; any other key is a method parameter); None values are unset."""
+        given = {k: v for k, v in values.items() if v is not None}
+        fields = {
+            k: given.pop(k)
+            for k in ("method", "factor", "target_length", "original_max_position_embeddings")
+            if k in given
+        }
+        return cls(**fields, params=given).check(spell)
