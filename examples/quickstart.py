@@ -20,7 +20,7 @@ def spectrum_table():
     print("1. Llama-2 geometry (head_dim 128, base 10000, L 4096), factor 4")
     print(f"   {'method':14}{'highest freq x':>16}{'median freq x':>16}{'lowest freq x':>16}{'attn scale':>12}")
     plain, _ = rope_extend.inv_freq("linear", 128, 10000.0, 1.0, 4096)
-    for method in rope_extend.methods():
+    for method in rope_extend.method_names():
         params = (
             {"short_factor": [1.0] * 64, "long_factor": [1.0 + 3.0 * i / 63 for i in range(64)]}
             if method == "longrope"

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # the names for type checkers; at run time lazy_exports impor
     from .hf.config import configure, rope_parameters
     from .methods import get as get_method
     from .methods import inv_freq
+    from .methods import names as method_names
     from .methods import names as methods
     from .patch import patch, patched, unpatch
     from .sinks import SinkCache
@@ -45,7 +46,8 @@ lazy_exports(
         "rope_parameters": (".hf.config", "rope_parameters"),
         "get_method": (".methods", "get"),
         "inv_freq": (".methods", "inv_freq"),
-        "methods": (".methods", "names"),
+        "method_names": (".methods", "names"),
+        "methods": (".methods", "names"),  # the earlier name of method_names, kept
         "patch": (".patch", "patch"),
         "patched": (".patch", "patched"),
         "unpatch": (".patch", "unpatch"),
@@ -94,6 +96,7 @@ __all__ = [
     "get_method",
     "inv_freq",
     "load",
+    "method_names",
     "methods",
     "patch",
     "patched",

@@ -26,7 +26,7 @@ __all__ = ["add_method_arguments", "build_parser", "main", "method_kwargs", "par
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:
-    from .methods import registry as M
+    from .methods import registry
 
     rows = [
         (
@@ -37,7 +37,7 @@ def _cmd_methods(args: argparse.Namespace) -> int:
             "yes" if m.dynamic else "no",
             m.source,
         )
-        for m in map(M.get, M.names())
+        for m in map(registry.get, registry.names())
     ]
     header = ("method", "rope_type", "changes", "in transformers", "dynamic", "source")
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]

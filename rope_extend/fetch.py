@@ -178,12 +178,14 @@ def plain_model(loaded):
     into a plain model of the same config (and dtype)."""
     from transformers import AutoModelForCausalLM
 
+    from .hf.config import attn_implementation
+
     if getattr(loaded, "hf_quantizer", None) is None:
         return loaded
     config = loaded.config
     config.__dict__.pop("quantization_config", None)
     model = AutoModelForCausalLM.from_config(
-        config, dtype=next(loaded.parameters()).dtype, attn_implementation=config._attn_implementation
+        config, dtype=next(loaded.parameters()).dtype, attn_implementation=attn_implementation(config)
     )
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config

@@ -17,11 +17,9 @@ import torch
 from torch import nn
 
 from .errors import NotPatchedError, UnsupportedModelError
-from .hf import attention as A
-from .hf import cache
+from .hf import attention, cache, rotary
 from .hf import config as hf
-from .hf import rotary as R
-from .methods import registry as M
+from .methods import registry
 
 logger = logging.getLogger("rope_extend")
 
@@ -41,7 +39,7 @@ class _ModuleSnapshot:
 class PatchState:
     """What ``patch`` changed, to undo: config snapshots and module snapshots, plus the scaling applied."""
 
-    scaling: M.Scaling
+    scaling: registry.Scaling
     configs: list[tuple[Any, dict]] = field(default_factory=list)
     modules: list[tuple[nn.Module, _ModuleSnapshot]] = field(default_factory=list)
     hooks: list[tuple[nn.Module, int]] = field(default_factory=list)  # cache keepers patch installed
@@ -50,26 +48,13 @@ class PatchState:
 
 
 def _snapshot_module(module: nn.Module, config) -> _ModuleSnapshot:
-    buffers = {k: v.detach().clone() for k, v in module._buffers.items() if v is not None}
+    buffers = {k: v.detach().clone() for k, v in rotary.buffers(module).items()}
     attrs = {k: copy.copy(v) for k, v in module.__dict__.items() if _restorable(k)}
     return _ModuleSnapshot(buffers, attrs, config)
 
 
 def _restorable(key: str) -> bool:
-    return (not key.startswith("_") or key in R.INSTALLED) and key not in _SKIP_ATTRS
-
-
-def _original_frequencies(module: nn.Module, config, name: str, device) -> torch.Tensor:
-    """A frequency buffer as transformers builds it from the unpatched ``config``: for a model that was on
-    the meta device when it was patched, whose buffers were materialized since (the snapshot holds no data)."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    stem = name.removesuffix("inv_freq").removesuffix("original_").removesuffix("_")
-    layer_type = stem or None
-    rope_type = hf.rope_dict(config, layer_type).get("rope_type", "default")
-    init = module.compute_default_rope_parameters if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]
-    freqs, _ = init(config, layer_type=layer_type) if layer_type is not None else init(config)
-    return freqs.to(device=device, dtype=torch.float32)
+    return (not key.startswith("_") or key in rotary.INSTALLED) and key not in _SKIP_ATTRS
 
 
 def _restore(state: PatchState) -> None:
@@ -81,10 +66,10 @@ def _restore(state: PatchState) -> None:
     buffers = []
     for module, snap in state.modules:
         for name, value in snap.buffers.items():
-            current = module._buffers.get(name)
+            current = rotary.buffers(module).get(name)
             if value.device.type == "meta" and current is not None and current.device.type != "meta":
                 config = pristine.get(id(snap.config), snap.config)
-                value = _original_frequencies(module, config, name, current.device)
+                value = rotary.original_frequencies(module, config, name, current.device)
             elif current is not None and current.device.type != "meta":
                 value = value.to(current.device)
             buffers.append((module, name, value))
@@ -93,9 +78,9 @@ def _restore(state: PatchState) -> None:
     for decoder, key in state.hooks:
         cache.remove(decoder, key)
     if state.attention is not None:
-        A.remove(*state.attention)
+        attention.remove(*state.attention)
     for module, name, value in buffers:
-        module._buffers[name] = value
+        rotary.set_buffer(module, name, value)
     for module, value in state.softmax:
         module.scaling = value
     for module, snap in state.modules:
@@ -122,7 +107,7 @@ def _plan(model, modules, state, method, factor, target_length, original_max_pos
     against the unpatched configs; raises before anything is touched."""
     plans, scaling, shipped = [], None, set()
     for _, module in modules:
-        config = R.module_config(model, module)
+        config = rotary.module_config(model, module)
         pristine = _pristine_config(config, state)
         scaling = hf.plan(
             pristine,
@@ -133,26 +118,26 @@ def _plan(model, modules, state, method, factor, target_length, original_max_pos
             **params,
         )
         entries = {}
-        present = R.module_layer_types(module)
+        present = rotary.module_layer_types(module)
         for lt in hf.scaled_layer_types(pristine):
             if lt not in present:
                 continue
             dim, base = hf.rotary_geometry(pristine, lt)
-            buffer = module._buffers[R.buffer_name(lt)]
+            buffer = rotary.buffers(module)[rotary.buffer_name(lt)]
             if buffer.numel() != dim // 2:
                 raise UnsupportedModelError(
-                    f"{type(module).__name__}.{R.buffer_name(lt)} has {buffer.numel()} frequencies but the config "
+                    f"{type(module).__name__}.{rotary.buffer_name(lt)} has {buffer.numel()} frequencies but the config "
                     f"implies a rotary dimension of {dim} ({dim // 2} frequencies): unsupported rotary layout"
                 )
             old = hf.rope_dict(pristine, lt)
             if hf.split_rope_type(hf.rope_type_of(old))[1] != "default":
                 shipped.add(f"{hf.rope_type_of(old)} ({old.get('factor')})")
-            entries[lt] = R.Entry(scaling, dim, base, hf.rotating(pristine, lt))
+            entries[lt] = rotary.Entry(scaling, dim, base, hf.rotating(pristine, lt))
         if not entries:
             raise UnsupportedModelError(f"{type(module).__name__} has no global rotary frequencies to scale")
         scaled = copy.deepcopy(pristine)
         hf.write(scaled, scaling)
-        R.check_rebuilds(module, scaled)
+        rotary.check_rebuilds(module, scaled)
         plans.append((module, config, entries))
     return plans, scaling, shipped
 
@@ -177,14 +162,14 @@ def patch(
 
     # 1. Plan everything against the unpatched configs; raise before touching anything.
     with hf.naming(getattr(model, "config", None) or model, method):
-        modules = R.rotary_modules(model)
+        modules = rotary.rotary_modules(model)
         plans, scaling, shipped = _plan(
             model, modules, state, method, factor, target_length, original_max_position_embeddings, params
         )
-        attention = []
+        attention_plans = []
         if scaling.in_attention:
-            config = R.module_config(model, modules[0][1])
-            attention = A.plans(model, config, scaling, [m for _, m in modules])
+            config = rotary.module_config(model, modules[0][1])
+            attention_plans = attention.plans(model, config, scaling, [m for _, m in modules])
     if shipped and state is None:
         logger.warning(
             "the model ships with rope scaling %s; rope-extend replaces it (it does not compound): %s is applied "
@@ -206,23 +191,23 @@ def patch(
     # 3. Apply.
     for config in configs:
         hf.write(config, scaling)
-        for module, apply in R.softmax_scales(model, config):
+        for module, apply in rotary.softmax_scales(model, config):
             state.softmax.append((module, module.scaling))
-            module.scaling = R.softmax_scale(module, apply, config)
+            module.scaling = rotary.softmax_scale(module, apply, config)
     for module, config, entries in plans:
         for lt, entry in entries.items():
             freqs, scale = entry.initial()
-            R.set_frequencies(module, lt, freqs)
-            setattr(module, R.scale_name(lt), scale)
-            R.set_rope_type(module, lt, hf.rope_type_of(hf.rope_dict(config, lt)))
-        hook = cache.install(model, R.install(module, entries), config)
+            rotary.set_frequencies(module, lt, freqs)
+            setattr(module, rotary.scale_name(lt), scale)
+            rotary.set_rope_type(module, lt, hf.rope_type_of(hf.rope_dict(config, lt)))
+        hook = cache.install(model, rotary.install(module, entries), config)
         if hook is not None:
             state.hooks.append(hook)
-    if attention:
-        config = A.text_config(R.module_config(model, modules[0][1]))
-        inner = attention[0][1].inner
-        A.install(model, config, attention, scaling, [m for _, m in modules])
-        state.attention = (model, config, inner, [m for m, _ in attention])
+    if attention_plans:
+        config = attention.text_config(rotary.module_config(model, modules[0][1]))
+        inner = attention_plans[0][1].inner
+        attention.install(model, config, attention_plans, scaling, [m for _, m in modules])
+        state.attention = (model, config, inner, [m for m, _ in attention_plans])
     model.__dict__[STATE_ATTR] = state
     return model
 
@@ -237,7 +222,7 @@ def unpatch(model: nn.Module) -> nn.Module:
     return model
 
 
-def patched(model: nn.Module) -> M.Scaling | None:
+def patched(model: nn.Module) -> registry.Scaling | None:
     """The scaling ``patch`` applied to ``model``, or None."""
     state = model.__dict__.get(STATE_ATTR)
     return state.scaling if state is not None else None

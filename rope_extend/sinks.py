@@ -34,10 +34,9 @@ from torch import nn
 from transformers.cache_utils import DynamicCache
 
 from .errors import RopeExtendError, UnsupportedModelError
-from .hf import attention as A
-from .hf import layout as Lo
-from .hf import rotary as R
-from .hf.config import original_length, text_config
+from .hf import attention, rotary
+from .hf import layout as rope_layout
+from .hf.config import attn_implementation, original_length, text_config
 from .patch import patched
 
 
@@ -77,8 +76,8 @@ class SinkKeeper:
 
     def __init__(self, model: nn.Module):
         self.model = model
-        self.rotary = [m for _, m in R.rotary_modules(model)]  # found once: the check runs before every forward
-        self.layouts: dict[int, Lo.LayerProbe] | None = None
+        self.rotary = [m for _, m in rotary.rotary_modules(model)]  # found once: the check runs before every forward
+        self.layouts: dict[int, rope_layout.LayerProbe] | None = None
 
     def check(self) -> None:
         """Refuse the methods that assign positions themselves (the patch may change between forwards)."""
@@ -91,12 +90,12 @@ class SinkKeeper:
             )
         for module in self.rotary:
             runtime = module.__dict__.get("forward")
-            if isinstance(runtime, R.RotaryRuntime) and any(e.dynamic for e in runtime.entries.values()):
+            if isinstance(runtime, rotary.RotaryRuntime) and any(e.dynamic for e in runtime.entries.values()):
                 raise UnsupportedModelError(
                     "attention sinks assign positions inside the cache, and this model's rotary frequencies are "
                     "dynamic (a dynamic rope_type in its config); use a static method with SinkCache"
                 )
-        if getattr(text_config(self.model.config), "_attn_implementation", None) == A.NAME:
+        if attn_implementation(text_config(self.model.config)) == attention.NAME:
             raise UnsupportedModelError(
                 "attention sinks assign positions inside the cache, and this model runs a rope-extend attention "
                 "method (its config names one); use a static method with SinkCache"
@@ -106,10 +105,10 @@ class SinkKeeper:
         """How each layer rotates (``hf.layout.probe``), found once."""
         if self.layouts is None:
             config = text_config(self.model.config)
-            self.layouts = Lo.layer_probes(self.model, config, self.rotary, original_length(config))
+            self.layouts = rope_layout.layer_probes(self.model, config, self.rotary, original_length(config))
 
-    def _layout(self, index: int, layer) -> Lo.Layout | None:
-        layout, why = Lo.cached_layout(self.layouts, index, layer.keys.shape[-1])
+    def _layout(self, index: int, layer) -> rope_layout.Layout | None:
+        layout, why = rope_layout.cached_layout(self.layouts, index, layer.keys.shape[-1])
         if why is not None:
             raise UnsupportedModelError(f"attention sinks turn the cached keys they keep, and {why}")
         return layout
@@ -172,7 +171,7 @@ class SinkKeeper:
 
 def install(model: nn.Module) -> SinkKeeper:
     """The ``SinkKeeper`` of ``model``'s decoder, registered once (a forward pre-hook with kwargs)."""
-    decoder = Lo.decoder_of(model)
+    decoder = rope_layout.decoder_of(model)
     for hook in decoder._forward_pre_hooks.values():
         if isinstance(hook, SinkKeeper):
             hook.check()

@@ -91,12 +91,13 @@ def test_functions_keep_the_names_of_their_submodules():
                           for f in (rope_extend.patch, rope_extend.methods, patch, methods, ev.passkey, passkey,
                                     ruler, ev.perplexity)],
             "methods": rope_extend.methods()[:2],
+            "same": rope_extend.method_names() == rope_extend.methods(),
             "submodule": type(rope_extend.hf).__name__ if hasattr(rope_extend, "hf") else None,
             "dir": all(n in dir(rope_extend) for n in rope_extend.__all__),
         }))
     """)
     assert got["functions"] == [True] * 8
-    assert got["methods"] == ["linear", "ntk"]
+    assert got["methods"] == ["linear", "ntk"] and got["same"] is True
     assert got["submodule"] == "module" and got["dir"] is True
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
         import rope_extend

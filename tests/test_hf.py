@@ -62,7 +62,7 @@ def test_config_with_an_own_type_builds_saves_and_reloads(tmp_path, rope_type, e
     assert saved["rope_parameters"]["rope_type"] == rope_type
     reloaded = T.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert torch.equal(logits(reloaded, x), before)
-    method = next(m for m in rope_extend.methods() if rope_extend.get_method(m).rope_type == rope_type)
+    method = next(m for m in rope_extend.method_names() if rope_extend.get_method(m).rope_type == rope_type)
     kwargs = {k: v for k, v in extra.items()}
     from rope_extend.hf.rotary import bucket  # dynamic frequencies follow the length on a grid beyond L
 
@@ -86,7 +86,7 @@ def test_invalid_own_type_config_is_an_error(params, needle):
         tiny_config(rope_parameters={"rope_theta": 10000.0, **params})
 
 
-@pytest.mark.parametrize("method", rope_extend.methods())
+@pytest.mark.parametrize("method", rope_extend.method_names())
 def test_patched_model_saves_and_reloads_with_identical_logits(tmp_path, method):
     model = tiny_model()
     params = (

@@ -89,7 +89,7 @@ def test_arguments_are_sorted_and_values_read():
 
 
 def test_every_method_parameter_is_allowed():
-    for name in rope_extend.methods():
+    for name in rope_extend.method_names():
         for field in dataclasses.fields(registry.get(name).params):
             assert field.name in lmeval.method_parameters(), (name, field.name)
 

@@ -56,7 +56,7 @@ def test_patched_equals_built_from_configured_config(family, method):
     torch.testing.assert_close(logits(model, ids), logits(fresh, ids), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("method", rope_extend.methods())
+@pytest.mark.parametrize("method", rope_extend.method_names())
 def test_every_method_on_llama_equals_the_configured_model(method):
     model = tiny_model("llama")
     params = method_params(method, model)

@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import RopeExtendError
-from ..hf import head as H
+from ..hf import head as hf_head
+from ..hf.config import attn_implementation
 from ..hf.head import LMHead
 from . import runner
 from .data import parse_lengths
@@ -117,7 +118,7 @@ def perplexity(
         raise RopeExtendError(
             f"stride {stride} is larger than the window length {min(lengths)}: tokens would be skipped"
         )
-    head = H.lm_head(model, decoder=True)
+    head = hf_head.lm_head(model, decoder=True)
     runner.check_reachable(model, max(lengths), cache=False)  # before tokenizing the documents
     texts = [t for t in texts if t and t.strip()]
     if not texts:
@@ -132,8 +133,8 @@ def perplexity(
                 f"length {length} cannot be reached: the longest of the {len(docs)} documents has {longest} tokens "
                 f"of this tokenizer; give longer texts or lengths <= {longest}"
             )
-    H.check(model, head, max(docs, key=len))
-    if getattr(getattr(model, "config", None), "_attn_implementation", None) == "eager":
+    hf_head.check(model, head, max(docs, key=len))
+    if attn_implementation(getattr(model, "config", None)) == "eager":
         logging.getLogger("rope_extend").warning(
             "the model uses eager attention (L x L scores in memory); load it with attn_implementation='sdpa'"
         )

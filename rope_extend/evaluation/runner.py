@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import RopeExtendError
 from ..hf import window
-from ..hf.config import text_config
+from ..hf.config import attn_implementation, text_config
 from .records import RecordLog, run_info, setting_id
 
 
@@ -52,7 +52,7 @@ def memory_needed(model, length: int, *, cache: bool) -> int:
     head_dim = int(getattr(config, "head_dim", None) or hidden // heads)
     layers = int(getattr(config, "num_hidden_layers", 1) or 1)
     need = length * (4 * hidden + 2 * inner) * width
-    if getattr(config, "_attn_implementation", None) == "eager":
+    if attn_implementation(config) == "eager":
         need += heads * length * length * 4
     if cache:
         need += 2 * layers * kv_heads * head_dim * length * width

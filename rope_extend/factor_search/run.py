@@ -36,14 +36,14 @@ import torch
 from ..errors import RopeExtendError
 from ..evaluation.perplexity import window_nll
 from ..evaluation.runner import check_reachable
-from ..hf import config as C
-from ..hf import head as H
+from ..hf import config as hf_config
+from ..hf import head as hf_head
 from ..hf.window import sliding_window_widened
 from ..io import claim_output_dir, write_json
-from ..methods import registry as M
+from ..methods import registry
 from ..methods._common import rope_frequencies
 from ..patch import patch, patched, unpatch
-from . import evolution as E
+from . import evolution
 from .report import write_report
 
 STATE = "search_state.json"
@@ -83,15 +83,15 @@ class SearchResult:
 
 def seed_factors(method: str, dim: int, base: float, factor: float, original_length: int) -> list[float]:
     """``lambda_i = theta_i / theta'_i`` for a frequency method as ``patch`` applies it (its full-length branch)."""
-    scaled, _ = M.inv_freq(method, dim, base, factor, original_length)
+    scaled, _ = registry.inv_freq(method, dim, base, factor, original_length)
     return [float(x) for x in (rope_frequencies(dim, base) / scaled.double())]
 
 
 def _geometry(model) -> tuple[int, float, int]:
-    config = C.text_config(model.config)
-    layer_type = next((t for t in C.scaled_layer_types(config) if t is not None), None)
-    dim, base = C.rotary_geometry(config, layer_type)
-    return dim, base, C.original_length(config)
+    config = hf_config.text_config(model.config)
+    layer_type = next((t for t in hf_config.scaled_layer_types(config) if t is not None), None)
+    dim, base = hf_config.rotary_geometry(config, layer_type)
+    return dim, base, hf_config.original_length(config)
 
 
 def _tokens(tokenizer, texts, length: int) -> list[list[int]]:
@@ -120,7 +120,15 @@ class _Run:
     the seeds' fitness, the random generator) and the steps that change it."""
 
     def __init__(
-        self, model, head, ids, space: E.Space, factor: float, population: int, rng: random.Random, max_evaluations
+        self,
+        model,
+        head,
+        ids,
+        space: evolution.Space,
+        factor: float,
+        population: int,
+        rng: random.Random,
+        max_evaluations,
     ):
         self.model, self.head, self.ids, self.space = model, head, ids, space
         self.factor, self.population, self.rng, self.max_evaluations = factor, population, rng, max_evaluations
@@ -171,12 +179,12 @@ class _Run:
         mutations of them up to the population; records each seed's fitness by name."""
         first, named = [], {}
         for name, factors in seeds.items():
-            candidate = E.repair(self.space, factors)
+            candidate = evolution.repair(self.space, factors)
             named[name] = tuple(candidate)
             if named[name] not in self.seen:
                 self.seen.add(named[name])
                 first.append(candidate)
-        first += E.offspring(self.space, list(first), self.population - len(first), self.rng, self.seen)
+        first += evolution.offspring(self.space, list(first), self.population - len(first), self.rng, self.seen)
         self.evaluate(first)
         fitness = {tuple(c): f for c, f in self.pool}
         self.seeds = {name: fitness[candidate] for name, candidate in named.items()}
@@ -185,7 +193,7 @@ class _Run:
         """Keep the best half (elitism); crossover and mutation of it fill the rest."""
         self.pool.sort(key=lambda cf: cf[1])
         parents = [c for c, _ in self.pool[: max(2, self.population // 2)]]
-        self.evaluate(E.offspring(self.space, parents, self.population - len(parents), self.rng, self.seen))
+        self.evaluate(evolution.offspring(self.space, parents, self.population - len(parents), self.rng, self.seen))
 
     def best(self) -> tuple[list[float], float]:
         candidate, fit = min(self.pool, key=lambda cf: cf[1])
@@ -228,12 +236,12 @@ def search(
     if patched(model) is not None:
         raise RopeExtendError("the model is already patched: unpatch it first; the search patches it itself")
     dim, base, L = _geometry(model)
-    space = E.Space.for_factor(dim // 2, factor, upper)
+    space = evolution.Space.for_factor(dim // 2, factor, upper)
     length = round(float(factor) * L)
     docs = _tokens(tokenizer, texts, length)
     check_reachable(model, length, cache=False)
     settings = _settings(model, float(factor), dim, base, length, docs, population, seed)
-    head = H.lm_head(model, decoder=True)
+    head = hf_head.lm_head(model, decoder=True)
     device = next(model.parameters()).device
     ids = [torch.tensor(d, device=device) for d in docs]
     run = _Run(model, head, ids, space, float(factor), population, random.Random(seed), max_evaluations)

@@ -33,7 +33,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..methods.attention import Rules, logn_scale
-from . import layout as Lo
+from . import layout as rope_layout
 from .config import LOCAL_LAYER_TYPES, family, naming, nested_layer_types, rope_dict, text_config
 
 logger = logging.getLogger("rope_extend")
@@ -53,7 +53,7 @@ class AttentionPlan:
     rules: Rules | None
     logn: bool
     original_max_position_embeddings: int
-    layout: Lo.Layout | None = None  # how the layer rotates (``hf.layout``); None until the model is probed
+    layout: rope_layout.Layout | None = None  # how the layer rotates (``hf.layout``); None until the model is probed
 
     @property
     def active(self) -> bool:
@@ -121,7 +121,9 @@ def plans(
                 "method (yarn, linear, ...)",
             )
     probed = (
-        None if defer or _on_meta(model) else Lo.probe(model, config, rotary, scaling.original_max_position_embeddings)
+        None
+        if defer or _on_meta(model)
+        else rope_layout.probe(model, config, rotary, scaling.original_max_position_embeddings)
     )
     return _plan_modules(model, config, scaling, inner, probed)
 
@@ -164,7 +166,7 @@ def _plan_modules(model, config, scaling, inner: str, probed) -> list[tuple[nn.M
                     scaling,
                     f"layer {idx} rotates its queries and keys in a way rope-extend cannot reproduce ({how})",
                 )
-            unknown = sorted(seen.kwargs - Lo.KNOWN_KWARGS) if seen is not None else []
+            unknown = sorted(seen.kwargs - rope_layout.KNOWN_KWARGS) if seen is not None else []
             if unknown:
                 raise _refuse(
                     config,
@@ -198,7 +200,7 @@ def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
         module.__dict__[PLAN_ATTR] = plan
     config._attn_implementation = NAME
     pending = any(plan.active and plan.layout is None for _, plan in planned)
-    decoder = Lo.decoder_of(model)
+    decoder = rope_layout.decoder_of(model)
     if pending and PROBE_HOOK not in decoder.__dict__:
         inner = config._rope_extend_inner
 
@@ -207,7 +209,7 @@ def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
             config._attn_implementation = inner
             try:
                 with naming(config, scaling.method.name):
-                    probed = Lo.probe(model, config, list(rotary), scaling.original_max_position_embeddings)
+                    probed = rope_layout.probe(model, config, list(rotary), scaling.original_max_position_embeddings)
                     final = _plan_modules(model, config, scaling, inner, probed)
             finally:
                 config._attn_implementation = NAME
@@ -221,7 +223,7 @@ def remove(model: nn.Module, config, inner: str, modules) -> None:
     config = text_config(config)
     for module in modules:
         module.__dict__.pop(PLAN_ATTR, None)
-    hook = Lo.decoder_of(model).__dict__.pop(PROBE_HOOK, None)
+    hook = rope_layout.decoder_of(model).__dict__.pop(PROBE_HOOK, None)
     if hook is not None:
         hook.remove()
     config._attn_implementation = inner

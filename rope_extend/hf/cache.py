@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from . import layout as Lo
+from . import layout as rope_layout
 from .config import nested_layer_types, text_config
 from .rotary import RotaryRuntime, buffer_name, next_seen, scale_name
 
@@ -62,7 +62,7 @@ class CacheKeeper:
         self.layer_sets = list(config.layer_types) if nested else None
         self.history: torch.Tensor | None = None  # position ids of the cached slots, [batch, slots]
         # how each decoder layer rotates (layer index -> hf.layout.LayerProbe), or why that is unknown
-        self.layouts: dict[int, Lo.LayerProbe] | None = None
+        self.layouts: dict[int, rope_layout.LayerProbe] | None = None
         self.unprobed: str | None = None
         self.probing = False
 
@@ -73,7 +73,7 @@ class CacheKeeper:
         length = next(e.scaling.original_max_position_embeddings for r in runtimes for e in r.entries.values())
         self.probing = True
         try:
-            self.layouts = Lo.layer_probes(self.model, self.config, list(self.modules), length)
+            self.layouts = rope_layout.layer_probes(self.model, self.config, list(self.modules), length)
         except UnsupportedModelError as exc:
             self.layouts, self.unprobed = {}, str(exc)
         finally:
@@ -82,10 +82,10 @@ class CacheKeeper:
                 if runtime.entries[layer_type].seen != seen:
                     runtime.advance(layer_type, seen, device)
 
-    def _layout(self, index: int, layer) -> Lo.Layout | None:
+    def _layout(self, index: int, layer) -> rope_layout.Layout | None:
         """Layer ``index``'s rotation (None: NoPE, nothing to re-rotate); raises when it is unknown, or when the
         cache holds keys of another size than its attention sees (a compressed MLA cache)."""
-        layout, why = Lo.cached_layout(self.layouts, index, layer.keys.shape[-1], self.unprobed)
+        layout, why = rope_layout.cached_layout(self.layouts, index, layer.keys.shape[-1], self.unprobed)
         if why is not None:
             raise UnsupportedModelError(
                 f"a dynamic rope method must re-rotate cached keys when its frequencies change, and {why}; "
@@ -185,7 +185,7 @@ def _frequencies(runtime: RotaryRuntime, layer_type) -> torch.Tensor:
     return runtime.module._buffers[buffer_name(layer_type)].to(torch.float64)
 
 
-def _turn(layer, layout: Lo.Layout, angles: torch.Tensor, ratio: float) -> None:
+def _turn(layer, layout: rope_layout.Layout, angles: torch.Tensor, ratio: float) -> None:
     """Turn the cached keys of ``layer`` by ``angles`` ``[batch, 1, slots, dim/2]`` (slots matching: the last ones
     of a sliding window) in float32, their rotary dimensions times ``ratio``."""
     from transformers.cache_utils import StaticLayer

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from ..errors import RopeExtendError, UnsupportedModelError
-from ..methods import registry as M
+from ..methods import registry
 
 logger = logging.getLogger("rope_extend")
 
@@ -80,6 +80,13 @@ def text_config(config):
     """The decoder's config of a composite model (e.g. Gemma 3 with vision), else ``config`` itself."""
     get = getattr(config, "get_text_config", None)
     return get(decoder=True) if callable(get) else config
+
+
+def attn_implementation(config) -> str | None:
+    """The attention implementation a model's layers use (``eager``, ``sdpa``, ``flash_attention_2``, a
+    registered name such as rope-extend's own), read from transformers' private ``config._attn_implementation``;
+    None for an object without one."""
+    return getattr(config, "_attn_implementation", None) if config is not None else None
 
 
 def nested_layer_types(config) -> list[str]:
@@ -167,8 +174,8 @@ def rotary_geometry(config, layer_type: str | None = None) -> tuple[int, float]:
     if base is None:
         raise UnsupportedModelError(f"{type(config).__name__}.rope_parameters has no rope_theta")
     if split_rope_type(rope_type_of(params))[0] == PROPORTIONAL:
-        return M.rotary_dim(head_dim(config, layer_type)), float(base)
-    return M.rotary_dim(head_dim(config, layer_type), prf), float(base)
+        return registry.rotary_dim(head_dim(config, layer_type)), float(base)
+    return registry.rotary_dim(head_dim(config, layer_type), prf), float(base)
 
 
 def rotating(config, layer_type: str | None = None) -> int | None:
@@ -180,7 +187,7 @@ def rotating(config, layer_type: str | None = None) -> int | None:
     return int(params.get("partial_rotary_factor", 1.0) * head_dim(config, layer_type) // 2)
 
 
-def frequencies(scaling: M.Scaling, dim: int, base: float, rotating: int | None, seq_len: int | None = None):
+def frequencies(scaling: registry.Scaling, dim: int, base: float, rotating: int | None, seq_len: int | None = None):
     """``scaling.compute(dim, base, seq_len)`` with the frequencies past ``rotating`` at zero (proportional
     RoPE: those dimensions never rotate, whatever the method)."""
     freqs, scale = scaling.compute(dim, base, seq_len)
@@ -209,12 +216,12 @@ def original_length(config) -> int:
     return int(value)
 
 
-def scaling_from_dict(params: dict[str, Any], default_length: int, ignore_keys=()) -> M.Scaling | None:
+def scaling_from_dict(params: dict[str, Any], default_length: int, ignore_keys=()) -> registry.Scaling | None:
     """The rope-extend scaling a rope dict names, or None for plain RoPE or a type rope-extend lacks.
 
     Raises ``RopeExtendError`` for a rope-extend type with unknown or invalid parameters."""
     rope_type = split_rope_type(rope_type_of(params))[1]
-    method = M.by_rope_type(rope_type)
+    method = registry.by_rope_type(rope_type)
     if method is None:
         return None
     fields = {
@@ -225,10 +232,10 @@ def scaling_from_dict(params: dict[str, Any], default_length: int, ignore_keys=(
     length = params.get("original_max_position_embeddings") or default_length
     if params.get("factor") is None:
         raise RopeExtendError(f"rope_parameters with rope_type {rope_type!r} needs a factor (a number >= 1)")
-    return M.resolve(method, factor=params["factor"], original_max_position_embeddings=length, params=fields)
+    return registry.resolve(method, factor=params["factor"], original_max_position_embeddings=length, params=fields)
 
 
-def config_scaling(config, layer_type: str | None = None) -> M.Scaling | None:
+def config_scaling(config, layer_type: str | None = None) -> registry.Scaling | None:
     """The scaling ``config`` names; the family's own rope keys (``ignore_keys_at_rope_validation``: Ministral 3's
     ``llama_4_scaling_beta``, M-RoPE's ``mrope_section``) are not method parameters."""
     return scaling_from_dict(rope_dict(config, layer_type), original_length(config), ignore_keys=family_keys(config))
@@ -287,7 +294,7 @@ def rope_type_keys(rope_type: Any) -> frozenset[str]:
     are what transformers' validator for it knows; a type neither knows (a family's own) drops only
     ``factor`` and ``L``. ``rope_theta`` and ``partial_rotary_factor`` are never dropped."""
     layout, base = split_rope_type(rope_type)
-    method = M.by_rope_type(base) if isinstance(base, str) else None
+    method = registry.by_rope_type(base) if isinstance(base, str) else None
     if method is not None and (layout is not None or not method.in_transformers):
         keys = {f.name for f in dataclasses.fields(method.params)} | set(SCALING_KEYS)
     else:
@@ -295,7 +302,7 @@ def rope_type_keys(rope_type: Any) -> frozenset[str]:
     return frozenset((keys | EXTRA_KEYS | {"type"}) - set(BASE_KEYS))
 
 
-def scaled_rope_dict(old: dict[str, Any], scaling: M.Scaling) -> dict[str, Any]:
+def scaled_rope_dict(old: dict[str, Any], scaling: registry.Scaling) -> dict[str, Any]:
     """A new rope dict for ``scaling``: the old one's base, partial rotary factor, rotary layout and every
     key that is not a scaling parameter of its rope type (``rope_type_keys``)."""
     old_type = rope_type_of(old)
@@ -364,9 +371,9 @@ def restore(config, snap: dict[str, Any]) -> None:
 
 def plan(
     config, method: str, *, factor=None, target_length=None, original_max_position_embeddings=None, **params
-) -> M.Scaling:
+) -> registry.Scaling:
     """Validate a configure/patch request against ``config`` and return the scaling; touches nothing."""
-    m = M.get(method)
+    m = registry.get(method)
     if getattr(config, "max_position_embeddings", None) is None:
         window = getattr(config, "sliding_window", None)
         raise UnsupportedModelError(
@@ -377,8 +384,8 @@ def plan(
     shipped = shipped_context(config) if original_max_position_embeddings is None else length
     if shipped > length and factor is not None and target_length is None:
         # the factor counts from the context the model ships with, never from its pretraining length alone
-        factor, target_length = None, math.ceil(M.check_factor(factor) * shipped)
-    scaling = M.resolve(
+        factor, target_length = None, math.ceil(registry.check_factor(factor) * shipped)
+    scaling = registry.resolve(
         m, factor=factor, target_length=target_length, original_max_position_embeddings=length, params=params
     )
     if scaling.target_length < shipped:
@@ -422,7 +429,7 @@ def plan(
     return scaling
 
 
-def _check_transformers_accepts(config, scaling: M.Scaling) -> None:
+def _check_transformers_accepts(config, scaling: registry.Scaling) -> None:
     """Refuse a scaling the config class's own validation rejects (Cosmos3 Edge allows only ``default``): the
     patched model could not be saved, nor a configured config loaded. A config that fails already is let be."""
     validate = getattr(config, "validate", None)
@@ -449,7 +456,7 @@ def _shipped_name(config) -> str:
     return " / ".join(sorted(str(n) for n in names)) + " scaling"
 
 
-def write(config, scaling: M.Scaling) -> None:
+def write(config, scaling: registry.Scaling) -> None:
     """Put ``scaling`` into ``config`` (the global rope dicts) and set ``max_position_embeddings`` to the target."""
     shipped = shipped_context(config)
     params = copy.deepcopy(config.rope_parameters)
@@ -507,8 +514,8 @@ def rope_parameters(
     **params,
 ) -> dict[str, Any]:
     """The ``rope_parameters`` dict for ``method``, ready for a config: ``{"rope_type": ..., "factor": ...}``."""
-    m = M.get(method)
-    scaling = M.resolve(
+    m = registry.get(method)
+    scaling = registry.resolve(
         m,
         factor=factor,
         target_length=target_length,
@@ -521,5 +528,5 @@ def rope_parameters(
 def own_rope_type(rope_type: Any) -> bool:
     """Whether ``rope_type`` is one rope-extend registers (not one of transformers' own)."""
     layout, rope_type = split_rope_type(rope_type)
-    method = M.by_rope_type(rope_type) if isinstance(rope_type, str) else None
+    method = registry.by_rope_type(rope_type) if isinstance(rope_type, str) else None
     return method is not None and (layout is not None or not method.in_transformers)

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from . import rotary as R
+from . import rotary
 
 PROBE_NAME = "rope_extend_probe"
 PROBE_TOKENS = 12
@@ -71,7 +71,7 @@ class Layout:
     sign: int = 1  # -1: the family turns the other way (NanoChat's rotate_half flips the signs)
 
     def frequencies(self, device) -> torch.Tensor:
-        return self.rotary._buffers[R.buffer_name(self.layer_type)].to(device=device, dtype=torch.float64)
+        return self.rotary._buffers[rotary.buffer_name(self.layer_type)].to(device=device, dtype=torch.float64)
 
     def rotate(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """``x`` ``[..., n, d]`` rotated by ``delta[t]`` positions on row ``t`` (angles in float64; ``x``'s dtype)."""
@@ -154,11 +154,11 @@ def _relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp(min=1e-30))
 
 
-def candidates(rotary: list[nn.Module], head_dim: int) -> list[Layout]:
+def candidates(modules: list[nn.Module], head_dim: int) -> list[Layout]:
     out = []
-    for module in rotary:
-        for lt in R.module_layer_types(module):
-            dim = 2 * module._buffers[R.buffer_name(lt)].numel()
+    for module in modules:
+        for lt in rotary.module_layer_types(module):
+            dim = 2 * module._buffers[rotary.buffer_name(lt)].numel()
             if dim > head_dim:
                 continue
             for start in dict.fromkeys((0, head_dim - dim)):

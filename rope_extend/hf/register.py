@@ -27,10 +27,8 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import RopeExtendError, UnsupportedModelError
-from ..methods import registry as M
-from . import attention as A
-from . import cache
-from . import rotary as R
+from ..methods import registry
+from . import attention, cache, rotary
 from .config import (
     EXTRA_KEYS,
     PROPORTIONAL,
@@ -124,7 +122,7 @@ def _open_longrope_only(cls) -> None:
 
 def _rope_extend_type(rope_type) -> bool:
     """Whether ``rope_type`` is one rope-extend writes (its own, or a transformers type it has a method for)."""
-    return isinstance(rope_type, str) and M.by_rope_type(split_rope_type(rope_type)[1]) is not None
+    return isinstance(rope_type, str) and registry.by_rope_type(split_rope_type(rope_type)[1]) is not None
 
 
 _registered = False
@@ -156,9 +154,9 @@ def register() -> None:
     from transformers import modeling_rope_utils as mru
     from transformers.modeling_utils import PreTrainedModel
 
-    for method in map(M.get, M.names()):
+    for method in map(registry.get, registry.names()):
         _install_rope_types(method)
-    M.on_register(_install_rope_types)  # a method registered later reaches transformers too
+    registry.on_register(_install_rope_types)  # a method registered later reaches transformers too
 
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -177,7 +175,7 @@ def register() -> None:
         attach_from_config(self)
         return out
 
-    A.register()
+    attention.register()
     post_init.__wrapped__ = original_post_init
     PreTrainedModel.post_init = post_init
     _registered = True
@@ -197,7 +195,7 @@ def attach_from_config(model: nn.Module) -> None:
         if config is None or not getattr(config, "rope_parameters", None):
             continue
         try:
-            layer_types = R.module_layer_types(module)
+            layer_types = rotary.module_layer_types(module)
         except UnsupportedModelError:
             continue
         entries, in_attention = {}, None
@@ -213,11 +211,11 @@ def attach_from_config(model: nn.Module) -> None:
                 continue
             scaling = config_scaling(config, lt)
             dim, base = rotary_geometry(config, lt)
-            entries[lt] = R.Entry(scaling, dim, base, rotating(config, lt))
+            entries[lt] = rotary.Entry(scaling, dim, base, rotating(config, lt))
         if entries:
-            cache.install(model, R.install(module, entries), config)
+            cache.install(model, rotary.install(module, entries), config)
         if in_attention is not None:
-            rotary = [m for m in model.modules() if "RotaryEmbedding" in type(m).__name__]
+            rotary_modules = [m for m in model.modules() if "RotaryEmbedding" in type(m).__name__]
             with naming(config, in_attention.method.name):
-                planned = A.plans(model, config, in_attention, rotary, defer=True)
-            A.install(model, config, planned, in_attention, rotary)
+                planned = attention.plans(model, config, in_attention, rotary_modules, defer=True)
+            attention.install(model, config, planned, in_attention, rotary_modules)

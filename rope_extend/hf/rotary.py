@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from ..methods import registry as M
-from . import config as C
+from ..methods import registry
+from . import config as hf_config
 
 INSTALLED = ("forward", "_apply", "rope_init_fn")  # instance attributes the runtime sets on a rotary module
 
@@ -70,7 +70,7 @@ def rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
             "'RotaryEmbedding', as in transformers' Llama, Mistral, Qwen, Gemma and Phi models): nothing to scale"
         )
     config = getattr(model, "config", None)
-    text = C.text_config(config) if config is not None else None
+    text = hf_config.text_config(config) if config is not None else None
     # the text config itself, or a copy of it (Granite SWA builds one rotary module per rope_theta from copies)
     mine = [(n, m) for n, m in found if text is not None and type(getattr(m, "config", None)) is type(text)]
     if mine:
@@ -89,7 +89,7 @@ def module_config(model: nn.Module, module: nn.Module):
     config = getattr(module, "config", None)
     if config is None:
         config = getattr(model, "config", None)
-        config = C.text_config(config) if config is not None else None
+        config = hf_config.text_config(config) if config is not None else None
     if config is None or not getattr(config, "rope_parameters", None):
         raise UnsupportedModelError(
             f"cannot find the rope_parameters of {type(module).__name__}: neither it nor the model has a config "
@@ -118,7 +118,8 @@ def check_rebuilds(module: nn.Module, config) -> None:
     call past ``L`` (the second long forward, or the second step of generation)."""
     if _LONGROPE_PER_LAYER_BUG and module_layer_types(module) != [None]:
         types = {
-            C.split_rope_type(C.rope_type_of(C.rope_dict(config, lt) or {}))[1] for lt in module_layer_types(module)
+            hf_config.split_rope_type(hf_config.rope_type_of(hf_config.rope_dict(config, lt) or {}))[1]
+            for lt in module_layer_types(module)
         }
         if "longrope" in types:
             import transformers
@@ -190,7 +191,7 @@ def bucket(length: int, original: int) -> int:
 class Entry:
     """One frequency set a runtime manages."""
 
-    scaling: M.Scaling
+    scaling: registry.Scaling
     dim: int
     base: float
     rotating: int | None = None  # proportional RoPE: the frequencies past this many stay zero
@@ -221,7 +222,7 @@ class Entry:
 
     def compute(self, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
         with torch.device("cpu"):  # not on meta when built inside from_pretrained's meta-device context
-            return C.frequencies(self.scaling, self.dim, self.base, self.rotating, seq_len)
+            return hf_config.frequencies(self.scaling, self.dim, self.base, self.rotating, seq_len)
 
 
 class RotaryRuntime:
@@ -337,3 +338,28 @@ def set_rope_type(module: nn.Module, layer_type: str | None, rope_type: str) -> 
         module.rope_type = rope_type
     elif isinstance(getattr(module, "rope_type", None), dict):
         module.rope_type[layer_type] = rope_type
+
+
+def buffers(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A rotary module's buffers by name (unset ones left out): what a patch snapshots and restores. Read from
+    ``module._buffers``, so that non-persistent buffers (``inv_freq``) are included and keep that flag."""
+    return {name: value for name, value in module._buffers.items() if value is not None}
+
+
+def set_buffer(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    """Put ``value`` back as buffer ``name``, keeping whether it is persistent (``register_buffer`` would not)."""
+    module._buffers[name] = value
+
+
+def original_frequencies(module: nn.Module, config, name: str, device) -> torch.Tensor:
+    """A frequency buffer as transformers builds it from the unpatched ``config`` (its own
+    ``ROPE_INIT_FUNCTIONS``): for a model that was on the meta device when it was patched, whose buffers were
+    materialized since (the snapshot holds no data)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    stem = name.removesuffix("inv_freq").removesuffix("original_").removesuffix("_")
+    layer_type = stem or None
+    rope_type = hf_config.rope_dict(config, layer_type).get("rope_type", "default")
+    init = module.compute_default_rope_parameters if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]
+    freqs, _ = init(config, layer_type=layer_type) if layer_type is not None else init(config)
+    return freqs.to(device=device, dtype=torch.float32)

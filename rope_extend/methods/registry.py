@@ -1,7 +1,8 @@
 """The method registry and the ``inv_freq`` entry point.
 
 Import it as ``from rope_extend.methods import registry``: the package attribute ``rope_extend.methods`` is
-the public ``methods()`` function, so ``import rope_extend.methods as M`` would not give this module.
+the public function ``methods()`` (the earlier name of ``method_names()``, kept), so
+``import rope_extend.methods as registry`` would not give this module.
 """
 
 from __future__ import annotations
