@@ -25,6 +25,9 @@ from .schema import option
 NONE = "none"
 
 
+AMOUNTS = ("factor", "target_length", "original_max_position_embeddings")  # the fields besides method and params
+
+
 def _same(key: str) -> str:
     return key
 
@@ -54,11 +57,7 @@ class ScalingSpec:
         from .methods._scaling import check_amounts
 
         if not self.scales:
-            given = [
-                k
-                for k in ("factor", "target_length", "original_max_position_embeddings")
-                if getattr(self, k) is not None
-            ] + [f"params.{k}" for k in self.params]
+            given = [k for k in AMOUNTS if getattr(self, k) is not None] + [f"params.{k}" for k in self.params]
             if given:
                 raise RopeExtendError(
                     f"{', '.join(spell(k) for k in given)} given without a scaling method ({spell('method')} is none): "
@@ -78,12 +77,7 @@ class ScalingSpec:
 
     def patch_kwargs(self) -> dict[str, Any]:
         """The keywords of ``rope_extend.patch(model, spec.method, **spec.patch_kwargs())``."""
-        return {
-            "factor": self.factor,
-            "target_length": self.target_length,
-            "original_max_position_embeddings": self.original_max_position_embeddings,
-            **self.params,
-        }
+        return {**{k: getattr(self, k) for k in AMOUNTS}, **self.params}
 
     def apply(self, model) -> None:
         """Patch ``model`` with this scaling (nothing for ``none``)."""
@@ -107,9 +101,5 @@ class ScalingSpec:
         """A checked spec from flat ``key: value`` pairs (``method``, ``factor``, ``target_length``,
         ``original_max_position_embeddings``; any other key is a method parameter); None values are unset."""
         given = {k: v for k, v in values.items() if v is not None}
-        fields = {
-            k: given.pop(k)
-            for k in ("method", "factor", "target_length", "original_max_position_embeddings")
-            if k in given
-        }
+        fields = {k: given.pop(k) for k in ("method", *AMOUNTS) if k in given}
         return cls(**fields, params=given).check(spell)

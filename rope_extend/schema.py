@@ -272,9 +272,16 @@ def merge(base: dict, over: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ command line
-def _split_items(values: list[str]) -> list[Any]:
-    """``["1k,2k", "4k"]`` -> ``["1k", "2k", "4k"]``; each item read as a YAML scalar (``"8"`` -> 8)."""
-    return [parse_value(item.strip(), "value") for v in values for item in v.split(",") if item.strip()]
+class _Items(argparse.Action):
+    """A list option: one or more values, each split at commas (``--lengths 1k,2k 4k`` -> ``["1k", "2k",
+    "4k"]``), each read as a YAML scalar (``"8"`` -> 8); one that cannot be read is argparse's usage error."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            items = [parse_value(item.strip()) for v in values for item in v.split(",") if item.strip()]
+        except RopeExtendError as exc:
+            raise argparse.ArgumentError(self, str(exc)) from None
+        setattr(namespace, self.dest, items)
 
 
 def _argument(hint: Any) -> dict[str, Any]:
@@ -287,7 +294,7 @@ def _argument(hint: Any) -> dict[str, Any]:
     if hint is bool:
         return {"action": argparse.BooleanOptionalAction}
     if typing.get_origin(hint) is list:
-        return {"nargs": "+", "type": str}
+        return {"nargs": "+", "action": _Items}
     if hint in (int, float, str):
         return {"type": hint}
     if typing.get_origin(hint) is dict:
@@ -299,14 +306,14 @@ def add_arguments(parser: argparse.ArgumentParser, cls) -> None:
     """One ``--field-name`` per public field of the dataclass ``cls``, with its help and default; fields
     without a default are required. ``arguments_data`` reads them back for ``build``, so the command line and
     a YAML section of the same dataclass accept the same values and give the same errors."""
+    hints = typing.get_type_hints(cls)
     for f in public_fields(cls):
-        hint = typing.get_type_hints(cls)[f.name]
-        keywords = _argument(hint)
+        keywords = _argument(hints[f.name])
         required = f.default is _MISSING and f.default_factory is _MISSING
         text = f.metadata.get("help", "")
         if not required:
             default = f.default if f.default is not _MISSING else f.default_factory()
-            if default is not None and keywords.get("action") is None:
+            if default is not None and keywords.get("action") is not argparse.BooleanOptionalAction:
                 shown = ",".join(map(str, default)) if isinstance(default, list) else default
                 text += f" (default: {shown})"
         parser.add_argument(
@@ -321,12 +328,4 @@ def add_arguments(parser: argparse.ArgumentParser, cls) -> None:
 
 def arguments_data(args: argparse.Namespace, cls) -> dict[str, Any]:
     """The values of ``add_arguments(parser, cls)`` that were given, as data for ``build(cls, ...)``."""
-    hints = typing.get_type_hints(cls)
-    data = {}
-    for f in public_fields(cls):
-        if hasattr(args, f.name):
-            value = getattr(args, f.name)
-            data[f.name] = (
-                _split_items(value) if isinstance(value, list) and _argument(hints[f.name]).get("nargs") else value
-            )
-    return data
+    return {f.name: getattr(args, f.name) for f in public_fields(cls) if hasattr(args, f.name)}

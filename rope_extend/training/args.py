@@ -190,8 +190,6 @@ class TrainArgs:
         r = self.rope
         try:
             r.check(spell=lambda key: f"rope.{key}")
-        except RecipeError:
-            raise
         except RopeExtendError as exc:
             raise RecipeError(str(exc)) from None
         d = self.data

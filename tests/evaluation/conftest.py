@@ -49,3 +49,12 @@ def llama():
 @pytest.fixture(scope="session")
 def texts():
     return [make_text(120, seed=i) for i in range(3)]
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """A tiny Llama and its tokenizer saved in a folder (for the command line and suites)."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tiny_model("llama").save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path

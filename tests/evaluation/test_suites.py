@@ -8,17 +8,8 @@ from rope_extend.cli import main
 from rope_extend.evaluation.compare import run_suite
 from rope_extend.evaluation.suite import load_suite, parse_suite
 from tests.evaluation.conftest import make_text
-from tests.tiny import tiny_model, tiny_tokenizer
 
 SUITES = sorted(resources.SUITES.glob("*.yaml"))
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model("llama").save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")

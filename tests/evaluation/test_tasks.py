@@ -5,6 +5,7 @@ suite section of the same task give the same options and the same errors."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,6 @@ from rope_extend.evaluation.tasks import (
 )
 from rope_extend.schema import option
 from tests.evaluation.conftest import make_text
-from tests.tiny import tiny_model, tiny_tokenizer
 
 
 # ------------------------------------------------------------------------------------------ the toy task
@@ -90,14 +90,6 @@ def toy():
     register_task(TOY)
     yield TOY
     unregister_task(TOY.name)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tiny_model("llama").save_pretrained(path)
-    tiny_tokenizer().save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -258,3 +250,20 @@ def test_max_docs_holds_for_the_bundled_corpus_too():
 
     assert len(default_texts()) > 2
     assert load_task_texts(PerplexityOptions(lengths=[64], max_docs=2)) == default_texts()[:2]
+
+
+def test_the_reserved_names_cover_every_suite_key():
+    """A task named like a suite key (or like ``Suite.tasks``) would shadow it: RESERVED must list them all."""
+    from rope_extend.evaluation.suite import Suite
+    from rope_extend.evaluation.tasks.base import RESERVED
+
+    assert {f.name for f in dataclasses.fields(Suite)} | {"tasks", "compare"} <= RESERVED
+
+
+def test_a_list_option_that_cannot_be_read_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", "passkey", "--model", "bundled", "--lengths", "[1", "--out", str(tmp_path / "o")])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --lengths: value: cannot read '[1'" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
