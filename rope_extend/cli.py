@@ -42,7 +42,7 @@ def _cmd_methods(args: argparse.Namespace) -> int:
     header = ("method", "rope_type", "changes", "in transformers", "dynamic", "source")
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     for row in [header] + rows:
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip())
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     print("\nlogn=true (log-n attention temperature, Qwen-1 use_logn_attn; Su 2023) composes with every method.")
     return 0
 

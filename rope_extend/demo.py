@@ -166,7 +166,8 @@ def table(summary: dict, lengths: list[int]) -> str:
     ]
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     text = [
-        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))) for line in lines
+        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True)))
+        for line in lines
     ]
     footer = []
     trials = sorted({r["trials"] for r in summary.get("passkey", [])})

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import RopeExtendError, closest
-from .io import atomic_path
+from .io import atomic_path, sha256
 
 SOURCE_FILE = "rope-extend-source.json"  # written last into a cached model folder: its presence means complete
 
@@ -131,14 +131,6 @@ def cached(name: str) -> Path | None:
     if not (folder / SOURCE_FILE).is_file():
         return None
     return folder / "texts" if isinstance(remote, Texts) else folder
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _download(remote, into: Path, *, source: bool = False) -> Path:

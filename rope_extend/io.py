@@ -4,6 +4,7 @@ output folders that are only ever emptied of what rope-extend itself wrote there
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -11,6 +12,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from .errors import RopeExtendError
 
 
 @contextlib.contextmanager
@@ -34,6 +37,15 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.replace(target, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def sha256(path: str | os.PathLike) -> str:
+    """The file's SHA-256 hex digest, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
@@ -96,8 +108,6 @@ def claim_output_dir(
     With ``check_only`` nothing is created or removed (for ``--check`` and checks before a long setup).
     Raises ``error`` (``RopeExtendError``) naming the folder, what is in the way, and what to do.
     """
-    from .errors import RopeExtendError
-
     fail = error or RopeExtendError
     path = Path(path)
     why = unsafe_folder(path)

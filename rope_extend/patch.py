@@ -57,8 +57,9 @@ def _restorable(key: str) -> bool:
     return (not key.startswith("_") or key in rotary.INSTALLED) and key not in _SKIP_ATTRS
 
 
-def _restore(state: PatchState) -> None:
-    """Put every config and module back. All new values are computed first, so a failure changes nothing."""
+def _original_buffers(state: PatchState) -> list:
+    """``[(module, buffer name, original value)]`` on each buffer's current device. A buffer saved on the meta
+    device (a model loaded with deferred weights) is recomputed from the unpatched config."""
     pristine = {}
     for config, snap in state.configs:
         pristine[id(config)] = copy.deepcopy(config)
@@ -73,6 +74,12 @@ def _restore(state: PatchState) -> None:
             elif current is not None and current.device.type != "meta":
                 value = value.to(current.device)
             buffers.append((module, name, value))
+    return buffers
+
+
+def _restore(state: PatchState) -> None:
+    """Put every config and module back. All new values are computed first, so a failure changes nothing."""
+    buffers = _original_buffers(state)
     for config, snap in state.configs:
         hf.restore(config, snap)
     for decoder, key in state.hooks:

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import RopeExtendError
+from .methods import registry
+from .methods._common import check_int
+from .methods._scaling import check_amounts
 from .schema import option
 
 NONE = "none"
@@ -52,10 +55,6 @@ class ScalingSpec:
     def check(self, spell: Callable[[str], str] = _same) -> ScalingSpec:
         """Raise ``RopeExtendError`` naming the problem (keys written as ``spell(key)``: ``--factor``,
         ``rope.factor``, ``factor=``; a parameter's key is ``params.NAME``); returns ``self``."""
-        from .methods import registry
-        from .methods._common import check_int
-        from .methods._scaling import check_amounts
-
         if not self.scales:
             given = [k for k in AMOUNTS if getattr(self, k) is not None] + [f"params.{k}" for k in self.params]
             if given:
@@ -82,7 +81,7 @@ class ScalingSpec:
     def apply(self, model) -> None:
         """Patch ``model`` with this scaling (nothing for ``none``)."""
         if self.scales:
-            from .patch import patch
+            from .patch import patch  # here: reading a request (the command line's --help) loads no model code
 
             patch(model, self.method, **self.patch_kwargs())
 

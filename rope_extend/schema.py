@@ -80,23 +80,57 @@ class _Mismatch(Exception):
         self.reason = reason
 
 
+def _exact(value: Any, hint: type) -> Any:
+    if isinstance(value, hint):
+        return value
+    raise _Mismatch()
+
+
+def _to_int(value: Any, hint: type) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise _Mismatch()
+
+
+def _to_float(value: Any, hint: type) -> float:
+    if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
+        try:
+            value = float(value)
+        except ValueError:
+            raise _Mismatch() from None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise _Mismatch("a finite number")
+        return float(value)
+    raise _Mismatch()
+
+
+# the plain types a hint may name, each with its check (an int is never a bool; a float may come as a string)
+_SCALARS = {type(None): _exact, bool: _exact, str: _exact, int: _to_int, float: _to_float}
+
+
+def _coerce_union(value: Any, hint: Any, path: str, error: type[RopeExtendError], where: str | None) -> Any:
+    """The first option of the union that ``value`` fits; else the first reason an option gave."""
+    reasons = []
+    for option_hint in typing.get_args(hint):
+        try:
+            return _coerce(value, option_hint, path, error, where)
+        except _Mismatch as exc:
+            reasons.append(exc.reason)
+    raise _Mismatch(next((r for r in reasons if r), ""))
+
+
 def _coerce(value: Any, hint: Any, path: str, error: type[RopeExtendError], where: str | None) -> Any:
     """``value`` checked against ``hint`` (nested dataclasses built), or ``_Mismatch``."""
     if hint is Any:
         return value
-    origin = typing.get_origin(hint)
     if _is_union(hint):
-        reasons = []
-        for option_hint in typing.get_args(hint):
-            try:
-                return _coerce(value, option_hint, path, error, where)
-            except _Mismatch as exc:
-                reasons.append(exc.reason)
-        raise _Mismatch(next((r for r in reasons if r), ""))
-    if hint is type(None):
-        if value is None:
-            return None
-        raise _Mismatch()
+        return _coerce_union(value, hint, path, error, where)
+    if hint in _SCALARS:
+        return _SCALARS[hint](value, hint)
+    origin = typing.get_origin(hint)
     if origin is Literal:
         if any(value == v and type(value) is type(v) for v in typing.get_args(hint)):
             return value
@@ -104,27 +138,6 @@ def _coerce(value: Any, hint: Any, path: str, error: type[RopeExtendError], wher
     if dataclasses.is_dataclass(hint):
         if isinstance(value, dict):
             return build(hint, value, where=where, error=error, prefix=path + ".")
-        raise _Mismatch()
-    if hint in (bool, str):
-        if isinstance(value, hint):
-            return value
-        raise _Mismatch()
-    if hint is int:
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise _Mismatch()
-    if hint is float:
-        if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                raise _Mismatch() from None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):
-                raise _Mismatch("a finite number")
-            return float(value)
         raise _Mismatch()
     if origin is list:
         (item,) = typing.get_args(hint)

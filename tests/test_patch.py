@@ -11,10 +11,10 @@ from rope_extend import NotPatchedError, RopeExtendError, UnsupportedModelError
 from tests.tiny import FAMILIES, tiny_config, tiny_model
 
 L = 256  # the tiny models' max_position_embeddings
-LONGROPE = lambda d: {
-    "short_factor": [1.0 + i / d for i in range(d // 2)],
-    "long_factor": [2.0 + i for i in range(d // 2)],
-}
+
+
+def longrope_factors(d):
+    return {"short_factor": [1.0 + i / d for i in range(d // 2)], "long_factor": [2.0 + i for i in range(d // 2)]}
 
 
 def method_params(method, model):
@@ -24,7 +24,7 @@ def method_params(method, model):
         return {}
     emb = model.get_decoder().rotary_emb if hasattr(model, "get_decoder") else None
     buffers = [b for n, b in emb.named_buffers() if n.endswith("inv_freq") and "original" not in n]
-    return LONGROPE(2 * buffers[-1].numel())
+    return longrope_factors(2 * buffers[-1].numel())
 
 
 def inputs(n=L + 100, seed=1):
@@ -190,7 +190,7 @@ def test_dynamic_frequencies_follow_the_longest_position_of_the_sequence():
 
 def test_longrope_switches_to_long_factors_beyond_the_original_length():
     model = tiny_model()
-    params = LONGROPE(16)
+    params = longrope_factors(16)
     rope_extend.patch(model, "longrope", factor=4, **params)
     emb = model.model.rotary_emb
     with torch.no_grad():

@@ -20,10 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
-import subprocess
-import sys
-import time
+
+from _measure import fmt, measure, spawn
 
 SHAPE = dict(
     vocab_size=1024,
@@ -41,10 +39,6 @@ VARIANTS = {
     "rerope": ("rerope", {}),
 }
 TARGETS = {"self_extend": (1.5, 3.0), "dual_chunk": (1.5, 3.0)}
-
-
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
 
 
 def worker(variant: str, length: int, device: str, repeats: int, seed: int, name: str | None) -> dict:
@@ -77,47 +71,16 @@ def worker(variant: str, length: int, device: str, repeats: int, seed: int, name
             return model(input_ids=ids[:, :n], use_cache=False, logits_to_keep=1).logits
 
     run(512)  # warm-up: kernels, allocator pools
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.max_memory_allocated() / 2**20
-    base_rss = _rss_mb()
-    times, error, last = [], None, None
-    for _ in range(repeats):
-        try:
-            start = time.perf_counter()
-            last = run(length)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        except torch.cuda.OutOfMemoryError as exc:
-            error = f"out of memory: {str(exc).splitlines()[0]}"
-            break
-    out = {
-        "variant": variant,
-        "length": length,
-        "device": device,
-        "error": error,
-        "seconds": min(times) if times else None,
-        "finite": bool(torch.isfinite(last).all()) if last is not None else None,
-    }
-    if device == "cuda":
-        out.update(peak_mb=torch.cuda.max_memory_allocated() / 2**20, base_mb=base, gpu=torch.cuda.get_device_name())
-    else:
-        out.update(peak_mb=_rss_mb(), base_mb=base_rss)
-    out["increase_mb"] = out["peak_mb"] - out["base_mb"]
-    return out
+    got = measure(lambda: run(length), repeats=repeats, device=device)
+    last = got.pop("result")
+    finite = bool(torch.isfinite(last).all()) if last is not None else None
+    return {"variant": variant, "length": length, "device": device, "finite": finite, **got}
 
 
-def spawn(variant: str, length: int, args) -> dict:
-    cmd = [sys.executable, __file__, "--worker", variant, "--length", str(length), "--device", args.device]
+def run_variant(variant: str, length: int, args) -> dict:
+    cmd = ["--worker", variant, "--length", str(length), "--device", args.device]
     cmd += ["--repeats", str(args.repeats), "--seed", str(args.seed)] + (["--model", args.model] if args.model else [])
-    proc = subprocess.run(
-        cmd, check=False, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    )
-    if proc.returncode != 0:
-        return {"variant": variant, "length": length, "error": proc.stderr.strip().splitlines()[-1:]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"variant": variant, "length": length, **spawn(__file__, cmd)}
 
 
 def main() -> None:
@@ -140,7 +103,7 @@ def main() -> None:
     variants = ["sdpa"] + [v for v in args.variants.split(",") if v in VARIANTS and v != "sdpa"]
     rows, ratios = [], {}
     for length in lengths:
-        found = {v: spawn(v, length, args) for v in variants}
+        found = {v: run_variant(v, length, args) for v in variants}
         rows += found.values()
         base = found["sdpa"]
         for v in variants[1:]:
@@ -154,7 +117,6 @@ def main() -> None:
             }
     print(f"{'variant':12} {'length':>7} {'peak MB':>9} {'+MB':>9} {'seconds':>9}  error")
     for r in rows:
-        fmt = lambda v, f: format(v, f) if isinstance(v, (int, float)) else "-"
         print(
             f"{r['variant']:12} {r['length']:>7} {fmt(r.get('peak_mb'), '9.0f')} {fmt(r.get('increase_mb'), '9.0f')} "
             f"{fmt(r.get('seconds'), '9.2f')}  {r.get('error') or ''}"

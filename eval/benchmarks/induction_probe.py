@@ -72,7 +72,7 @@ def repeated_words(model, tokenizer, *, sequences: int, length: int, seed: int) 
             q2 = torch.arange(offset + length + 1, offset + 2 * length)  # second copy, after its first token
             ind = att[:, q2, q2 - length + 1].mean(-1)  # the token after the first occurrence
             scores.append((prev, ind))
-        layers = scores if layers is None else [(a + p, b + i) for (a, b), (p, i) in zip(layers, scores)]
+        layers = scores if layers is None else [(a + p, b + i) for (a, b), (p, i) in zip(layers, scores, strict=True)]
     heads = [
         {
             "layer": n,

@@ -21,10 +21,8 @@ import argparse
 import json
 import math
 import os
-import resource
-import subprocess
-import sys
-import time
+
+from _measure import fmt, measure, spawn
 
 SHAPES = {
     # small random Llama for CPU: the LM head (32k vocab) dominates the naive loop's memory
@@ -47,10 +45,6 @@ SHAPES = {
         rope_theta=500000.0,
     ),
 }
-
-
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kilobytes
 
 
 def worker(variant: str, length: int, shape: str, device: str, repeats: int, seed: int, name: str | None) -> dict:
@@ -87,63 +81,23 @@ def worker(variant: str, length: int, shape: str, device: str, repeats: int, see
         return math.log(perplexity(model, Ids(), [str(n)], [n], progress=False).perplexity[n])
 
     run(256)  # warm-up: kernels, allocator pools
-    if device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.max_memory_allocated() / 2**20
-    base_rss = _rss_mb()
-    times, loss, error = [], float("nan"), None
-    for _ in range(repeats):
-        try:
-            start = time.perf_counter()
-            loss = run(length)
-            if device == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        except torch.cuda.OutOfMemoryError as exc:
-            error = f"out of memory: {str(exc).splitlines()[0]}"
-            break
-    out = {
+    got = measure(lambda: run(length), repeats=repeats, device=device)
+    loss = got.pop("result")
+    return {
         "variant": variant,
         "length": length,
         "shape": shape,
         "device": device,
-        "loss": loss,
-        "error": error,
-        "seconds": min(times) if times else None,
-        "tokens_per_s": (length - 1) / min(times) if times else None,
+        "loss": float("nan") if loss is None else loss,
+        "tokens_per_s": (length - 1) / got["seconds"] if got["seconds"] else None,
+        **got,
     }
-    if device == "cuda":
-        out.update(peak_mb=torch.cuda.max_memory_allocated() / 2**20, base_mb=base, gpu=torch.cuda.get_device_name())
-    else:
-        out.update(peak_mb=_rss_mb(), base_mb=base_rss)
-    out["increase_mb"] = out["peak_mb"] - out["base_mb"]
-    return out
 
 
-def spawn(variant: str, args) -> dict:
-    cmd = [
-        sys.executable,
-        __file__,
-        "--worker",
-        variant,
-        "--length",
-        str(args.length_now),
-        "--shape",
-        args.shape,
-        "--device",
-        args.device,
-        "--repeats",
-        str(args.repeats),
-        "--seed",
-        str(args.seed),
-    ] + (["--model", args.model] if args.model else [])
-    proc = subprocess.run(
-        cmd, check=False, capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    )
-    if proc.returncode != 0:
-        return {"variant": variant, "length": args.length_now, "error": proc.stderr.strip().splitlines()[-1:]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def run_variant(variant: str, args) -> dict:
+    cmd = ["--worker", variant, "--length", str(args.length_now), "--shape", args.shape, "--device", args.device]
+    cmd += ["--repeats", str(args.repeats), "--seed", str(args.seed)] + (["--model", args.model] if args.model else [])
+    return {"variant": variant, "length": args.length_now, **spawn(__file__, cmd)}
 
 
 def main() -> None:
@@ -169,7 +123,7 @@ def main() -> None:
     rows, ratios = [], {}
     for length in lengths:
         args.length_now = length
-        pair = {v: spawn(v, args) for v in ("harness", "naive")}
+        pair = {v: run_variant(v, args) for v in ("harness", "naive")}
         rows += pair.values()
         h, n = pair["harness"], pair["naive"]
         ok = not h.get("error") and not n.get("error")
@@ -183,7 +137,6 @@ def main() -> None:
         }
     print(f"{'variant':8} {'length':>7} {'peak MB':>9} {'+MB':>9} {'tokens/s':>10} {'loss':>9}  error")
     for r in rows:
-        fmt = lambda v, f: format(v, f) if isinstance(v, (int, float)) else "-"
         print(
             f"{r['variant']:8} {r['length']:>7} {fmt(r.get('peak_mb'), '9.0f')} {fmt(r.get('increase_mb'), '9.0f')} "
             f"{fmt(r.get('tokens_per_s'), '10.0f')} {fmt(r.get('loss'), '9.4f')}  {r.get('error') or ''}"

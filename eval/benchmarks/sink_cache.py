@@ -17,16 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 
-
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        pages = int(f.read().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+from _measure import rss_mb, spawn
 
 
 def worker(variant: str, tokens: int, every: int, sinks: int, window: int) -> dict:
@@ -54,7 +48,7 @@ def worker(variant: str, tokens: int, every: int, sinks: int, window: int) -> di
                         "tokens": step,
                         "cached_tokens": cache.get_seq_length(),
                         "cache_mb": round(held / 2**20, 3),
-                        "rss_mb": round(_rss_mb(), 1),
+                        "rss_mb": round(rss_mb(), 1),
                         "tokens_per_s": round(every / (now - last), 1) if step % every == 0 else None,
                     }
                 )
@@ -81,10 +75,12 @@ def main() -> None:
     for variant, tokens in (("sinks", args.tokens), ("full", args.full_tokens)):
         if tokens <= 0:
             continue
-        command = [sys.executable, __file__, "--worker", variant, str(tokens), "--every", str(args.every)]
+        command = ["--worker", variant, str(tokens), "--every", str(args.every)]
         command += ["--sinks", str(args.sinks), "--window", str(args.window)]
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-        results[variant] = json.loads(done.stdout.strip().splitlines()[-1])
+        got = spawn(__file__, command)
+        if got.get("error"):
+            raise SystemExit(f"{variant} failed:\n{got['stderr']}")
+        results[variant] = got
     print("| variant | tokens | cached tokens | cache MB | RSS MB | tokens/s |")
     print("|---|---:|---:|---:|---:|---:|")
     for variant, result in results.items():

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
-import sys
-import time
+
+from _measure import measure, spawn
 
 CPU_MODEL = dict(
     vocab_size=32000,
@@ -49,11 +47,6 @@ GPU_MODEL = dict(
 # plain: model(labels=...); runner: chunked loss (gradient_checkpointing: false); runner+ckpt: chunked loss
 # and activation checkpointing (the recipes' default, for long contexts).
 VARIANTS = ("plain", "runner", "runner+ckpt")
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
 def one(variant: str, tokens: int, steps: int, device: str, chunk: int) -> dict:
@@ -94,56 +87,31 @@ def one(variant: str, tokens: int, steps: int, device: str, chunk: int) -> dict:
         opt.zero_grad(set_to_none=True)
         return value
 
-    if gpu:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated() / 2**20
-    else:
-        base = _rss_mb()
-    times, losses = [], []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        losses.append(step())
-        if gpu:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    peak = (
-        torch.cuda.max_memory_allocated() / 2**20 if gpu else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    )
-    measured = [min(times[1:] or times)]  # the fastest measured step: the machine is shared
+    losses = []
+    got = measure(lambda: losses.append(step()), repeats=steps, device=device, baseline="current")
+    if got["error"]:
+        raise torch.cuda.OutOfMemoryError(got["error"])  # the caller reads an out-of-memory exit as "does not fit"
+    fastest = min(got["times"][1:] or got["times"])  # the first step is a warm-up; the fastest: the machine is shared
     return {
         "variant": variant,
         "tokens": tokens,
-        "peak_mb": peak,
-        "before_step_mb": base,
-        "step_mb": peak - base,
-        "seconds_per_step": sum(measured) / len(measured),
-        "tokens_per_s": tokens * len(measured) / sum(measured),
+        "peak_mb": got["peak_mb"],
+        "before_step_mb": got["base_mb"],
+        "step_mb": got["increase_mb"],
+        "seconds_per_step": fastest,
+        "tokens_per_s": tokens / fastest,
         "loss": losses[0],
     }
 
 
 def run_subprocess(variant, tokens, steps, device, chunk, timeout=3600) -> dict | None:
-    cmd = [
-        sys.executable,
-        __file__,
-        "--one",
-        variant,
-        "--tokens",
-        str(tokens),
-        "--steps",
-        str(steps),
-        "--device",
-        device,
-        "--chunk",
-        str(chunk),
-    ]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        if "out of memory" in proc.stderr.lower() or "OutOfMemoryError" in proc.stderr:
+    cmd = ["--one", variant, "--tokens", str(tokens), "--steps", str(steps), "--device", device, "--chunk", str(chunk)]
+    got = spawn(__file__, cmd, timeout=timeout)
+    if got.get("error"):
+        if "out of memory" in got["stderr"].lower() or "OutOfMemoryError" in got["stderr"]:
             return None
-        raise RuntimeError(f"{variant} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{variant} failed:\n{got['stderr']}")
+    return got
 
 
 def cpu_main(args) -> None:

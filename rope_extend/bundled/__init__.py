@@ -13,13 +13,13 @@ the command that made it, the data, and the SHA-256 of every file.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-from pathlib import Path
 
 from .. import resources
 from ..documents import read_documents
+from ..evaluation.prompts import split_sentences
+from ..io import sha256
 from ..loading import BundledModelMissing, load_model, load_tokenizer
 from ..loading import bundled_available as available
 
@@ -47,14 +47,6 @@ __all__ = [
 ]
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def card_checksums() -> dict[str, str]:
     """``{file name: sha256}`` as listed in the model card's checksum table."""
     card = (MODEL_DIR / "README.md").read_text(encoding="utf-8")
@@ -74,7 +66,6 @@ def trained_length() -> int:
 def unseen_filler() -> list[str]:
     """Sentences of prose the bundled model never saw in training (``UNSEEN_PROSE``), for a passkey test
     whose filler it cannot know: ``passkey(model, tokenizer, [L], filler=bundled.unseen_filler())``."""
-    from ..evaluation.prompts import split_sentences
 
     return split_sentences(UNSEEN_PROSE.read_text(encoding="utf-8"))
 

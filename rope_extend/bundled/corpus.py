@@ -344,7 +344,7 @@ def recall_example(rng: random.Random, facts: int, filler_sentences: int, *, que
     sentences = haystack_sentences(rng, rng.choice(FILLERS), filler_sentences)
     slots = sorted(rng.choices(range(len(sentences) + 1), k=facts))
     parts, last = [], 0
-    for slot, name, code in zip(slots, people, codes):
+    for slot, name, code in zip(slots, people, codes, strict=True):
         parts += sentences[last:slot] + [f"The code of {name} is {code}."]
         last = slot
     parts += sentences[last:]

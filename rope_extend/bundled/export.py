@@ -14,6 +14,8 @@ import math
 import shutil
 from pathlib import Path
 
+from safetensors import safe_open
+
 from ..io import atomic_path
 from . import MODEL_DIR, sha256
 
@@ -87,13 +89,12 @@ def export(run_dir: str | Path, out: str | Path = MODEL_DIR, *, commands: str, n
     if loss_csv.is_file():
         lines = loss_csv.read_text().strip().splitlines()
         header = lines[0].split(",")
-        history = [dict(zip(header, line.split(","))) for line in lines[1:]]
+        history = [dict(zip(header, line.split(","), strict=True)) for line in lines[1:]]
     with atomic_path(out) as tmp:
         tmp.mkdir()
         for name in FILES:
             if (source / name).is_file():
                 shutil.copy2(source / name, tmp / name)
-        from safetensors import safe_open
 
         with safe_open(str(tmp / "model.safetensors"), "pt") as fh:
             params = sum(math.prod(fh.get_slice(k).get_shape()) for k in fh)

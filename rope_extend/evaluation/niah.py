@@ -24,7 +24,10 @@ DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
 
 def score(output: str, answer: str) -> tuple[str, bool]:
     """Substring match, case-insensitive, whitespace-normalised."""
-    norm = lambda s: " ".join(s.lower().split())
+
+    def norm(s: str) -> str:
+        return " ".join(s.lower().split())
+
     return output.strip(), norm(answer) in norm(output)
 
 

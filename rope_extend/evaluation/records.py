@@ -14,7 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import RopeExtendError
+from ..errors import RopeExtendError, RopeExtendException
+from ..hf.config import config_scaling, scaled_layer_types, text_config
 from ..patch import patched
 
 
@@ -25,9 +26,6 @@ def setting_id(setting: dict[str, Any]) -> str:
 
 def _config_scaling(model):
     """The scaling the unpatched model's config names (a fine-tuned yarn x4, Llama 3.1's llama3), or None."""
-    from ..errors import RopeExtendException
-    from ..hf.config import config_scaling, scaled_layer_types, text_config
-
     config = getattr(model, "config", None)
     if config is None or not getattr(text_config(config), "rope_parameters", None):
         return None

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import GenerationConfig
 
 from ..errors import RopeExtendError
 from . import runner
@@ -33,8 +34,6 @@ def greedy_config(tokenizer, max_new_tokens: int):
     changes the choice of token is set here explicitly to its neutral value (``top_k=50`` is transformers'
     default, ignored by greedy search; 0 or None would make transformers warn or inherit the checkpoint's).
     """
-    from transformers import GenerationConfig
-
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     return GenerationConfig(
@@ -96,9 +95,8 @@ def accuracy_tables(records: list[dict], grid: bool) -> tuple[dict, dict]:
     for r in records:
         by_len.setdefault(r["length"], []).append(bool(r["correct"]))
         by_cell.setdefault((r["length"], r["depth"]), []).append(bool(r["correct"]))
-    mean = lambda xs: sum(xs) / len(xs)
-    per_len = {n: mean(v) for n, v in sorted(by_len.items())}
-    per_cell = {k: mean(v) for k, v in sorted(by_cell.items())}
+    per_len = {n: sum(v) / len(v) for n, v in sorted(by_len.items())}
+    per_cell = {k: sum(v) / len(v) for k, v in sorted(by_cell.items())}
     return (per_cell if grid else per_len), per_len
 
 

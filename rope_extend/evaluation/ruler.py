@@ -61,7 +61,7 @@ from typing import Any
 
 from ..errors import RopeExtendError, closest
 from . import retrieval, runner
-from .data import parse_lengths
+from .data import default_texts, parse_lengths
 from .prompts import encode, split_sentences
 from .ruler_words import ADJECTIVES, NOUNS, VERBS
 
@@ -198,7 +198,7 @@ def _niah(spec: Niah, rng: random.Random, n: int, words: Sequence[str]) -> Draft
         sentences = split_sentences(" ".join(words[:n]))
         cuts = sorted(int(len(sentences) * d / 100) for d in rng.sample(DEPTHS, len(needles)))
         parts, last = [], 0
-        for cut, needle in zip(cuts, needles):
+        for cut, needle in zip(cuts, needles, strict=True):
             parts += sentences[last:cut] + [needle]
             last = cut
         context = " ".join(parts + sentences[last:])
@@ -212,7 +212,7 @@ def _niah(spec: Niah, rng: random.Random, n: int, words: Sequence[str]) -> Draft
                 key = _draw(rng, spec.key)
                 if key not in keys:  # a distractor never carries an asked key
                     lines.append(NEEDLE.format(kind=spec.value, key=key, value=_draw(rng, spec.value)))
-        for at, needle in zip(sorted(rng.sample(range(n), len(needles)), reverse=True), needles):
+        for at, needle in zip(sorted(rng.sample(range(n), len(needles)), reverse=True), needles, strict=True):
             lines.insert(at, needle)
         context = "\n".join(lines)
         pad = " " + NOISE
@@ -312,7 +312,7 @@ def _fwe(rng: random.Random, n: int, length: int) -> Draft:
     words = sorted(vocab)
     rng.shuffle(words)
     words[0] = "..."  # the most frequent is noise
-    text = [w for w, c in zip(words, fwe_counts(n, size)) for _ in range(c)]
+    text = [w for w, c in zip(words, fwe_counts(n, size), strict=True) for _ in range(c)]
     rng.shuffle(text)
     head, tail = _split(FWE_TEMPLATE)
     return Draft(head + " ".join(text), tail, words[1:4], " ...." * 64)
@@ -346,8 +346,6 @@ class Haystack:
     @property
     def words(self) -> list[str]:
         if self._words is None:
-            from .data import default_texts
-
             texts = list(self.texts) if self.texts is not None else default_texts()
             self._words = [w for w in re.sub(r"\s+", " ", " ".join(texts)).split(" ") if w]
             if not self._words:
@@ -361,8 +359,11 @@ class Haystack:
 def _vt_example_units(tokenizer, budget: int) -> int:
     """Noise sentences in vt's worked example: the most that keep it within ``budget`` tokens (at least 5,
     RULER's smallest step)."""
-    text = lambda m: _vt_text(random.Random("ruler-vt-example"), m, letters=3)[0]
-    fit = _fit(lambda m: len(encode(tokenizer, text(m))), budget, 5, None)
+
+    def tokens(m: int) -> int:
+        return len(encode(tokenizer, _vt_text(random.Random("ruler-vt-example"), m, letters=3)[0]))
+
+    fit = _fit(tokens, budget, 5, None)
     return fit if fit is not None else 5
 
 

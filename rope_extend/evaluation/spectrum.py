@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import RopeExtendError
 from ..methods import registry
+from ..methods.registry import inv_freq
 from .report import _pyplot, _save
 
 
@@ -29,8 +30,6 @@ def spectrum(
     params: dict[str, dict[str, Any]] | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """``({method: {"ratio": [...], "attention_scale": a}}, {method: why it was skipped})``."""
-    from ..methods.registry import inv_freq
-
     plain, _ = inv_freq("linear", head_dim, base, 1.0, original_length)
     curves, skipped = {}, {}
     for name in methods:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from ..errors import RopeExtendError
 from ..evaluation.perplexity import window_nll
@@ -200,6 +201,39 @@ class _Run:
         return list(candidate), float(fit)
 
 
+def _check_budget(max_evaluations, max_seconds, population) -> None:
+    if max_evaluations is None and max_seconds is None:
+        raise RopeExtendError("the search needs a budget: max_evaluations, max_seconds or both")
+    if max_evaluations is not None and (not isinstance(max_evaluations, int) or max_evaluations < len(SEED_METHODS)):
+        raise RopeExtendError(
+            f"max_evaluations must be an integer >= {len(SEED_METHODS)} (the {', '.join(SEED_METHODS)} seeds are "
+            f"evaluated first), got {max_evaluations!r}"
+        )
+    if max_seconds is not None and not (isinstance(max_seconds, (int, float)) and max_seconds > 0):
+        raise RopeExtendError(f"max_seconds must be a positive number, got {max_seconds!r}")
+    if not isinstance(population, int) or population < 4:
+        raise RopeExtendError(f"population must be an integer >= 4, got {population!r}")
+
+
+def _open_state(out, settings: dict, run: _Run, *, resume: bool, overwrite: bool) -> Path | None:
+    """Claim ``out`` for the search and, with ``resume``, restore ``run`` from the state saved there (refused if
+    it was run with other settings). Returns where the state is saved, or None without ``out``."""
+    state_path = None
+    if out is not None:
+        owned = {STATE, RESULT, "report.md", "search.png"}
+        claim_output_dir(out, kind="search", owned=owned.__contains__, resume=resume, overwrite=overwrite)
+        state_path = Path(out) / STATE
+    if resume:
+        if state_path is None or not state_path.is_file():
+            raise RopeExtendError(f"resume: no search state in {out!r} ({STATE} not found)")
+        state = json.loads(state_path.read_text(encoding="utf-8"))
+        if state["settings"] != settings:
+            diff = sorted(k for k in settings if state["settings"].get(k) != settings[k])
+            raise RopeExtendError(f"resume: the search in {out} was run with other settings ({', '.join(diff)})")
+        run.restore(state)
+    return state_path
+
+
 def search(
     model,
     tokenizer,
@@ -222,17 +256,7 @@ def search(
     ``resume`` continues the state found there, ``overwrite`` replaces an earlier search there (a folder
     rope-extend did not make is never touched).
     The model is left as it was (unpatched)."""
-    if max_evaluations is None and max_seconds is None:
-        raise RopeExtendError("the search needs a budget: max_evaluations, max_seconds or both")
-    if max_evaluations is not None and (not isinstance(max_evaluations, int) or max_evaluations < len(SEED_METHODS)):
-        raise RopeExtendError(
-            f"max_evaluations must be an integer >= {len(SEED_METHODS)} (the {', '.join(SEED_METHODS)} seeds are "
-            f"evaluated first), got {max_evaluations!r}"
-        )
-    if max_seconds is not None and not (isinstance(max_seconds, (int, float)) and max_seconds > 0):
-        raise RopeExtendError(f"max_seconds must be a positive number, got {max_seconds!r}")
-    if not isinstance(population, int) or population < 4:
-        raise RopeExtendError(f"population must be an integer >= 4, got {population!r}")
+    _check_budget(max_evaluations, max_seconds, population)
     if patched(model) is not None:
         raise RopeExtendError("the model is already patched: unpatch it first; the search patches it itself")
     dim, base, L = _geometry(model)
@@ -246,25 +270,11 @@ def search(
     ids = [torch.tensor(d, device=device) for d in docs]
     run = _Run(model, head, ids, space, float(factor), population, random.Random(seed), max_evaluations)
 
-    state_path = None
-    if out is not None:
-        owned = {STATE, RESULT, "report.md", "search.png"}
-        claim_output_dir(out, kind="search", owned=owned.__contains__, resume=resume, overwrite=overwrite)
-        state_path = Path(out) / STATE
-    if resume:
-        if state_path is None or not state_path.is_file():
-            raise RopeExtendError(f"resume: no search state in {out!r} ({STATE} not found)")
-        state = json.loads(state_path.read_text(encoding="utf-8"))
-        if state["settings"] != settings:
-            diff = sorted(k for k in settings if state["settings"].get(k) != settings[k])
-            raise RopeExtendError(f"resume: the search in {out} was run with other settings ({', '.join(diff)})")
-        run.restore(state)
+    state_path = _open_state(out, settings, run, resume=resume, overwrite=overwrite)
 
     def save() -> None:
         if state_path is not None:
             write_json(state_path, run.state(settings))
-
-    from tqdm.auto import tqdm
 
     start = time.monotonic()
     run.bar = tqdm(

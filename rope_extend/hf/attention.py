@@ -308,10 +308,8 @@ def _logn(query: torch.Tensor, positions: torch.Tensor, plan: AttentionPlan) -> 
 def _attend(module, plan, query, key, value, mask, scaling, softcap, position_ids, sinks=None) -> torch.Tensor:
     b, h, n, _ = query.shape
     m = key.shape[2]
-    if position_ids is None:
-        last = [m - 1] * b
-    else:
-        last = position_ids.expand(b, -1)[:, -1].tolist()  # one host sync per layer
+    # the last position of each row; reading it is one host sync per layer
+    last = [m - 1] * b if position_ids is None else position_ids.expand(b, -1)[:, -1].tolist()
     out = torch.zeros(b, n, h, value.shape[-1], dtype=query.dtype, device=query.device)
     groups: dict[int, list[int]] = {}
     for row, p in enumerate(last):
@@ -354,16 +352,7 @@ def _attend_rows(module, plan, query, key, value, mask, scaling, softcap, q0: in
     if plan.logn:
         q = q * logn_scale(qpos, plan.original_max_position_embeddings)[None, None, :, None]
     keys, values = key[:, :, first - k0 :].float(), value[:, :, first - k0 :]
-    rotated, groups = {}, {}
-    for kind in rules.kinds:  # every key at its position, once per key group: O(m) memory per group
-        group = rules.key_group(kind)
-        if group is None:
-            rotated[kind] = keys
-        elif group in groups:
-            rotated[kind] = groups[group]
-        else:
-            delta = (rules.key_position(kind, kpos) - kpos).to(torch.float64)
-            rotated[kind] = groups[group] = layout.rotate(keys, delta)
+    rotated = _rotated_keys(rules, layout, keys, kpos)
     out = torch.zeros(b, n, h, value.shape[-1], dtype=dtype, device=device)
     for a, e in rules.blocks(max(q0, first), q0 + n, BLOCK):
         rows = slice(a - q0, e - q0)
@@ -393,6 +382,22 @@ def _attend_rows(module, plan, query, key, value, mask, scaling, softcap, q0: in
         if acc is not None:
             out[:, rows] = acc.transpose(1, 2).to(dtype)
     return out
+
+
+def _rotated_keys(rules, layout, keys, kpos) -> dict:
+    """``{pass kind: the keys rotated to that pass's key positions}``: every key once per key group, so O(m)
+    memory per group; a kind without a key group keeps the keys at their true positions."""
+    rotated, groups = {}, {}
+    for kind in rules.kinds:
+        group = rules.key_group(kind)
+        if group is None:
+            rotated[kind] = keys
+        elif group in groups:
+            rotated[kind] = groups[group]
+        else:
+            delta = (rules.key_position(kind, kpos) - kpos).to(torch.float64)
+            rotated[kind] = groups[group] = layout.rotate(keys, delta)
+    return rotated
 
 
 def _partial(q, k, v, allow, scaling: float, softcap: float | None):

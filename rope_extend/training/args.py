@@ -167,57 +167,64 @@ class TrainArgs:
 
     def validate(self) -> TrainArgs:
         """Checks across fields, and the rope method with its parameters (through the method's own dataclass)."""
-
-        def bad(key, value, allowed):
-            raise RecipeError(f"{key}: got {value!r}; expected {allowed}")
-
         from transformers import SchedulerType  # here, not at import: the command line's --help stays fast
 
         schedulers = [s.value for s in SchedulerType]
         if self.lr_scheduler_type not in schedulers:
-            bad(
+            _bad(
                 "lr_scheduler_type", self.lr_scheduler_type, f"one of transformers' schedulers: {', '.join(schedulers)}"
             )
         m = self.model
         if (m.name_or_path is None) == (m.config is None):
-            bad(
+            _bad(
                 "model",
                 {"name_or_path": m.name_or_path, "config": m.config},
                 "exactly one of model.name_or_path or model.config",
             )
         if m.config is not None and "model_type" not in m.config:
-            bad("model.config", m.config, "a mapping with model_type (e.g. llama) and config fields")
-        r = self.rope
+            _bad("model.config", m.config, "a mapping with model_type (e.g. llama) and config fields")
         try:
-            r.check(spell=lambda key: f"rope.{key}")
+            self.rope.check(spell=lambda key: f"rope.{key}")
         except RopeExtendError as exc:
             raise RecipeError(str(exc)) from None
+        self._check_data()
+        if self.pose.enabled:
+            self._check_pose()
+        if self.lora is not None and self.lora.r < 1:
+            _bad("lora.r", self.lora.r, "a positive rank")
+        self._check_schedule()
+        return self
+
+    def _check_data(self) -> None:
         d = self.data
         if d.path is None:
-            bad("data.path", None, "a text/JSONL/Parquet file, folder, glob, list of files, or dataset name")
+            _bad("data.path", None, "a text/JSONL/Parquet file, folder, glob, list of files, or dataset name")
         if d.max_seq_length < 2:
-            bad("data.max_seq_length", d.max_seq_length, "at least 2 tokens")
+            _bad("data.max_seq_length", d.max_seq_length, "at least 2 tokens")
         if d.max_docs is not None and d.max_docs < 1:
-            bad("data.max_docs", d.max_docs, "a positive number of documents, or null")
+            _bad("data.max_docs", d.max_docs, "a positive number of documents, or null")
         if not 0.0 <= d.passkey_share < 1.0:
-            bad("data.passkey_share", d.passkey_share, "a share in [0, 1) of the training windows")
-        if self.pose.enabled:
-            if not d.packing:
-                bad("data.packing", d.packing, "true with PoSE (PoSE stretches the positions of full windows)")
-            if r.method == "none":
-                bad("rope.method", r.method, "a scaling method with PoSE (PoSE trains for a longer target)")
-            if d.document_boundaries != "eos":
-                bad(
-                    "data.document_boundaries",
-                    d.document_boundaries,
-                    "eos with PoSE (PoSE sets the position ids; restarting them per document would undo it)",
-                )
-            if self.pose.num_chunks < 1 or self.pose.num_chunks > d.max_seq_length:
-                bad("pose.num_chunks", self.pose.num_chunks, f"1 .. data.max_seq_length ({d.max_seq_length})")
-            if self.pose.target_length is not None and self.pose.target_length < d.max_seq_length:
-                bad("pose.target_length", self.pose.target_length, f">= data.max_seq_length ({d.max_seq_length})")
-        if self.lora is not None and self.lora.r < 1:
-            bad("lora.r", self.lora.r, "a positive rank")
+            _bad("data.passkey_share", d.passkey_share, "a share in [0, 1) of the training windows")
+
+    def _check_pose(self) -> None:
+        d, pose = self.data, self.pose
+        if not d.packing:
+            _bad("data.packing", d.packing, "true with PoSE (PoSE stretches the positions of full windows)")
+        if self.rope.method == "none":
+            _bad("rope.method", self.rope.method, "a scaling method with PoSE (PoSE trains for a longer target)")
+        if d.document_boundaries != "eos":
+            _bad(
+                "data.document_boundaries",
+                d.document_boundaries,
+                "eos with PoSE (PoSE sets the position ids; restarting them per document would undo it)",
+            )
+        if pose.num_chunks < 1 or pose.num_chunks > d.max_seq_length:
+            _bad("pose.num_chunks", pose.num_chunks, f"1 .. data.max_seq_length ({d.max_seq_length})")
+        if pose.target_length is not None and pose.target_length < d.max_seq_length:
+            _bad("pose.target_length", pose.target_length, f">= data.max_seq_length ({d.max_seq_length})")
+
+    def _check_schedule(self) -> None:
+        """The step counts, the optimizer's numbers, precision, and resume against overwrite."""
         for key in (
             "max_steps",
             "per_device_train_batch_size",
@@ -227,24 +234,27 @@ class TrainArgs:
             "loss_chunk_size",
         ):
             if getattr(self, key) < 1:
-                bad(key, getattr(self, key), "a positive integer")
+                _bad(key, getattr(self, key), "a positive integer")
         if self.save_total_limit is not None and self.save_total_limit < 1:
-            bad("save_total_limit", self.save_total_limit, "a positive number of checkpoints, or null for all")
+            _bad("save_total_limit", self.save_total_limit, "a positive number of checkpoints, or null for all")
         if self.warmup_steps < 0:
-            bad("warmup_steps", self.warmup_steps, "a number of steps >= 0")
+            _bad("warmup_steps", self.warmup_steps, "a number of steps >= 0")
         if self.learning_rate <= 0:
-            bad("learning_rate", self.learning_rate, "a number > 0")
+            _bad("learning_rate", self.learning_rate, "a number > 0")
         if self.max_grad_norm < 0:
-            bad("max_grad_norm", self.max_grad_norm, "a number >= 0 (0: no clipping)")
+            _bad("max_grad_norm", self.max_grad_norm, "a number >= 0 (0: no clipping)")
         if self.bf16 and self.fp16:
-            bad("bf16/fp16", (self.bf16, self.fp16), "at most one of them true")
+            _bad("bf16/fp16", (self.bf16, self.fp16), "at most one of them true")
         if self.resume_from_checkpoint and self.overwrite_output_dir:
-            bad(
+            _bad(
                 "resume_from_checkpoint/overwrite_output_dir",
                 (self.resume_from_checkpoint, True),
                 "not both: overwriting discards the run you asked to resume",
             )
-        return self
+
+
+def _bad(key: str, value: Any, allowed: str) -> None:
+    raise RecipeError(f"{key}: got {value!r}; expected {allowed}")
 
 
 # ------------------------------------------------------------------------------------------ loading

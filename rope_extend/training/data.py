@@ -68,11 +68,8 @@ def pack(docs: list[list[int]], eos_token_id: int, max_seq_length: int, document
         )
     ids = torch.tensor(stream[: n * max_seq_length], dtype=torch.long).view(n, max_seq_length)
     restart = document_boundaries == "mask"
-    if restart:
-        # A window that starts mid-document counts from 0 too: each window is its own sequence.
-        positions = _restart_positions(ids, eos_token_id)
-    else:
-        positions = torch.arange(max_seq_length).expand(n, -1).clone()
+    # With restarts, a window that starts mid-document counts from 0 too: each window is its own sequence.
+    positions = _restart_positions(ids, eos_token_id) if restart else torch.arange(max_seq_length).expand(n, -1).clone()
     return Packed(ids, positions, restart)
 
 
@@ -106,13 +103,13 @@ def with_passkey_windows(packed: Packed, rows: list[list[int]]) -> Packed:
     if not rows:
         return packed
     extra = torch.tensor(rows, dtype=torch.long)
-    n, T = extra.shape
-    if T != packed.input_ids.shape[1]:
-        raise ValueError(f"passkey windows of {T} tokens for windows of {packed.input_ids.shape[1]}")
+    n, width = extra.shape
+    if width != packed.input_ids.shape[1]:
+        raise ValueError(f"passkey windows of {width} tokens for windows of {packed.input_ids.shape[1]}")
     mask = None if packed.attention_mask is None else torch.cat([packed.attention_mask, torch.ones_like(extra)])
     return Packed(
         torch.cat([packed.input_ids, extra]),
-        torch.cat([packed.position_ids, torch.arange(T).expand(n, -1)]),
+        torch.cat([packed.position_ids, torch.arange(width).expand(n, -1)]),
         packed.restart,
         mask,
     )

@@ -275,7 +275,7 @@ def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> T
     from tqdm.auto import tqdm
 
     run = setup(args)
-    acc, model, G = run.accelerator, run.model, args.gradient_accumulation_steps
+    acc, model = run.accelerator, run.model
     model.train()
     bar = tqdm(
         total=args.max_steps, initial=run.step, disable=not acc.is_local_main_process, desc="train", dynamic_ncols=True
@@ -285,28 +285,7 @@ def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> T
     # stay on the device, reduced over processes at logging time; a checkpoint inside an interval keeps them
     run.pending_loss = (run.pending_loss if run.pending_loss is not None else torch.zeros(())).to(acc.device)
     while run.step < args.max_steps:
-        micro = [run.batches.get(run.step, m, run.rank) for m in range(G)]
-        # the whole global batch's target tokens, counted first: each micro-batch's loss is divided by it
-        local = torch.tensor(sum(int((b["targets"] != -100).sum()) for b in micro), device=acc.device)
-        tokens = (acc.reduce(local, reduction="sum") // run.cp).clamp_min(1)
-        loss_sum = torch.zeros((), device=acc.device)
-        for m, batch in enumerate(micro):
-            batch = {k: v.to(acc.device) for k, v in batch.items()}
-            sync = contextlib.nullcontext() if m == G - 1 else acc.no_sync(model)  # all-reduce once per step
-            with sync, _context_parallel(acc, batch, run.cp):
-                loss, _ = model_loss(model, batch, args.loss_chunk_size, run.head)
-                # DDP averages gradients over processes, and each CP rank holds part of the loss sum
-                acc.backward(loss * acc.num_processes / tokens)
-            loss_sum += loss.detach()
-        grad_norm = (
-            acc.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            if args.max_grad_norm > 0
-            else torch.tensor(float("nan"))
-        )
-        lr = run.scheduler.get_last_lr()[0]  # the rate this step used
-        run.optimizer.step()
-        run.scheduler.step()
-        run.optimizer.zero_grad(set_to_none=True)
+        loss_sum, tokens, grad_norm, lr = _step(run)
         run.step += 1
         clock_tokens += run.tokens_per_step
         run.pending_loss += loss_sum
@@ -356,6 +335,35 @@ def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> T
     if run.trackers:
         acc.end_training()
     return result
+
+
+def _step(run: Run) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """One optimizer step over the global batch of step ``run.step``: ``(loss sum, target tokens, gradient
+    norm, the learning rate it used)``; the loss sum stays on the device."""
+    args, acc, model, G = run.args, run.accelerator, run.model, run.args.gradient_accumulation_steps
+    micro = [run.batches.get(run.step, m, run.rank) for m in range(G)]
+    # the whole global batch's target tokens, counted first: each micro-batch's loss is divided by it
+    local = torch.tensor(sum(int((b["targets"] != -100).sum()) for b in micro), device=acc.device)
+    tokens = (acc.reduce(local, reduction="sum") // run.cp).clamp_min(1)
+    loss_sum = torch.zeros((), device=acc.device)
+    for m, batch in enumerate(micro):
+        batch = {k: v.to(acc.device) for k, v in batch.items()}
+        sync = contextlib.nullcontext() if m == G - 1 else acc.no_sync(model)  # all-reduce once per step
+        with sync, _context_parallel(acc, batch, run.cp):
+            loss, _ = model_loss(model, batch, args.loss_chunk_size, run.head)
+            # DDP averages gradients over processes, and each CP rank holds part of the loss sum
+            acc.backward(loss * acc.num_processes / tokens)
+        loss_sum += loss.detach()
+    grad_norm = (
+        acc.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        if args.max_grad_norm > 0
+        else torch.tensor(float("nan"))
+    )
+    lr = run.scheduler.get_last_lr()[0]  # the rate this step used
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return loss_sum, tokens, grad_norm, lr
 
 
 def _context_parallel(accelerator, batch: dict, cp: int):

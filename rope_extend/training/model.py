@@ -4,6 +4,7 @@ config that builds random weights, with an offline byte-level BPE tokenizer trai
 from __future__ import annotations
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..loading import load_model, load_tokenizer, parse_dtype
 from .args import ModelArgs
@@ -21,7 +22,6 @@ def build_model(args: ModelArgs, texts: list[str], seed: int):
         )
         tokenizer = load_tokenizer(args.tokenizer or args.name_or_path, trust_remote_code=args.trust_remote_code)
         return model.train(), tokenizer
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     fields = dict(args.config)
     model_type = fields.pop("model_type")

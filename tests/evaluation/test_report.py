@@ -29,7 +29,7 @@ def synthetic_records():
                         }
                     )
     for label, ppls in {"none": [8.0, 60.0, 900.0], "yarn-4": [8.2, 7.5, 7.1]}.items():
-        for length, ppl in zip((1024, 2048, 4096), ppls):
+        for length, ppl in zip((1024, 2048, 4096), ppls, strict=True):
             for doc, tokens in ((0, 100), (1, 300)):
                 import math
 

@@ -186,7 +186,7 @@ def test_scores_are_the_mean_share_of_answers(tok, model, monkeypatch):
     assert r.accuracy == {"niah_multivalue": {512: 0.0}, "fwe": {512: 0.0}} and r.average == {512: 0.0}
     assert all(x["max_new_tokens"] == 3 for x in r.records)
     assert all(("haystack" in x) == (x["ruler_task"] == "niah_multivalue") for x in r.records)  # essay tasks only
-    records = [dict(x, score=s) for x, s in zip(r.records, [1.0, 0.5, 0.25, 0.25])]
+    records = [dict(x, score=s) for x, s in zip(r.records, [1.0, 0.5, 0.25, 0.25], strict=True)]
     acc, avg = R.tables(records)
     assert acc == {"niah_multivalue": {512: 0.75}, "fwe": {512: 0.25}} and avg == {512: 0.5}
     rows = summarize(records)["ruler"]

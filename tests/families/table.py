@@ -1,4 +1,4 @@
-"""The README's families table: each RoPE family of the installed transformers x each method.
+"""The families table (docs/methods.md links it): each RoPE family of the installed transformers x each method.
 
     python -m tests.families.table > eval/reports/families.md
 

@@ -12,7 +12,7 @@ For each family that ``tiny.build`` makes, and each attention method (Self-Exten
   pins the probe against conventions read from the families' source.
 
 Anything else (a crash in transformers or torch, a mismatch) fails. ``families.md`` in this folder's parent
-README table is generated from the same outcomes (``python -m tests.families.table``).
+families table is generated from the same outcomes (``python -m tests.families.table``).
 """
 
 from __future__ import annotations
@@ -73,10 +73,7 @@ class Reference:
         scores = scores.masked_fill(j > i, float("-inf"))
         if attention_mask is not None:
             mask = attention_mask[..., :n, :n]
-            if mask.dtype == torch.bool:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            else:
-                scores = scores + mask.float()
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
         sinks = kw.get("s_aux")
         if sinks is not None:
             scores = torch.cat([scores, sinks.float().reshape(1, -1, 1, 1).expand(b, -1, n, 1)], dim=-1)

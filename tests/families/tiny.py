@@ -274,27 +274,31 @@ def _shrunk(d: dict, tokens: dict, hidden: set, extra: int = 0) -> dict:
         out["rope_parameters"] = _mrope(d["rope_parameters"], out.get("head_dim") or (width or 0) // (n_heads or 1))
     key = next((k for k in _LAYERS if isinstance(d.get(k), int)), None)
     if key:
-        layers, per_layer = d[key], {int(i): o for i, o in (d.get("per_layer_config") or {}).items()}
-        indices = {k: v for k, v in d.items() if _INDICES.search(k) and _is_index_list(v, layers)}
-        lists = {k: v for k, v in d.items() if isinstance(v, list) and len(v) == layers and k not in indices}
-        kinds = {**lists, **{k: [i in v for i in range(layers)] for k, v in indices.items()}}
-        if per_layer:
-            kinds["per_layer_config"] = [per_layer.get(i) for i in range(layers)]
-        n = min(layers, _pattern_length(kinds, layers) + extra)
-        if 0 < (d.get("num_kv_shared_layers") or 0) < layers:  # the last layers reuse the KV of a whole pattern
-            out["num_kv_shared_layers"], n = n, min(layers, 2 * n)
-        out[key] = n
-        out.update({k: out.get(k, seq)[:n] for k, seq in lists.items()})
-        out.update({k: [i for i in v if i < n] for k, v in indices.items()})
-
-        def scaled(k, v):  # a per-layer size scaled like the global one (e.g. a bigger head_dim on full attention)
-            return max(1, v * out[k] // d[k]) if k in out and isinstance(d.get(k), int) and d[k] else v
-
-        if per_layer:
-            out["per_layer_config"] = {
-                i: {k: scaled(k, v) for k, v in o.items()} for i, o in per_layer.items() if i < n
-            }
+        _shrink_layers(d, out, key, extra)
     return out
+
+
+def _shrink_layers(d: dict, out: dict, key: str, extra: int) -> None:
+    """Into ``out``: the layer count ``key`` cut to one whole pattern of layer kinds (plus ``extra``), and every
+    per-layer list, index list and per-layer config cut with it."""
+    layers, per_layer = d[key], {int(i): o for i, o in (d.get("per_layer_config") or {}).items()}
+    indices = {k: v for k, v in d.items() if _INDICES.search(k) and _is_index_list(v, layers)}
+    lists = {k: v for k, v in d.items() if isinstance(v, list) and len(v) == layers and k not in indices}
+    kinds = {**lists, **{k: [i in v for i in range(layers)] for k, v in indices.items()}}
+    if per_layer:
+        kinds["per_layer_config"] = [per_layer.get(i) for i in range(layers)]
+    n = min(layers, _pattern_length(kinds, layers) + extra)
+    if 0 < (d.get("num_kv_shared_layers") or 0) < layers:  # the last layers reuse the KV of a whole pattern
+        out["num_kv_shared_layers"], n = n, min(layers, 2 * n)
+    out[key] = n
+    out.update({k: out.get(k, seq)[:n] for k, seq in lists.items()})
+    out.update({k: [i for i in v if i < n] for k, v in indices.items()})
+
+    def scaled(k, v):  # a per-layer size scaled like the global one (e.g. a bigger head_dim on full attention)
+        return max(1, v * out[k] // d[k]) if k in out and isinstance(d.get(k), int) and d[k] else v
+
+    if per_layer:
+        out["per_layer_config"] = {i: {k: scaled(k, v) for k, v in o.items()} for i, o in per_layer.items() if i < n}
 
 
 def _kinds(config) -> dict:

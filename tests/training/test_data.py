@@ -121,7 +121,7 @@ def test_pose_two_chunks_match_the_stated_distribution():
     assert abs((u1 == J).mean() - p_top) < 0.015
     assert (u1 >= u0).all()
     # the cut, where observable (u_1 > u_0), is uniform on 1..15
-    cuts = np.array([c for c, a, b in zip(cut, u0, u1) if a < b])
+    cuts = np.array([c for c, a, b in zip(cut, u0, u1, strict=True) if a < b])
     freq = np.bincount(cuts, minlength=w)[1:] / len(cuts)
     assert np.abs(freq - 1 / 15).max() < 0.012
 
@@ -146,7 +146,9 @@ def test_unpacked_documents_are_padded_and_masked_out_of_the_loss():
     batch = Batches(packed, seed=0, batch_size=2, accumulation=1, num_processes=1).get(0, 0, 0)
     rows = {
         tuple(r[:3]): (t, m)
-        for r, t, m in zip(batch["input_ids"].tolist(), batch["targets"].tolist(), batch["attention_mask"].tolist())
+        for r, t, m in zip(
+            batch["input_ids"].tolist(), batch["targets"].tolist(), batch["attention_mask"].tolist(), strict=True
+        )
     }
     targets, mask = rows[(5, 6, 7)]
     assert targets == [6, 7, 2, -100, -100, -100] and mask == [1, 1, 1, 1, 0, 0]

@@ -116,7 +116,7 @@ def test_resume_after_kill_ends_with_the_same_weights(tmp_path):
     assert a.keys() == b.keys() and len(a) > 4
     for name, value in a.items():
         torch.testing.assert_close(b[name], value, rtol=1e-5, atol=1e-6, msg=name)
-    for ra, rb in zip(uninterrupted.history, resumed.history):
+    for ra, rb in zip(uninterrupted.history, resumed.history, strict=True):
         assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-5)
     # the comparison can fail: the step-3 checkpoint (trainable tensors only) is far from the end
     at3 = load_file(tmp_path / "b" / "run" / "checkpoint-3" / "model.safetensors")
@@ -194,7 +194,7 @@ def test_two_processes_match_one_process(tmp_path):
         assert f"{2 if name == 'two' else 1} process(es)" in proc.stdout
         runs[name] = [float(line.split(",")[1]) for line in (tmp_path / name / "loss.csv").read_text().splitlines()[1:]]
     assert len(runs["one"]) == len(runs["two"]) == 4
-    for a, b in zip(runs["one"], runs["two"]):
+    for a, b in zip(runs["one"], runs["two"], strict=True):
         assert a == pytest.approx(b, rel=2e-4)
     assert runs["one"][-1] < runs["one"][0]  # it trained
 

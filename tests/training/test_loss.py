@@ -23,7 +23,7 @@ def test_chunked_linear_cross_entropy_matches_full_logits_with_gradients(softcap
     ref = F.cross_entropy(logits.flatten(0, 1), t.flatten(), ignore_index=-100, reduction="sum")
     r = torch.autograd.grad(ref * 1.7, params)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)
-    for a, b in zip(g, r):
+    for a, b in zip(g, r, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
@@ -61,7 +61,7 @@ def test_model_loss_equals_transformers_loss_and_gradients(lora_head):
     ref = model(input_ids=ids, labels=ids).loss  # transformers shifts labels itself
     ref_grads = torch.autograd.grad(ref, [p for p in model.parameters() if p.requires_grad])
     torch.testing.assert_close(loss_sum / n, ref, rtol=1e-5, atol=1e-5)
-    for a, b in zip(grads, ref_grads):
+    for a, b in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     assert "forward" not in model.get_output_embeddings().__dict__  # the head is restored
 
@@ -90,7 +90,7 @@ def test_model_loss_applies_the_family_logit_transform(family, lora_head):
     ref = model(input_ids=ids, labels=ids).loss
     ref_grads = torch.autograd.grad(ref, params)
     torch.testing.assert_close(loss_sum / n, ref, rtol=1e-5, atol=1e-5)
-    for a, b in zip(grads, ref_grads):
+    for a, b in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import datasets
+
 DATA = Path(__file__).with_name("passkey.jsonl")
 
 
 def load(length: int | None = None, **_metadata):
     """A ``DatasetDict`` with a ``test`` split: the prompts of ``length`` tokens (all of them if None).
     lm-eval calls it with the task's ``dataset_kwargs`` and any ``--metadata``; the metadata is not used."""
-    import datasets
 
     with DATA.open(encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]

@@ -10,7 +10,7 @@ from typing import Any
 from ...documents import SampleBy
 from ...errors import RopeExtendError, closest
 from ...schema import option
-from ..data import parse_depths, parse_lengths
+from ..data import default_texts, load_texts, parse_depths, parse_lengths
 
 Summary = dict[str, list[dict]]
 
@@ -146,8 +146,6 @@ def harness_options(options, *, unset: tuple[str, ...] = ()) -> dict[str, Any]:
 
 def load_task_texts(options: TextOptions, source: str | None = None) -> list[str]:
     """The documents ``options`` name (``source`` replaces ``options.data``: a path resolved by the caller)."""
-    from ..data import default_texts, load_texts
-
     source = options.data if source is None else source
     if source is None:  # the bundled corpus: max_docs holds for it too
         texts = default_texts()

@@ -1,0 +1,95 @@
+"""What the benchmarks share: the timing and peak-memory loop, memory readings, and one variant per subprocess.
+
+Each benchmark runs every variant in a fresh subprocess (``spawn``), so one variant's allocations cannot
+hide in another's peak. Inside it, ``measure`` times ``repeats`` calls of a function and reads the peak
+memory over them: on CUDA the allocator's peak after a reset, on the CPU the process's peak RSS
+(``ru_maxrss``). ``base_mb`` is the reading before the first timed call (after the caller's warm-up), and
+``increase_mb`` what the calls added to it; the ratios the benchmarks print use the increase.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def peak_rss_mb() -> float:
+    """The process's peak resident set size so far, in MiB (Linux reports ``ru_maxrss`` in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mb() -> float:
+    """The process's resident set size now, in MiB."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def fmt(value: Any, spec: str) -> str:
+    """``value`` formatted with ``spec``, or ``-`` where it is missing (a variant that failed)."""
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def measure(fn: Callable[[], Any], *, repeats: int, device: str, baseline: str = "peak") -> dict:
+    """Time ``repeats`` calls of ``fn`` and read the peak memory over them.
+
+    Returns ``seconds`` (the fastest call; these machines are shared), ``times``, ``result`` (the last
+    call's return value), ``error`` (an out-of-memory message, after which no call is tried) and
+    ``base_mb`` / ``peak_mb`` / ``increase_mb``. A CUDA device also gives its name as ``gpu``.
+    ``baseline`` is what ``base_mb`` reads before the first call: the peak so far ("peak", what a forward
+    adds above model construction and warm-up) or the memory held now ("current", what a training step
+    adds, its optimizer state included)."""
+    import torch
+
+    cuda = device.startswith("cuda")
+    if baseline not in ("peak", "current"):
+        raise ValueError(f"baseline={baseline!r}; allowed: 'peak', 'current'")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = (torch.cuda.max_memory_allocated() if baseline == "peak" else torch.cuda.memory_allocated()) / 2**20
+    else:
+        base = peak_rss_mb() if baseline == "peak" else rss_mb()
+    times, result, error = [], None, None
+    for _ in range(repeats):
+        try:
+            start = time.perf_counter()
+            result = fn()
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        except torch.cuda.OutOfMemoryError as exc:
+            error = f"out of memory: {str(exc).splitlines()[0]}"
+            break
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else peak_rss_mb()
+    out = {
+        "seconds": min(times) if times else None,
+        "times": times,
+        "result": result,
+        "error": error,
+        "base_mb": base,
+        "peak_mb": peak,
+        "increase_mb": peak - base,
+    }
+    if cuda:
+        out["gpu"] = torch.cuda.get_device_name()
+    return out
+
+
+def spawn(script: str, args: list[str], *, timeout: float | None = None) -> dict:
+    """Run ``python script *args`` in a fresh process and read the JSON object on its last output line.
+
+    A failed run gives ``{"error": [its last stderr line]}`` and ``"stderr"`` (its tail), so that a table can
+    show it beside the variants that ran."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(
+        [sys.executable, script, *args], check=False, capture_output=True, text=True, env=env, timeout=timeout
+    )
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1:], "stderr": proc.stderr[-3000:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
