@@ -2,8 +2,8 @@
 
 CI-sized (about three minutes on 2 cores): the perplexity of tokens 8192..12287 of Alice's Adventures in
 Wonderland (past the trained length), unscaled and with YaRN at 2x, against the same tokens read in context
-(with the 4096 tokens before them). The bounds come from measured numbers (README, "A real pretrained
-model"). Skipped, with the reason, only where the model or the text cannot be obtained (no network and no
+(with the 4096 tokens before them). The bounds come from measured numbers (docs/real-models.md, "A real
+pretrained model"). Skipped, with the reason, only where the model or the text cannot be obtained (no network and no
 cached copy). Measured: 350 s on 2 busy cores (other jobs running), about 3 minutes idle.
 """
 
@@ -60,7 +60,7 @@ def test_yarn_keeps_perplexity_past_the_trained_length_and_unpatch_is_exact(smol
     with torch.no_grad():
         assert torch.equal(model(ids[None, :64]).logits, before)  # unpatch: bit-identical logits
     print(f"tokens {L}..{n}: in-context {in_context:.2f}, unscaled {unscaled:.2f}, yarn x2 {yarn:.2f}")
-    # Measured (README, "A real pretrained model"): 18.71, 27.27, 18.99.
+    # Measured (docs/real-models.md, "A real pretrained model"): 18.71, 27.27, 18.99.
     assert yarn <= 1.05 * in_context
     assert unscaled >= 1.3 * yarn
 
