@@ -1,0 +1,98 @@
+"""The rope settings of a transformers-format config as vLLM, SGLang and transformers 4 read them.
+
+Read from each engine's source at a pinned version (the wheels on PyPI):
+
+- **vLLM 0.33.0** (``vllm/model_executor/layers/rotary_embedding/__init__.py``, ``get_rope``): reads transformers
+  5's ``rope_parameters`` (``rope_theta`` inside it); ``yarn`` takes ``factor``,
+  ``original_max_position_embeddings``, ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim``,
+  ``attention_factor`` (the final scale, as transformers) and ``truncate``; ``llama3`` and ``longrope`` as
+  transformers (``longrope``'s scale from ``short_mscale`` / ``long_mscale``, and its long factors whenever
+  ``max_model_len > original_max_position_embeddings``, ``phi3_long_rope_scaled_rope.py``); ``dynamic`` is
+  static at ``factor x max_position_embeddings``. Its longest length (``vllm/config/model.py``,
+  ``_get_and_verify_max_len``) is ``max_position_embeddings`` times the ``factor`` of every type but yarn,
+  llama3 and longrope, whose ``max_position_embeddings`` is already the extended one; beyond it
+  ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``. ``dual_chunk_attention_config`` is read by the Qwen2/Qwen3 families'
+  rotary module, but no attention backend of 0.33.0 implements it (``vllm/v1/attention/backends``).
+- **SGLang 0.5.23** (``sglang/srt/layers/rotary_embedding/factory.py``): the same dict through
+  ``config.rope_scaling`` (transformers 5 aliases it to ``rope_parameters``); its ``yarn`` reads ``attn_factor``,
+  a multiplier on YaRN's own ``0.1 ln s + 1``, and ignores ``attention_factor``: a scale other than the default
+  must be written as ``attn_factor = scale / (0.1 ln s + 1)``. No dual-chunk attention backend either.
+- **transformers 4** (4.45 onwards): ``rope_scaling`` with ``rope_type`` (and the older ``type``) and a top-level
+  ``rope_theta``; ``yarn`` reads ``attention_factor``, ``beta_fast``, ``beta_slow`` and
+  ``original_max_position_embeddings`` (``truncate`` from 4.56 on).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .forms import DEFAULT, DYNAMIC, LINEAR, LLAMA3, LONGROPE, YARN, Form, yarn_attn_factor
+
+VLLM_VERSION = "vllm 0.33.0"
+SGLANG_VERSION = "sglang 0.5.23"
+
+
+def rope_dict(form: Form, target: str) -> dict[str, Any]:
+    """The ``rope_parameters`` / ``rope_scaling`` dict of ``form`` for ``target`` (``vllm``, ``sglang``,
+    ``transformers4``), without ``rope_theta`` (where it goes differs)."""
+    if form.kind == DEFAULT:
+        return {"rope_type": "default"}
+    out: dict[str, Any] = {"rope_type": form.kind, "factor": float(form.factor)}
+    if target == "transformers4":
+        out["type"] = form.kind  # transformers before 4.45 read "type"
+    if form.kind in (LINEAR, DYNAMIC):
+        return out
+    out["original_max_position_embeddings"] = int(form.original_max_position_embeddings)
+    if form.kind == YARN:
+        out["beta_fast"], out["beta_slow"] = form.values["beta_fast"], form.values["beta_slow"]
+        if not form.values["truncate"]:
+            out["truncate"] = False
+        if yarn_attn_factor(form) != 1.0:
+            out["attention_factor"] = float(form.attention_scale)  # vLLM and transformers
+            if target == "sglang":
+                out["attn_factor"] = yarn_attn_factor(form)  # SGLang's multiplier on 0.1 ln s + 1
+    elif form.kind == LLAMA3:
+        out.update(form.values)
+    elif form.kind == LONGROPE:
+        out.update({k: list(v) for k, v in form.values.items()})
+        if target in ("vllm", "sglang"):
+            out["short_mscale"] = out["long_mscale"] = float(form.attention_scale)
+        else:
+            out["attention_factor"] = float(form.attention_scale)
+    return out
+
+
+def max_positions(form: Form, target_length: int, target: str) -> int:
+    """``max_position_embeddings`` to write: engines that multiply it by ``factor`` (vLLM and SGLang for linear)
+    get ``L``, so that their longest length is the target, not ``s`` times it."""
+    if (target in ("vllm", "sglang") and form.kind == LINEAR) or form.kind == DYNAMIC:
+        return int(form.original_max_position_embeddings)
+    return int(target_length)
+
+
+def config_updates(form: Form, target_length: int, target: str) -> dict[str, Any]:
+    """The top-level config keys to set for ``target`` (the rest of the config is the model's own)."""
+    rope = rope_dict(form, target)
+    updates: dict[str, Any] = {"max_position_embeddings": max_positions(form, target_length, target)}
+    if target == "transformers4":
+        updates["rope_theta"] = float(form.base)
+        updates["rope_scaling"] = None if form.kind == DEFAULT else rope
+    else:
+        updates["rope_parameters"] = {**rope, "rope_theta": float(form.base)}
+    return updates
+
+
+def serve_command(target: str, model: str, form: Form, target_length: int) -> str:
+    """The command that serves the exported folder at ``target_length`` tokens."""
+    if target == "vllm":
+        return f"vllm serve {model} --max-model-len {target_length}"
+    if target == "sglang":
+        return f"python -m sglang.launch_server --model-path {model} --context-length {target_length}"
+    return ""
+
+
+LONGER = {  # what lets each engine serve past the length its config allows
+    "vllm": "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
+    "sglang": "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1",
+}
+OVERRIDE_FLAG = {"vllm": "--hf-overrides", "sglang": "--json-model-override-args"}

@@ -1,0 +1,325 @@
+"""llama.cpp: a GGUF file with the scaling in llama.cpp's own metadata keys, written with the ``gguf`` package.
+
+Facts from llama.cpp at commit 0c1e57098 (the copy vendored by llama-cpp-python 0.3.36, which the parity tests
+run); file references are to that tree:
+
+- ``{arch}.rope.scaling.type`` must be ``none``, ``linear``, ``yarn`` or ``longrope`` (any other string aborts
+  the loader, src/llama-model.cpp); no type means ``linear`` with the factor (1 when absent).
+- YaRN: cos and sin are scaled by ``rope.scaling.attn_factor * (0.1 ln s + 1)`` (ggml ``rope_yarn``, and
+  src/llama-context.cpp cancelling and re-applying the temperature), so a transformers ``attention_factor``
+  ``A`` is written as ``A / (0.1 ln s + 1)``. The ramp ends are always ``floor``/``ceil`` (transformers'
+  ``truncate=True``). The llama architecture reads no ``yarn_beta_*`` key: its betas are 32 and 1 unless given
+  on the command line, so other betas are written as a frequency tensor instead.
+- ``rope_freqs.weight`` (F32, ``n_rot / 2``): llama.cpp divides each frequency by it (src/models/llama.cpp
+  loads it for the llama architecture; ggml ``theta_extrap = theta / ff``). llama.cpp's own converter stores
+  Llama 3.1 scaling this way; here every static frequency scaling that the keys above cannot say exactly
+  (llama3, YaRN with other betas or ``truncate=false``) goes this way: ``ff_i = theta_i / theta'_i``, with the
+  attention scale in ``rope.scaling.attn_factor`` (type ``none``: cos and sin times ``attn_factor``).
+- LongRoPE: type ``longrope``, ``rope_factors_long/short.weight`` and ``attn_factor``, no ``factor`` (it would
+  apply ``1/factor`` on top). llama.cpp picks the long factors once, when the context it is started with is
+  longer than ``original_context_length``, where transformers picks per forward by the sequence length.
+- The llama architecture rotates adjacent pairs (``LLAMA_ROPE_TYPE_NORM``): the converter interleaves the two
+  halves of every query and key head (``permute`` in conversion/llama.py), undone by transformers' GGUF reader.
+- Self-Extend: ``--grp-attn-n`` / ``--grp-attn-w`` are accepted by ``llama-completion`` only (and
+  ``llama-passkey``'s ``--grp-attn-n``); ``llama-cli`` and ``llama-server`` reject them (common/arg.cpp).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import RopeExtendError, UnsupportedModelError
+from .forms import DEFAULT, LINEAR, LLAMA3, LONGROPE, YARN, Form, yarn_attn_factor
+
+LLAMACPP_VERSION = "llama.cpp 0c1e57098 (llama-cpp-python 0.3.36)"
+FAMILIES = ("llama", "mistral")  # written as llama.cpp's llama architecture
+YARN_BETAS = (32.0, 1.0)  # the llama architecture's fixed betas
+DTYPES = ("f32", "f16", "q8_0")
+# llama.cpp names a BPE tokenizer's pre-tokenizer (tokenizer.ggml.pre); its converter recognises a tokenizer by
+# hashing how it splits a test text. Here: by the SHA-256 of its vocabulary and merges (vocab_digest).
+KNOWN_PRE = {
+    "b847062bc5041a40fbec6efc177e947f8c533723a99840b601654cf615f20021": "smollm",  # SmolLM2 (smollm2-135m)
+}
+
+
+# ----------------------------------------------------------------------------------------------- rope
+def rope_metadata(form: Form, plain_freqs: torch.Tensor, scaled_freqs: torch.Tensor) -> tuple[dict, dict, str]:
+    """``(keys, tensors, how)``: the rope metadata (names without the ``{arch}.`` prefix), the extra tensors
+    (``rope_freqs``, ``rope_factors_*``) and a one-line description, for a static ``form``.
+
+    ``plain_freqs`` and ``scaled_freqs`` are the unscaled and scaled inverse frequencies (float32, ``d/2``):
+    their ratio is the ``rope_freqs`` tensor when the keys cannot say the scaling exactly."""
+    keys: dict[str, Any] = {"rope.freq_base": float(form.base)}
+    if form.kind == DEFAULT:
+        keys["rope.scaling.type"] = "none"
+        return keys, {}, f"rope.freq_base {form.base:g}"
+    keys["rope.scaling.original_context_length"] = int(form.original_max_position_embeddings)
+    if form.kind == LINEAR:
+        keys.update({"rope.scaling.type": "linear", "rope.scaling.factor": float(form.factor)})
+        return keys, {}, f"rope.scaling.type linear, factor {form.factor:g}"
+    if (
+        form.kind == YARN
+        and (form.values["beta_fast"], form.values["beta_slow"]) == YARN_BETAS
+        and form.values["truncate"]
+    ):
+        keys.update({"rope.scaling.type": "yarn", "rope.scaling.factor": float(form.factor)})
+        attn = yarn_attn_factor(form)
+        if attn != 1.0:
+            keys["rope.scaling.attn_factor"] = attn
+        return (
+            keys,
+            {},
+            f"rope.scaling.type yarn, factor {form.factor:g}" + (f", attn_factor {attn:.6g}" if attn != 1.0 else ""),
+        )
+    if form.kind == LONGROPE:
+        keys.update({"rope.scaling.type": "longrope", "rope.scaling.attn_factor": float(form.attention_scale)})
+        tensors = {
+            "rope_factors_long.weight": np.asarray(form.values["long_factor"], dtype=np.float32),
+            "rope_factors_short.weight": np.asarray(form.values["short_factor"], dtype=np.float32),
+        }
+        return keys, tensors, "rope.scaling.type longrope, rope_factors_long/short tensors"
+    if form.kind in (YARN, LLAMA3):  # frequencies by tensor: exact whatever the betas or the blend
+        ratio = (plain_freqs.double() / scaled_freqs.double()).float().numpy()
+        keys["rope.scaling.type"] = "none"
+        if form.attention_scale != 1.0:
+            keys["rope.scaling.attn_factor"] = float(form.attention_scale)
+        how = "rope_freqs tensor (frequency divisors)" + (
+            f", attn_factor {form.attention_scale:.6g}" if form.attention_scale != 1.0 else ""
+        )
+        return keys, {"rope_freqs.weight": ratio}, how
+    raise RopeExtendError(f"llama.cpp has no rope metadata for a {form.kind!r} scaling")
+
+
+def self_extend_flags(group_size: int, window: int) -> list[str]:
+    """``--grp-attn-n G --grp-attn-w W``; llama.cpp requires ``W`` to be a multiple of ``G``."""
+    if window % group_size:
+        lower = (window // group_size) * group_size
+        raise RopeExtendError(
+            f"llama.cpp's group attention needs --grp-attn-w to be a multiple of --grp-attn-n, got window={window}, "
+            f"group_size={group_size}: use window={lower or group_size} or "
+            f"window={lower + group_size}"
+        )
+    return ["--grp-attn-n", str(group_size), "--grp-attn-w", str(window)]
+
+
+# ----------------------------------------------------------------------------------------------- model
+def check_family(config) -> None:
+    """Refuse a model the llama architecture would run differently (the writer knows Llama and Mistral)."""
+    kind = getattr(config, "model_type", None)
+    if kind not in FAMILIES:
+        raise UnsupportedModelError(
+            f"the GGUF writer knows the {' and '.join(FAMILIES)} families (llama.cpp's llama architecture), not "
+            f"{kind!r}: export --to transformers4 and convert that folder with llama.cpp's convert_hf_to_gguf.py, "
+            "then give it the rope keys this export prints"
+        )
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    problems = []
+    if getattr(config, "sliding_window", None):
+        problems.append(f"a sliding window of {config.sliding_window} tokens (the llama architecture has none)")
+    if getattr(config, "mlp_bias", False):
+        problems.append("MLP biases")
+    prf = (getattr(config, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
+    if prf != 1.0:
+        problems.append(f"partial rotary ({prf}; the llama architecture rotates the whole head of {head_dim})")
+    if problems:
+        raise UnsupportedModelError(
+            f"{kind}: cannot write a llama-architecture GGUF for a model with {'; '.join(problems)}"
+        )
+
+
+def interleave_halves(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rows of each head reordered from transformers' halves ``(j, j + hd/2)`` to llama.cpp's adjacent pairs
+    ``(2j, 2j + 1)``: ``new[h, 2j + k] = old[h, k hd/2 + j]`` (biases too)."""
+    rows = weight.shape[0]
+    head = rows // heads
+    return weight.reshape(heads, 2, head // 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+
+
+def _encode(array: np.ndarray, dtype: str, gguf) -> tuple[np.ndarray, Any]:
+    """The tensor as stored: norms and other 1-D tensors stay F32 (as llama.cpp's converter keeps them)."""
+    q = gguf.GGMLQuantizationType
+    if array.ndim == 1 or dtype == "f32":
+        return array.astype(np.float32), q.F32
+    if dtype == "f16":
+        return array.astype(np.float16), q.F16
+    if array.shape[-1] % 32:  # q8_0 blocks are 32 values along a row
+        return array.astype(np.float16), q.F16
+    return gguf.quants.quantize(array.astype(np.float32), q.Q8_0), q.Q8_0
+
+
+def weight_tensors(model, dtype: str):
+    """``(gguf name, array, ggml type)`` for every weight, in llama.cpp's names."""
+    import gguf
+
+    config = model.config
+    n_layers = config.num_hidden_layers
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, n_layers)
+    state = model.state_dict()
+    tied = getattr(config, "tie_word_embeddings", False)
+    for name, tensor in state.items():
+        if name == "lm_head.weight" and tied:
+            continue  # llama.cpp uses token_embd when output.weight is absent
+        if name.endswith("rotary_emb.inv_freq") or "rotary_emb" in name:
+            continue
+        target = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if target is None:
+            raise UnsupportedModelError(f"no llama.cpp name for the weight {name!r}: the model is not a plain Llama")
+        value = tensor.detach().to(torch.float32).cpu()
+        if name.endswith(("q_proj.weight", "q_proj.bias")):
+            value = interleave_halves(value, config.num_attention_heads)
+        elif name.endswith(("k_proj.weight", "k_proj.bias")):
+            value = interleave_halves(value, config.num_key_value_heads)
+        array, kind = _encode(value.numpy(), dtype, gguf)
+        yield target, array, kind
+
+
+# ----------------------------------------------------------------------------------------------- tokenizer
+def vocab_digest(tokenizer) -> str:
+    """SHA-256 of a BPE tokenizer's vocabulary and merges (what ``KNOWN_PRE`` is keyed by)."""
+    model = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    blob = json.dumps([sorted(model["vocab"].items(), key=lambda kv: kv[1]), merges], ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def tokenizer_metadata(tokenizer, vocab_size: int, pre: str | None) -> dict[str, Any]:
+    """llama.cpp's ``gpt2`` (byte-level BPE) tokenizer keys from a transformers fast tokenizer."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    data = json.loads(backend.to_str()) if backend is not None else {}
+    model = data.get("model", {})
+    if model.get("type") != "BPE" or "ByteLevel" not in json.dumps(data.get("pre_tokenizer")):
+        raise UnsupportedModelError(
+            "the GGUF writer knows byte-level BPE tokenizers (llama.cpp's gpt2 model), not this one: convert with "
+            "llama.cpp's convert_hf_to_gguf.py"
+        )
+    if pre is None:
+        pre = KNOWN_PRE.get(vocab_digest(tokenizer))
+    if pre is None:
+        raise RopeExtendError(
+            "llama.cpp must be told how this tokenizer splits text before BPE (tokenizer.ggml.pre) and rope-extend "
+            "does not know it: pass tokenizer_pre=NAME (--tokenizer-pre), the name llama.cpp's "
+            "convert_hf_to_gguf.py prints for this model (e.g. llama-bpe, qwen2, smollm)"
+        )
+    by_id = {i: t for t, i in model["vocab"].items()}
+    added = {t["id"]: t for t in data.get("added_tokens", [])}
+    tokens, types = [], []
+    for i in range(vocab_size):
+        if i in added:
+            tokens.append(added[i]["content"])
+            types.append(3 if added[i].get("special") else 4)  # CONTROL / USER_DEFINED
+        elif i in by_id:
+            tokens.append(by_id[i])
+            types.append(1)  # NORMAL
+        else:
+            tokens.append(f"[PAD{i}]")
+            types.append(5)  # UNUSED
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    out: dict[str, Any] = {
+        "model": "gpt2",
+        "pre": pre,
+        "tokens": tokens,
+        "token_type": types,
+        "merges": merges,
+        "add_bos_token": bool(getattr(tokenizer, "add_bos_token", False)),
+    }
+    for key, attr in (
+        ("bos", "bos_token_id"),
+        ("eos", "eos_token_id"),
+        ("unk", "unk_token_id"),
+        ("pad", "pad_token_id"),
+    ):
+        value = getattr(tokenizer, attr, None)
+        if value is not None:
+            out[f"{key}_token_id"] = int(value)
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str):
+        out["chat_template"] = template
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- writing
+def write(
+    path: Path,
+    model,
+    tokenizer,
+    rope_keys: dict[str, Any],
+    rope_tensors: dict[str, np.ndarray],
+    *,
+    context: int,
+    dtype: str = "f32",
+    tokenizer_pre: str | None = None,
+    name: str = "",
+) -> None:
+    """Write ``model`` (a Llama-family transformers model) as a llama-architecture GGUF file at ``path``."""
+    import gguf
+
+    if dtype not in DTYPES:
+        raise RopeExtendError(f"unknown GGUF dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
+    config = model.config
+    check_family(config)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    vocab = tokenizer_metadata(tokenizer, config.vocab_size, tokenizer_pre)  # before anything is written
+    writer = gguf.GGUFWriter(path, "llama")
+    arch = "llama"
+    writer.add_name(name or str(getattr(config, "_name_or_path", "") or "model"))
+    writer.add_file_type(
+        {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}.get(
+            dtype, gguf.LlamaFileType.MOSTLY_Q8_0
+        )
+    )
+    writer.add_context_length(int(context))
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_rope_dimension_count(head_dim)
+    if head_dim != config.hidden_size // config.num_attention_heads:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    for key, value in rope_keys.items():
+        full = f"{arch}.{key}"
+        if isinstance(value, str):
+            writer.add_string(full, value)
+        elif isinstance(value, bool):
+            writer.add_bool(full, value)
+        elif isinstance(value, int):
+            writer.add_uint32(full, value)
+        else:
+            writer.add_float32(full, float(value))
+    writer.add_tokenizer_model(vocab["model"])
+    writer.add_tokenizer_pre(vocab["pre"])
+    writer.add_token_list(vocab["tokens"])
+    writer.add_token_types(vocab["token_type"])
+    writer.add_token_merges(vocab["merges"])
+    writer.add_add_bos_token(vocab["add_bos_token"])
+    for key in ("bos", "eos", "unk", "pad"):
+        if f"{key}_token_id" in vocab:
+            getattr(writer, {"unk": "add_unk_token_id", "pad": "add_pad_token_id"}.get(key, f"add_{key}_token_id"))(
+                vocab[f"{key}_token_id"]
+            )
+    if "chat_template" in vocab:
+        writer.add_chat_template(vocab["chat_template"])
+    for tensor_name, array in rope_tensors.items():
+        writer.add_tensor(tensor_name, np.ascontiguousarray(array, dtype=np.float32))
+    for tensor_name, array, kind in weight_tensors(model, dtype):
+        writer.add_tensor(tensor_name, array, raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def serve_command(path: Path, context: int, extra: list[str] | None = None, tool: str = "llama-server") -> str:
+    """The command that serves the file at ``context`` tokens (the rope settings come from the file)."""
+    parts = [tool, "-m", str(path), "-c", str(math.ceil(context))]
+    return " ".join(parts + list(extra or []))

@@ -1,0 +1,114 @@
+"""Exports checked against the serving engines' own code (marker ``engines``; ``.ci/run`` runs them in a step
+that installs llama-cpp-python and unpacks vLLM's and SGLang's rotary modules from their wheels).
+
+- vLLM 0.33.0 and SGLang 0.5.23: the exported rope dict goes through the engine's ``get_rope``; its cos/sin
+  cache must equal rope-extend's at every position up to 4 L.
+- llama.cpp (llama-cpp-python 0.3.36): SmolLM2-135M patched and exported as GGUF; perplexity within 1% of the
+  patched transformers model on the same token ids, and the same greedy continuation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rope_extend.export import configs, routes
+from rope_extend.methods import registry
+from tests.export import engine_code
+
+pytestmark = pytest.mark.engines
+
+DIM, BASE, L, FACTOR = 64, 10000.0, 256, 4.0
+CASES = [
+    ("none", {}),
+    ("linear", {}),
+    ("ntk", {}),
+    ("ntk_by_parts", {}),
+    ("yarn", {}),
+    ("yarn", {"attention_factor": 1.3, "beta_fast": 16.0, "beta_slow": 2.0}),
+    ("yarn", {"truncate": False}),
+    ("llama3", {}),
+    ("dynamic", {}),
+    ("dynamic_yarn", {}),
+    ("longrope", {"short_factor": [1.0 + i / 64 for i in range(32)], "long_factor": [1.0 + i / 8 for i in range(32)]}),
+]
+
+
+def scaling_for(name, params):
+    if name == "none":
+        return None
+    return registry.resolve(registry.get(name), factor=FACTOR, original_max_position_embeddings=L, params=params)
+
+
+def expected_cache(scaling, positions: int) -> torch.Tensor:
+    """rope-extend's cos/sin (times the attention scale) at positions 0..positions-1, at the target length."""
+    if scaling is None:
+        freqs, scale = registry.inv_freq("linear", DIM, BASE, 1.0, L)
+    else:
+        freqs, scale = scaling.compute(DIM, BASE, max(positions, L + 1))
+    angles = torch.outer(torch.arange(positions, dtype=torch.float32), freqs)
+    return torch.cat([angles.cos() * scale, angles.sin() * scale], dim=-1)
+
+
+def exported(name, params, target):
+    scaling = scaling_for(name, params)
+    decision = routes.decide(scaling, target, DIM, BASE)
+    assert decision.status in (routes.EXPORTED, routes.APPROXIMATE)
+    length = scaling.target_length if scaling is not None else L
+    return scaling, configs.config_updates(decision.form, length, target), length
+
+
+def compare(cache: torch.Tensor, scaling, upto: int) -> float:
+    want = expected_cache(scaling, upto)
+    got = cache[:upto, : want.shape[1]].float()
+    return float((got - want).abs().max())
+
+
+@pytest.mark.skipif(not engine_code.available(engine_code.VLLM), reason="vLLM's rotary files are not unpacked")
+@pytest.mark.parametrize(("name", "params"), CASES)
+def test_vllm_get_rope_computes_the_same_cos_sin(name, params):
+    rotary = engine_code.vllm_rotary()
+    scaling, updates, length = exported(name, params, "vllm")
+    engine_code._VllmConfig.model_config.max_model_len = length  # the serve command's --max-model-len
+    rope = rotary.get_rope(DIM, updates["max_position_embeddings"], True, updates["rope_parameters"], torch.float32)
+    # LongRoPE: the long half of its cache, used for every sequence when serving past L
+    cache = rope.long_short_cos_sin_cache[L:] if name == "longrope" else rope.cos_sin_cache
+    upto = 4 * L if scaling is not None else L
+    assert cache.shape[0] >= upto  # it serves the target
+    assert compare(cache, scaling, upto) < 2e-4
+
+
+@pytest.mark.skipif(not engine_code.available(engine_code.SGLANG), reason="SGLang's rotary files are not unpacked")
+@pytest.mark.parametrize(("name", "params"), CASES)
+def test_sglang_get_rope_computes_the_same_cos_sin(name, params):
+    rotary = engine_code.sglang_rotary()
+    scaling, updates, _length = exported(name, params, "sglang")
+    rope_params = dict(updates["rope_parameters"])
+    base = rope_params.pop("rope_theta")
+    rope = rotary.get_rope(DIM, DIM, updates["max_position_embeddings"], base, True, rope_params, dtype=torch.float32)
+    cache = rope.long_short_cos_sin_cache[L:] if name == "longrope" else rope.cos_sin_cache
+    upto = 4 * L if scaling is not None else L
+    assert cache.shape[0] >= upto
+    assert compare(cache, scaling, upto) < 2e-4
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("spec", ["none", "linear:2", "yarn:2", "llama3:2"])
+def test_llama_cpp_matches_the_patched_model(tmp_path, spec):
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("gguf")
+    import rope_extend
+    from eval.serving_parity import measure
+    from rope_extend.documents import read_documents
+
+    try:
+        model, tokenizer = rope_extend.load("smollm2-135m")
+        text = read_documents("canterbury/lcet10.txt")[0]
+    except Exception as exc:  # noqa: BLE001 - no network, no model: the real-model tests skip
+        pytest.skip(f"SmolLM2-135M or the texts cannot be fetched: {exc}")
+    ids = tokenizer(text)["input_ids"][:1024]
+    row = measure(spec, model, tokenizer, ids, 16, 2, tmp_path)
+    assert row["ppl_rel_diff"] < 0.01, row
+    assert row["greedy_identical"], row
+    assert np.isfinite(row["logprob_max_abs_diff"]) and row["logprob_max_abs_diff"] < 0.1, row

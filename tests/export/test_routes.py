@@ -1,0 +1,102 @@
+"""The method x engine decisions and the engine-neutral forms (pure numbers, no model)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rope_extend.errors import RopeExtendError
+from rope_extend.export import forms, routes
+from rope_extend.methods import registry
+from rope_extend.methods._common import rope_frequencies
+
+
+def scaling(name, factor=4.0, length=4096, **params):
+    method = registry.get(name)
+    return registry.resolve(method, factor=factor, original_max_position_embeddings=length, params=params)
+
+
+def test_table_covers_every_method_and_target():
+    rows = dict(routes.table())
+    assert set(rows) == {"none", *registry.names()}
+    for row in rows.values():
+        assert set(row) == set(routes.TARGETS)
+    assert rows["yarn"] == dict.fromkeys(routes.TARGETS, routes.EXPORTED)
+    assert rows["dynamic_yarn"]["vllm"] == routes.APPROXIMATE
+    assert rows["self_extend"] == {
+        "gguf": routes.APPROXIMATE,
+        "vllm": routes.REFUSED,
+        "sglang": routes.REFUSED,
+        "transformers4": routes.REFUSED,
+    }
+    assert set(rows["rerope"].values()) == {routes.REFUSED}
+
+
+@pytest.mark.parametrize("name", ["dual_chunk", "rerope", "leaky_rerope"])
+def test_refusal_names_method_engine_and_nearest(name):
+    decision = routes.decide(scaling(name), "vllm", 64, 10000.0)
+    message = decision.message(name, "vllm")
+    assert decision.status == routes.REFUSED
+    assert name in message and "vllm 0.33.0" in message and "nearest that exports: yarn with factor 4" in message
+
+
+def test_logn_is_refused_everywhere():
+    s = scaling("yarn", logn=True)
+    for target in routes.TARGETS:
+        d = routes.decide(s, target, 64, 10000.0)
+        assert d.status == routes.REFUSED and "yarn without logn" in d.nearest
+
+
+def test_unknown_target():
+    with pytest.raises(RopeExtendError, match="unknown export target 'vlm'.*did you mean 'vllm'"):
+        routes.check_target("vlm")
+
+
+def test_ntk_is_a_base_change_with_the_same_frequencies():
+    s = scaling("ntk", factor=4.0)
+    form = forms.static_form(s, 64, 10000.0)
+    assert form.kind == forms.DEFAULT and form.attention_scale == 1.0
+    torch.testing.assert_close(rope_frequencies(64, form.base), s.compute(64, 10000.0)[0], rtol=0, atol=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(factor=st.floats(1.0, 16.0), dim=st.sampled_from([16, 64, 128]))
+def test_dynamic_made_static_equals_dynamic_at_the_target(factor, dim):
+    s = scaling("dynamic", factor=factor, length=2048)
+    form = forms.static_form(s, dim, 10000.0)
+    expected = s.compute(dim, 10000.0, s.target_length)[0]
+    torch.testing.assert_close(rope_frequencies(dim, form.base), expected, rtol=2e-6, atol=0)
+    assert form.changes
+
+
+@settings(max_examples=40, deadline=None)
+@given(factor=st.floats(1.01, 32.0), attention=st.one_of(st.none(), st.floats(0.5, 3.0)))
+def test_yarn_attn_factor_times_yarn_temperature_is_the_scale(factor, attention):
+    params = {} if attention is None else {"attention_factor": attention}
+    form = forms.static_form(scaling("yarn", factor=factor, **params), 64, 10000.0)
+    assert math.isclose(forms.yarn_attn_factor(form) * forms.mscale(factor), form.attention_scale, rel_tol=1e-12)
+    if attention is None:
+        assert forms.yarn_attn_factor(form) == 1.0
+
+
+def test_ntk_by_parts_is_yarn_at_scale_one():
+    form = forms.static_form(scaling("ntk_by_parts", factor=8.0), 64, 10000.0)
+    assert form.kind == forms.YARN and form.attention_scale == 1.0
+    assert math.isclose(forms.yarn_attn_factor(form), 1 / (0.1 * math.log(8) + 1))
+
+
+def test_finetuned_dynamic_yarn_is_exact():
+    s = scaling("dynamic_yarn", factor=4.0, finetuned=True)
+    assert routes.decide(s, "vllm", 64, 10000.0).status == routes.EXPORTED
+    assert routes.decide(scaling("dynamic_yarn"), "vllm", 64, 10000.0).status == routes.APPROXIMATE
+
+
+def test_readme_table_is_generated():
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "docs" / "serving.md").read_text(encoding="utf-8")
+    assert routes.markdown_table() in readme
