@@ -51,12 +51,10 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 def _cmd_configure(args: argparse.Namespace) -> int:
     """Copy a saved model folder with its config rewritten for a scaling (the weights are not loaded), or convert
     a .gguf file into a scaled safetensors folder."""
-    from transformers import AutoConfig
-
     from .errors import RopeExtendError
     from .hf.config import configure
     from .io import MARKER, atomic_path, claim_output_dir, write_json
-    from .loading import load_model, load_tokenizer, resolve_name
+    from .loading import load_config, load_model, load_tokenizer, resolve_name
 
     scaling = scaling_from_args(args)  # checked before anything is read
     source, out = Path(resolve_name(args.model)), Path(args.out)
@@ -81,10 +79,7 @@ def _cmd_configure(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(str(source), trust_remote_code=args.trust_remote_code)
         config = model.config
     else:
-        try:
-            config = AutoConfig.from_pretrained(source, trust_remote_code=args.trust_remote_code)
-        except (OSError, ValueError, KeyError) as exc:
-            raise RopeExtendError(f"cannot read the config of {source}: {str(exc).splitlines()[0]}") from None
+        config = load_config(source, trust_remote_code=args.trust_remote_code)
     configure(config, scaling.method, **scaling.patch_kwargs())
     with atomic_path(out) as tmp:
         if gguf:

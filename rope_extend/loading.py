@@ -101,6 +101,16 @@ def _failed(what: str, name: str, exc: Exception) -> RopeExtendError:
     return RopeExtendError(f"cannot load the {what} {name!r}{hint}: {first}")
 
 
+def load_config(path, *, trust_remote_code: bool = False):
+    """``AutoConfig.from_pretrained`` of a saved folder; an unreadable config is an error naming the folder."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as exc:
+        raise RopeExtendError(f"cannot read the config of {path}: {str(exc).splitlines()[0]}") from None
+
+
 def load_model(
     name_or_path: str,
     *,

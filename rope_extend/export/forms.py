@@ -63,7 +63,7 @@ def static_form(scaling: registry.Scaling | None, dim: int, base: float) -> Form
     attention method (plain frequencies, positions changed in attention) and for ``logn``."""
     if scaling is None or scaling.method.name == "none":
         return Form(DEFAULT, float(base))
-    if scaling.logn or scaling.method.attention or scaling.method.name == "string":
+    if scaling.logn or scaling.method.attention:
         return None
     name, s, length, p = scaling.method.name, scaling.factor, scaling.original_max_position_embeddings, scaling.params
     target = scaling.target_length

@@ -110,6 +110,12 @@ def self_extend_flags(group_size: int, window: int) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------------- model
+def check_dtype(dtype: str) -> str:
+    if dtype not in DTYPES:
+        raise RopeExtendError(f"unknown GGUF dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
+    return dtype
+
+
 def check_family(config) -> None:
     """Refuse a model the llama architecture would run differently (the writer knows Llama and Mistral)."""
     kind = getattr(config, "model_type", None)
@@ -166,7 +172,7 @@ def weight_tensors(model, dtype: str):
     for name, tensor in state.items():
         if name == "lm_head.weight" and tied:
             continue  # llama.cpp uses token_embd when output.weight is absent
-        if name.endswith("rotary_emb.inv_freq") or "rotary_emb" in name:
+        if "rotary_emb" in name:  # buffers, not weights
             continue
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))
         if target is None:
@@ -260,8 +266,7 @@ def write(
     """Write ``model`` (a Llama-family transformers model) as a llama-architecture GGUF file at ``path``."""
     import gguf
 
-    if dtype not in DTYPES:
-        raise RopeExtendError(f"unknown GGUF dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
+    check_dtype(dtype)
     config = model.config
     check_family(config)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

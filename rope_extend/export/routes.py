@@ -87,7 +87,7 @@ def decide(scaling: registry.Scaling | None, target: str, dim: int, base: float)
             "log-n multiplies each query by log_L(position), which no engine config can say",
             f"{scaling.method.name} without logn",
         )
-    if scaling is not None and (scaling.method.attention or scaling.method.name == "string"):
+    if scaling is not None and scaling.method.attention:
         return _attention(scaling, target, base)
     form = static_form(scaling, dim, base)
     if form is None:

@@ -8,17 +8,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoConfig
-
 from rope_extend.export import configs, llamacpp
 
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..hf.config import config_scaling, nested_layer_types, plan, rotary_geometry, text_config
 from ..io import MARKER, atomic_path, write_json
-from ..loading import load_model, load_tokenizer, resolve_name
+from ..loading import load_config, load_model, load_tokenizer, resolve_name
 from ..methods._common import rope_frequencies
 from ..patch import patched
 from ..version import __version__
+from .forms import DEFAULT
 from .routes import APPROXIMATE, ENGINES, REFUSED, Decision, check_target, decide
 
 INFO = "rope-extend-export.json"  # written beside the exported config: what was exported, how, for which engine
@@ -70,10 +69,7 @@ def _scaling(model, config, method, amounts, params):
 def _read_config(source: Path, trust_remote_code: bool):
     if not (source / "config.json").is_file():
         raise RopeExtendError(f"{source} is not a saved model folder (no config.json)")
-    try:
-        return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, KeyError) as exc:
-        raise RopeExtendError(f"cannot read the config of {source}: {str(exc).splitlines()[0]}") from None
+    return load_config(source, trust_remote_code=trust_remote_code)
 
 
 def _geometry(config):
@@ -136,8 +132,8 @@ def export(
     check_target(to)
     out = Path(out)
     _check_out(out)
-    if to == "gguf" and dtype not in llamacpp.DTYPES:
-        raise RopeExtendError(f"unknown GGUF dtype {dtype!r}; allowed: {', '.join(llamacpp.DTYPES)}")
+    if to == "gguf":
+        llamacpp.check_dtype(dtype)  # before anything is read
     source = None
     if isinstance(model, (str, Path)):
         source = Path(resolve_name(str(model)))
@@ -163,21 +159,21 @@ def export(
         if loaded is None:
             loaded = load_model(str(source), trust_remote_code=trust_remote_code)
             tokenizer = tokenizer or load_tokenizer(str(source), trust_remote_code=trust_remote_code)
-        return _export_gguf(loaded, tokenizer, scaling, decision, out, length, dim, base, dtype, tokenizer_pre, notes)
-    return _export_folder(loaded, tokenizer, source, scaling, decision, to, out, length, notes)
+        return _export_gguf(
+            loaded, tokenizer, scaling, name, decision, out, length, dim, base, dtype, tokenizer_pre, notes
+        )
+    return _export_folder(loaded, tokenizer, source, name, decision, to, out, length, notes)
 
 
-def _export_gguf(model, tokenizer, scaling, decision, out, length, dim, base, dtype, tokenizer_pre, notes):
+def _export_gguf(model, tokenizer, scaling, name, decision, out, length, dim, base, dtype, tokenizer_pre, notes):
     if tokenizer is None:
         raise RopeExtendError("a GGUF file carries the tokenizer: pass tokenizer= with the model")
-    llamacpp.check_family(model.config)
     form = decision.form
     plain = rope_frequencies(dim, base)
-    scaled = scaling.compute(dim, base, length)[0] if scaling is not None and form.kind != "default" else plain
+    scaled = scaling.compute(dim, base, length)[0] if scaling is not None and form.kind != DEFAULT else plain
     keys, tensors, how = llamacpp.rope_metadata(form, plain, scaled)
     extra: list[str] = []
     tool = "llama-server"
-    name = scaling.method.name if scaling is not None else "none"
     if name == "self_extend":
         rules = scaling.rules()
         extra, tool = llamacpp.self_extend_flags(rules.group_size, rules.window), "llama-completion"
@@ -188,9 +184,8 @@ def _export_gguf(model, tokenizer, scaling, decision, out, length, dim, base, dt
     return ExportResult(out, "gguf", ENGINES["gguf"], name, how, command, notes)
 
 
-def _export_folder(model, tokenizer, source, scaling, decision, to, out, length, notes):
+def _export_folder(model, tokenizer, source, name, decision, to, out, length, notes):
     form = decision.form
-    name = scaling.method.name if scaling is not None else "none"
     updates = configs.config_updates(form, length, to)
     how = json.dumps(updates.get("rope_parameters", updates.get("rope_scaling")) or {"rope_theta": form.base})
     command = configs.serve_command(to, str(out), form, length)
