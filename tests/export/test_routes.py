@@ -98,5 +98,6 @@ def test_finetuned_dynamic_yarn_is_exact():
 def test_readme_table_is_generated():
     from pathlib import Path
 
-    readme = (Path(__file__).parents[2] / "docs" / "serving.md").read_text(encoding="utf-8")
-    assert routes.markdown_table() in readme
+    root = Path(__file__).parents[2]
+    for page in (root / "docs" / "serving.md", root / "README.md"):
+        assert routes.markdown_table() in page.read_text(encoding="utf-8"), page
