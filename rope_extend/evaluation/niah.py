@@ -89,7 +89,6 @@ def niah(
             "question": question,
             "answer": answer,
             "depths": grid,
-            "trials": trials,
             "haystack_docs": len(texts),
         },
         make_trial=make_trial,

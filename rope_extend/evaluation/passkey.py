@@ -75,7 +75,7 @@ def passkey(
         raise RopeExtendError(f"key_range must be two integers 0 <= low <= high, got {key_range!r}")
 
     sentences = None if filler is None else split_sentences(filler if isinstance(filler, str) else list(filler))
-    setting: dict[str, Any] = {"key_range": [low, high], "depths": grid, "trials": trials}
+    setting: dict[str, Any] = {"key_range": [low, high], "depths": grid}
     if sentences is not None:  # only then: the standard filler's records keep their setting id
         setting["filler"] = hashlib.sha1("\n".join(sentences).encode()).hexdigest()[:12]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +99,12 @@ class RecordLog:
                     continue  # a line cut short by an interruption: that record is simply redone
         return records
 
-    def find(self, key: dict[str, Any]) -> dict | None:
-        """The record whose fields equal ``key``'s (the latest one), or None."""
+    def find(self, key: dict[str, Any], settings: Collection[str] | None = None) -> dict | None:
+        """The record whose fields equal ``key``'s (the latest one), or None; ``settings`` also requires the
+        record's setting id to be one of them."""
         for record in reversed(self.records):
+            if settings is not None and record.get("setting") not in settings:
+                continue
             if all(record.get(k) == v for k, v in key.items()):
                 return record
         return None

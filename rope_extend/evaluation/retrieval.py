@@ -15,6 +15,10 @@ from ..errors import RopeExtendError
 from . import runner
 from .prompts import Prompt
 
+# Passkey and needle records of rope-extend 0.1.0 carry the run's trial count in their setting id; resuming
+# recognises those written by runs of up to this many trials.
+LEGACY_TRIALS = 1024
+
 
 def check_can_generate(model) -> None:
     """A model that cannot ``generate`` (a bare decoder, an encoder) gets a clear error up front."""
@@ -122,7 +126,9 @@ def run_grid(
     """Run ``trials`` trials per (length, depth) and score them, through the evaluation runner.
 
     ``make_trial(length, depth_or_None, trial) -> (prompt, answer)`` must be deterministic in its arguments
-    (it seeds its own RNG from them), so a resumed run asks exactly the same questions.
+    (it seeds its own RNG from them), so a resumed run asks exactly the same questions. Trial ``t`` is the
+    same question whatever the number of trials, so the trial count is not part of the setting: a run with
+    more trials reuses the recorded ones and adds the rest.
     """
     check_can_generate(model)
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
@@ -153,10 +159,13 @@ def run_grid(
             "correct": bool(correct),
         }
 
+    setting = {**setting, "seed": seed, "max_new_tokens": max_new_tokens}
     done = runner.run(
         model,
         task=task,
-        setting={**setting, "seed": seed, "max_new_tokens": max_new_tokens},
+        setting=setting,
+        # records written before the trial count left the setting (0.1.0) are reused too
+        aliases=[{**setting, "trials": n} for n in range(1, LEGACY_TRIALS + 1)],
         jobs=jobs,
         measure=measure,
         longest=max(lengths),

@@ -92,12 +92,15 @@ def run(
     cache: bool = False,
     generated: int = 0,
     unit: str = "trial",
+    aliases: Sequence[dict[str, Any]] = (),
 ) -> list[dict]:
     """Measure every job not already recorded; returns one record per job, in job order.
 
     A record is ``{"task", model and scaling fields, "setting", **job, **measure(job)}``. ``cache`` says
     whether the harness decodes with a KV cache, and ``generated`` how many tokens it adds to the longest
-    prompt (for the memory check and the sliding-window policy).
+    prompt (for the memory check and the sliding-window policy). ``aliases`` are older forms of ``setting``
+    whose records measure the same jobs (records written before a setting field was dropped); they are reused
+    as if written under ``setting``.
     """
     from tqdm.auto import tqdm
 
@@ -109,12 +112,14 @@ def run(
         if widened:
             full["sliding_window"] = "widened"  # a different measurement: records must not be mixed
         sid = setting_id(full)
+        extra = {k: v for k, v in full.items() if k not in info and k not in setting and k != "task"}
+        old = {setting_id({**info, **alias, "task": task, **extra}) for alias in aliases} - {sid}
         log = RecordLog(records, resume=resume)
         done: list[dict] = []
         bar = tqdm(jobs, desc=f"{task} {info.get('label') or info['method']}", unit=unit, disable=not progress)
         for job in bar:
             bar.set_postfix(length=job.get("length"))
-            found = log.find({"setting": sid, **job})
+            found = log.find({"setting": sid, **job}) or (log.find(job, settings=old) if old else None)
             if found is None:
                 found = log.add({"task": task, **info, "setting": sid, **job, **measure(job)})
             done.append(found)

@@ -86,3 +86,49 @@ def test_perplexity_resume_skips_finished_documents(llama, tok, texts, tmp_path,
     path.write_text("\n".join(lines[:4]) + "\n")  # as if interrupted after 4 of 6 documents
     again = perplexity(llama, tok, texts, [64, 96], records=path, resume=True, progress=False)
     assert len(seen) == 2 and again.perplexity == pytest.approx(full.perplexity, rel=1e-12)
+
+
+def test_more_trials_reuse_the_recorded_ones(llama, tok, tmp_path, monkeypatch):
+    path = tmp_path / "records.jsonl"
+    five = passkey(llama, tok, [128], trials=2, seed=3, records=path, progress=False)
+    calls = counting_greedy(monkeypatch)
+    more = passkey(llama, tok, [128], trials=4, seed=3, records=path, resume=True, progress=False)
+    assert len(calls) == 2  # trials 0 and 1 are the same questions: only 2 and 3 ran
+    assert more.records[:2] == five.records and len(path.read_text().splitlines()) == 4
+    fresh = passkey(llama, tok, [128], trials=4, seed=3, progress=False)
+    assert [r["correct"] for r in more.records] == [r["correct"] for r in fresh.records]
+    assert [r["answer"] for r in more.records] == [r["answer"] for r in fresh.records]
+
+
+def test_records_with_the_old_trial_count_setting_are_reused(llama, tok, tmp_path, monkeypatch):
+    from rope_extend.evaluation.records import setting_id
+
+    path = tmp_path / "records.jsonl"
+    first = passkey(llama, tok, [128], trials=3, seed=2, records=path, progress=False)
+    # rewrite the file as 0.1.0 wrote it: the trial count was part of the setting
+    old = []
+    for r in first.records:
+        full = {
+            k: v
+            for k, v in r.items()
+            if k
+            not in (
+                "setting",
+                "length",
+                "depth_grid",
+                "trial",
+                "depth",
+                "actual_depth",
+                "answer",
+                "prediction",
+                "output",
+                "correct",
+            )
+        }
+        setting = {"key_range": [1, 50000], "depths": None, "seed": 2, "max_new_tokens": 10, "trials": 3}
+        old.append({**r, "setting": setting_id({**full, **setting})})
+    assert old[0]["setting"] != first.records[0]["setting"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in old))
+    calls = counting_greedy(monkeypatch)
+    again = passkey(llama, tok, [128], trials=5, seed=2, records=path, resume=True, progress=False)
+    assert len(calls) == 2 and again.records[:3] == old
