@@ -141,6 +141,7 @@ def reference_logits(model, method, params, x, logn=False):
 def small_blocks(monkeypatch):
     monkeypatch.setattr(A, "BLOCK", 12)  # several query blocks per sequence, blocks not aligned to chunks
     monkeypatch.setattr(A, "TILE", 20)
+    monkeypatch.setattr(A, "SPLIT", 4)  # masked CPU passes are cut into unmasked / causal / masked columns
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
@@ -379,3 +380,58 @@ def test_methods_listing_and_suite_spec(capsys):
     assert MethodSpec(method="self_extend", factor=4).name() == "self_extend x4"
     with pytest.raises(RopeExtendError, match=r"exactly one of factor \(.*\) and target_length"):
         MethodSpec(method="yarn")
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "qwen3"])  # gemma2: softcapping, the plain-torch path
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_passes_within_two_epsilons_of_the_float32_path(family, dtype, monkeypatch):
+    """The passes run in the model's dtype (the kernels accumulate in float32). Measured on these models: logits
+    within 1.2 epsilon (bf16) and 0.8 epsilon (fp16) of the largest logit of the path that upcasts every pass to
+    float32; asserted: 2 epsilons."""
+    x = ids()
+    seen = []
+    real_partial = A._partial
+    monkeypatch.setattr(
+        A, "_partial", lambda q, k, v, *a: seen.append({q.dtype, k.dtype, v.dtype}) or real_partial(q, k, v, *a)
+    )
+    for method, params in METHODS.items():
+        model = model_for(family).to(dtype)
+        rope_extend.patch(model, method, **params)
+        seen.clear()
+        got = run(model, x).float()
+        assert seen and all(s == {dtype} for s in seen), (method, seen[:3])
+        with monkeypatch.context() as m:
+            m.setattr(A, "compute_dtype", lambda d: torch.float32)
+            want = run(model, x).float()
+        tolerance = 2 * torch.finfo(dtype).eps * want.abs().max().item()
+        assert (got - want).abs().max().item() <= tolerance, (method, (got - want).abs().max().item(), tolerance)
+
+
+def test_rotating_keys_in_pieces_is_exact(monkeypatch):
+    model, x = model_for("llama"), ids()
+    rope_extend.patch(model, "self_extend", **METHODS["self_extend"])
+    whole = run(model, x)
+    monkeypatch.setattr(A, "ROTATE", 7)  # keys rotated 7 at a time, pieces not aligned to anything
+    assert torch.equal(run(model, x), whole)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_cut_passes_equal_whole_masked_passes(family, monkeypatch):
+    model, x = model_for(family), ids()
+    counts = {"causal": 0}
+    real = A._flash_cpu
+
+    def spy(q, k, v, allow, scaling, causal=False):
+        counts["causal"] += causal
+        return real(q, k, v, allow, scaling, causal)
+
+    monkeypatch.setattr(A, "_flash_cpu", spy)
+    for method, params in METHODS.items():
+        rope_extend.patch(model, method, **params)
+        cut = run(model, x)
+        with monkeypatch.context() as m:
+            m.setattr(A, "SPLIT", 10**6)  # never cut
+            whole = run(model, x)
+        rope_extend.unpatch(model)
+        assert (cut - whole).abs().max().item() < 1e-5, method
+    assert counts["causal"] > 0  # the diagonal blocks ran with the kernel's causal skipping

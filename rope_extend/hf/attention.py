@@ -43,6 +43,8 @@ PLAN_ATTR = "rope_extend_attention"
 INNER = ("eager", "sdpa")
 BLOCK = 512  # query rows per block
 TILE = 1024  # key columns per tile of the plain-torch path (softcapping, non-CPU devices)
+ROTATE = 4096  # keys rotated at a time (float32 work space)
+SPLIT = 64  # a masked CPU pass is cut into unmasked / causal / masked column ranges from this width on
 
 
 @dataclass
@@ -310,7 +312,7 @@ def _attend(module, plan, query, key, value, mask, scaling, softcap, position_id
     m = key.shape[2]
     # the last position of each row; reading it is one host sync per layer
     last = [m - 1] * b if position_ids is None else position_ids.expand(b, -1)[:, -1].tolist()
-    out = torch.zeros(b, n, h, value.shape[-1], dtype=query.dtype, device=query.device)
+    out = None  # allocated only for a batch whose rows have different offsets
     groups: dict[int, list[int]] = {}
     for row, p in enumerate(last):
         groups.setdefault(int(p), []).append(row)
@@ -334,38 +336,44 @@ def _attend(module, plan, query, key, value, mask, scaling, softcap, position_id
             sinks,
         )
         if index is None:
-            out = part
-        else:
-            out[index] = part
+            return part
+        if out is None:
+            out = torch.zeros(b, n, h, value.shape[-1], dtype=query.dtype, device=query.device)
+        out[index] = part
     return out
 
 
 def _attend_rows(module, plan, query, key, value, mask, scaling, softcap, q0: int, k0: int, sinks=None) -> torch.Tensor:
-    """Rows that share offsets: queries at ``q0 ..``, keys at ``k0 ..``. Returns ``[b, n, h, d_v]``."""
+    """Rows that share offsets: queries at ``q0 ..``, keys at ``k0 ..``. Returns ``[b, n, h, d_v]``.
+
+    Precision: rotations in float32 (angles in float64), the passes in the model's dtype (``compute_dtype``:
+    the kernels accumulate in float32), their outputs merged in float32 and cast once per block."""
     rules, layout = plan.rules, plan.layout
     b, h, n, _ = query.shape
     m, device, dtype = key.shape[2], query.device, query.dtype
+    compute = compute_dtype(dtype)
     first = max(k0, 0)  # negative positions are padding
     qpos = torch.arange(q0, q0 + n, device=device)
     kpos = torch.arange(first, k0 + m, device=device)
-    q = query.float()
-    if plan.logn:
-        q = q * logn_scale(qpos, plan.original_max_position_embeddings)[None, None, :, None]
-    keys, values = key[:, :, first - k0 :].float(), value[:, :, first - k0 :]
-    rotated = _rotated_keys(rules, layout, keys, kpos)
+    scale = logn_scale(qpos, plan.original_max_position_embeddings) if plan.logn else None
+    keys, values = key[:, :, first - k0 :], value[:, :, first - k0 :].to(compute)
+    rotated = _rotated_keys(rules, layout, keys, kpos, compute)
     out = torch.zeros(b, n, h, value.shape[-1], dtype=dtype, device=device)
     for a, e in rules.blocks(max(q0, first), q0 + n, BLOCK):
         rows = slice(a - q0, e - q0)
         i = qpos[rows]
+        q = query[:, :, rows].float()
+        if scale is not None:
+            q = q * scale[rows][None, None, :, None]
         acc = lse = None
         for kind, j0, j1, full in rules.passes(a, e, first):
             if j1 <= j0:
                 continue
             if rules.key_group(kind) is None:  # true positions for both
-                qk = q[:, :, rows]
+                qk = q
             else:
                 delta = (rules.query_position(kind, i) - i).to(torch.float64)
-                qk = layout.rotate(q[:, :, rows], delta)
+                qk = layout.rotate(q, delta)
             cols = slice(j0 - first, j1 - first)
             allow = None
             if not full:
@@ -374,7 +382,9 @@ def _attend_rows(module, plan, query, key, value, mask, scaling, softcap, q0: in
             if mask is not None:
                 given = mask[:, :, rows, j0 - k0 : j1 - k0]
                 allow = given if allow is None else allow & given
-            part, part_lse = _partial(qk, rotated[kind][:, :, cols], values[:, :, cols], allow, scaling, softcap)
+            part, part_lse = _partial(
+                qk.to(compute), rotated[kind][:, :, cols], values[:, :, cols], allow, scaling, softcap
+            )
             acc, lse = (part, part_lse) if acc is None else _merge(acc, lse, part, part_lse)
         if acc is not None and sinks is not None:
             sink = sinks.float().reshape(1, -1, 1).expand_as(lse)
@@ -384,51 +394,103 @@ def _attend_rows(module, plan, query, key, value, mask, scaling, softcap, q0: in
     return out
 
 
-def _rotated_keys(rules, layout, keys, kpos) -> dict:
-    """``{pass kind: the keys rotated to that pass's key positions}``: every key once per key group, so O(m)
-    memory per group; a kind without a key group keeps the keys at their true positions."""
-    rotated, groups = {}, {}
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the passes run in: the model's for bf16 and fp16 (the kernels accumulate in float32), else
+    float32."""
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
+def _rotated_keys(rules, layout, keys, kpos, compute) -> dict:
+    """``{pass kind: the keys rotated to that pass's key positions}``, in ``compute``: every key once per key
+    group, so O(m) memory per group; a kind without a key group keeps the keys at their true positions."""
+    rotated, groups, plain = {}, {}, None
     for kind in rules.kinds:
         group = rules.key_group(kind)
         if group is None:
-            rotated[kind] = keys
+            plain = rotated[kind] = plain if plain is not None else keys.to(compute)
         elif group in groups:
             rotated[kind] = groups[group]
         else:
             delta = (rules.key_position(kind, kpos) - kpos).to(torch.float64)
-            rotated[kind] = groups[group] = layout.rotate(keys, delta)
+            rotated[kind] = groups[group] = _rotate(layout, keys, delta, compute)
     return rotated
 
 
+def _rotate(layout, keys, delta, compute) -> torch.Tensor:
+    """``layout.rotate`` in float32, ``ROTATE`` keys at a time, into a tensor of dtype ``compute`` (no float32
+    copy of all the keys)."""
+    m = keys.shape[2]
+    if keys.dtype == compute == torch.float32 and m <= ROTATE:
+        return layout.rotate(keys, delta)
+    out = torch.empty(keys.shape, dtype=compute, device=keys.device)
+    for c in range(0, m, ROTATE):
+        out[:, :, c : c + ROTATE] = layout.rotate(keys[:, :, c : c + ROTATE].float(), delta[c : c + ROTATE])
+    return out
+
+
 def _partial(q, k, v, allow, scaling: float, softcap: float | None):
-    """Attention of ``q`` over ``k``/``v`` (GQA by head groups) and its log-sum-exp, float32; rows with no key
-    allowed give output 0 and log-sum-exp -inf. Value heads narrower or wider than query heads (MLA) are padded
-    with zeros, which changes neither the scores nor the output."""
-    v = v.float()
+    """Attention of ``q`` over ``k``/``v`` (GQA by head groups; all three of one dtype, the products accumulated
+    in float32) and its log-sum-exp, both returned in float32; rows with no key allowed give output 0 and
+    log-sum-exp -inf. Value heads narrower or wider than query heads (MLA) are padded with zeros, which changes
+    neither the scores nor the output."""
     dv = v.shape[-1]
     if dv < q.shape[-1]:
         v = torch.nn.functional.pad(v, (0, q.shape[-1] - dv))
     elif dv > q.shape[-1]:
         q, k = (torch.nn.functional.pad(t, (0, dv - t.shape[-1])) for t in (q, k))
     out, lse = _partial_padded(q, k, v, allow, scaling, softcap)
-    return out[..., :dv], lse
+    return out[..., :dv].float(), lse
 
 
 def _partial_padded(q, k, v, allow, scaling: float, softcap: float | None):
     if softcap is None and q.device.type == "cpu":
-        bias = None
-        if allow is not None:
-            bias = torch.zeros(allow.shape, dtype=q.dtype, device=q.device).masked_fill(~allow, float("-inf"))
-        # grouped-query attention: the CPU kernel maps query head h to key head h // (h_q / h_kv), as repeat_kv
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, False, attn_mask=bias, scale=scaling
-        )
-        if allow is not None:
-            none = ~allow.any(-1).expand_as(lse)
-            lse = lse.masked_fill(none, float("-inf"))
-            out = out.masked_fill(none[..., None], 0.0)
-        return out, lse
+        return _partial_cpu(q, k, v, allow, scaling)
     return _partial_torch(q, k, v, allow, scaling, softcap)
+
+
+def _partial_cpu(q, k, v, allow, scaling: float):
+    """The CPU flash kernel. A masked pass is cut where its mask allows: a causal square at its end (the diagonal
+    block) runs with the kernel's own causal skipping, the columns every row sees with no mask, and only the
+    rest with an additive mask (a band pass then costs about its allowed area)."""
+    if allow is None or allow.shape[-1] < 2 * SPLIT:
+        return _flash_cpu(q, k, v, allow, scaling)
+    rows, end = allow.shape[-2], allow.shape[-1]
+    pieces = []  # (first column, last + 1, mask or None, causal)
+    if end >= rows and bool((allow[..., end - rows :] == _tril(rows)).all()):  # every batch row and head
+        pieces.append((end - rows, end, None, True))
+        end -= rows
+    if end:
+        seen = allow[..., :end].all(dim=-2).reshape(-1, end).all(0)  # columns every row of every batch sees
+        cols = seen.nonzero().flatten().tolist()  # one host sync, on the CPU
+        masked = [(0, end)]
+        if len(cols) >= SPLIT and cols[-1] - cols[0] + 1 == len(cols):
+            pieces.append((cols[0], cols[-1] + 1, None, False))
+            masked = [(0, cols[0]), (cols[-1] + 1, end)]
+        pieces += [(c0, c1, allow[..., c0:c1], False) for c0, c1 in masked if c1 > c0]
+    acc = lse = None
+    for c0, c1, mask, causal in pieces:
+        out, out_lse = _flash_cpu(q, k[:, :, c0:c1], v[:, :, c0:c1], mask, scaling, causal=causal)
+        acc, lse = (out, out_lse) if acc is None else _merge(acc.float(), lse, out.float(), out_lse)
+    return acc, lse
+
+
+def _tril(n: int) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool).tril()
+
+
+def _flash_cpu(q, k, v, allow, scaling: float, causal: bool = False):
+    bias = None
+    if allow is not None:
+        bias = torch.zeros(allow.shape, dtype=q.dtype, device=q.device).masked_fill(~allow, float("-inf"))
+    # grouped-query attention: the CPU kernel maps query head h to key head h // (h_q / h_kv), as repeat_kv
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, causal, attn_mask=bias, scale=scaling
+    )
+    if allow is not None:
+        none = ~allow.any(-1).expand_as(lse)
+        lse = lse.masked_fill(none, float("-inf"))
+        out = out.masked_fill(none[..., None], 0.0)
+    return out, lse
 
 
 def _partial_torch(q, k, v, allow, scaling, softcap):
@@ -439,14 +501,15 @@ def _partial_torch(q, k, v, allow, scaling, softcap):
     acc = lse = None
     for t0 in range(0, k.shape[2], TILE):
         kt, vt = k[:, :, t0 : t0 + TILE], v[:, :, t0 : t0 + TILE]
-        s = torch.matmul(qg, kt.transpose(-1, -2)).view(b, h, n, -1) * scaling
+        s = torch.matmul(qg, kt.transpose(-1, -2)).view(b, h, n, -1).float() * scaling
         if softcap is not None:
             s = torch.tanh(s / softcap) * softcap
         if allow is not None:
             s = s.masked_fill(~allow[..., t0 : t0 + TILE], float("-inf"))
         part_lse = torch.logsumexp(s, dim=-1)
         weights = torch.exp(s - part_lse.masked_fill(part_lse == float("-inf"), 0.0)[..., None])
-        part = torch.matmul(weights.reshape(b, k.shape[1], groups * n, -1), vt).reshape(b, h, n, -1)
+        part = torch.matmul(weights.to(vt.dtype).reshape(b, k.shape[1], groups * n, -1), vt)
+        part = part.reshape(b, h, n, -1).float()
         acc, lse = (part, part_lse) if acc is None else _merge(acc, lse, part, part_lse)
     return acc, lse
 
