@@ -35,6 +35,14 @@ class ExportResult:
     command: str
     notes: list[str] = field(default_factory=list)
     overrides: dict[str, Any] | None = None
+    override_flag: str | None = None  # the engine's flag that takes ``overrides`` as JSON
+
+    @property
+    def override_argument(self) -> str | None:
+        """``overrides`` as the engine's command-line argument (to serve the original folder unchanged)."""
+        if not self.overrides or not self.override_flag:
+            return None
+        return f"{self.override_flag} '{json.dumps(self.overrides, sort_keys=True)}'"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -45,7 +53,15 @@ class ExportResult:
             "how": self.how,
             "command": self.command,
             "notes": self.notes,
-            **({"overrides": self.overrides} if self.overrides else {}),
+            **(
+                {
+                    "overrides": self.overrides,
+                    "override_flag": self.override_flag,
+                    "override_argument": self.override_argument,
+                }
+                if self.overrides
+                else {}
+            ),
         }
 
 
@@ -201,5 +217,5 @@ def _export_folder(model, tokenizer, source, name, decision, to, out, length, no
         write_json(tmp / INFO, {**info, "command": command, "notes": notes})
     if to in configs.LONGER:
         notes.append(f"to serve past {length} tokens: {configs.LONGER[to]}")
-    overrides = updates if to in configs.OVERRIDE_FLAG else None
-    return ExportResult(out, to, ENGINES[to], name, how, command, notes, overrides)
+    flag = configs.OVERRIDE_FLAG.get(to)
+    return ExportResult(out, to, ENGINES[to], name, how, command, notes, updates if flag else None, flag)

@@ -116,3 +116,15 @@ def test_existing_out_and_non_rope_model(tmp_path, capsys):
     capsys.readouterr()
     assert main(["export", str(gpt2), "--to", "vllm", "--out", str(tmp_path / "o2")]) == 2
     assert "does not use rotary" in capsys.readouterr().err and not (tmp_path / "o2").exists()
+
+
+def test_result_names_the_override_flag(tmp_path):
+    folder = saved(tmp_path)
+    for to, flag in (("vllm", "--hf-overrides"), ("sglang", "--json-model-override-args")):
+        r = export(str(folder), to, tmp_path / to, method="yarn", factor=4)
+        assert r.override_flag == flag and r.overrides["rope_parameters"]["factor"] == 4
+        assert r.as_dict()["override_argument"] == r.override_argument
+        got = r.override_argument
+        assert got.startswith(flag + " '") and json.loads(got[len(flag) + 2 : -1]) == r.overrides
+    r = export(str(folder), "transformers4", tmp_path / "t4", method="yarn", factor=4)
+    assert r.override_flag is None and r.override_argument is None and "override_flag" not in r.as_dict()
