@@ -108,12 +108,15 @@ def run(
     check_reachable(model, longest, cache=cache, generated=generated)
     with window.sliding_window_widened(model, longest + generated, sliding_window) as widened:
         info = run_info(model, run)
-        full = {**info, **setting, "task": task}
-        if widened:
-            full["sliding_window"] = "widened"  # a different measurement: records must not be mixed
-        sid = setting_id(full)
-        extra = {k: v for k, v in full.items() if k not in info and k not in setting and k != "task"}
-        old = {setting_id({**info, **alias, "task": task, **extra}) for alias in aliases} - {sid}
+
+        def identity(options: dict[str, Any]) -> str:
+            full = {**info, **options, "task": task}
+            if widened:
+                full["sliding_window"] = "widened"  # a different measurement: records must not be mixed
+            return setting_id(full)
+
+        sid = identity(setting)
+        old = {identity(alias) for alias in aliases} - {sid}
         log = RecordLog(records, resume=resume)
         done: list[dict] = []
         bar = tqdm(jobs, desc=f"{task} {info.get('label') or info['method']}", unit=unit, disable=not progress)

@@ -8,8 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rope_extend.export import configs, llamacpp
-
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..hf.config import config_scaling, nested_layer_types, plan, rotary_geometry, text_config
 from ..io import MARKER, atomic_path, write_json
@@ -17,6 +15,7 @@ from ..loading import load_config, load_model, load_tokenizer, resolve_name
 from ..methods._common import rope_frequencies
 from ..patch import patched
 from ..version import __version__
+from . import configs, llamacpp
 from .forms import DEFAULT
 from .routes import APPROXIMATE, ENGINES, REFUSED, Decision, check_target, decide
 

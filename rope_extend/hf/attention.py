@@ -420,8 +420,8 @@ def _rotate(layout, keys, delta, compute) -> torch.Tensor:
     """``layout.rotate`` in float32, ``ROTATE`` keys at a time, into a tensor of dtype ``compute`` (no float32
     copy of all the keys)."""
     m = keys.shape[2]
-    if keys.dtype == compute == torch.float32 and m <= ROTATE:
-        return layout.rotate(keys, delta)
+    if m <= ROTATE:  # one piece: no work space beyond the result
+        return layout.rotate(keys.float(), delta).to(compute)
     out = torch.empty(keys.shape, dtype=compute, device=keys.device)
     for c in range(0, m, ROTATE):
         out[:, :, c : c + ROTATE] = layout.rotate(keys[:, :, c : c + ROTATE].float(), delta[c : c + ROTATE])
