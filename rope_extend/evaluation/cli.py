@@ -40,8 +40,20 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label", help="name of this run in tables and plots (default: method and factor)")
     p.add_argument("--out", required=True, help="output folder (records.jsonl, results.json/.csv, report.md, PNGs)")
     add_folder_arguments(p, "run")
+    _records_argument(p)
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
     _json_argument(p)
+
+
+def _records_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--records-from",
+        action="append",
+        metavar="PATH",
+        default=[],
+        help="first add to --out the records of an earlier run (its records.jsonl, results.json or folder; "
+        "repeatable): the trials and documents they hold with this run's setting are not measured again",
+    )
 
 
 def _cmd_task(args) -> int:
@@ -50,6 +62,7 @@ def _cmd_task(args) -> int:
     from .. import schema
     from ..io import claim_output_dir
     from ..loading import load_model, load_tokenizer
+    from .records import import_records, read_records
     from .report import owned
     from .tasks.base import Context, get_task, load_task_texts
 
@@ -57,12 +70,15 @@ def _cmd_task(args) -> int:
     options = schema.build(task.options, schema.arguments_data(args, task.options), where="the command line")
     scaling = scaling_from_args(args)  # checked before a model is loaded
     claim_output_dir(args.out, kind="eval", owned=owned, resume=args.resume, overwrite=args.overwrite, check_only=True)
+    for source in args.records_from:
+        read_records(source)  # a bad file fails before the model is loaded
     texts = load_task_texts(options) if task.reads_texts else None
     model = load_model(args.model, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code)
     tokenizer = load_tokenizer(args.tokenizer or args.model, trust_remote_code=args.trust_remote_code)
     scaling.apply(model)
     # everything checked: now write
     claim_output_dir(args.out, kind="eval", owned=owned, resume=args.resume, overwrite=args.overwrite)
+    import_records(Path(args.out) / "records.jsonl", args.records_from)
     context = Context(
         texts=texts,
         records=Path(args.out) / "records.jsonl",
@@ -91,7 +107,14 @@ def _cmd_compare(args) -> int:
     if args.model:
         overrides.append(f"model={json.dumps(args.model)}")
     suite = load_suite(args.suite, overrides)
-    result = run_suite(suite, out=args.out, resume=args.resume, overwrite=args.overwrite, progress=args.progress)
+    result = run_suite(
+        suite,
+        out=args.out,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        progress=args.progress,
+        records_from=args.records_from,
+    )
     payload = {"out": str(result["out"]), "files": [str(f) for f in result["files"].values()]}
     _print_result(args, result["files"]["markdown"], payload)
     return 0
@@ -152,6 +175,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", help="report folder (default: the suite's out, else runs/<suite name>)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a suite key, e.g. passkey.trials=2")
     add_folder_arguments(p, "suite run")
+    _records_argument(p)
     p.add_argument("--no-progress", dest="progress", action="store_false")
     _json_argument(p)
     p.set_defaults(func=_cmd_compare)

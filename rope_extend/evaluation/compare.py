@@ -7,7 +7,7 @@ task runs with its records appended to ``OUT/records.jsonl``, and the model is u
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from ..hf import config as hf
 from ..io import claim_output_dir, write_text
 from ..loading import load_model, load_tokenizer
 from ..patch import patched, unpatch
+from .records import import_records, read_records
 from .report import owned, write_report
 from .suite import MethodSpec, Suite, default_out, resolve_path
 from .tasks.base import Context, load_task_texts
@@ -47,14 +48,19 @@ def run_suite(
     model=None,
     tokenizer=None,
     on_method: Callable[[MethodSpec], None] | None = None,
+    records_from: Sequence[str | Path] = (),
 ) -> dict[str, Any]:
     """Run every method x task of ``suite``; returns ``{"records": [...], "files": {...}, "out": path}``.
 
     ``resume`` continues an earlier run in ``out``; ``overwrite`` replaces it (``io.claim_output_dir``).
-    ``on_method(spec)`` is called before each method is applied (a caller's progress line)."""
+    ``on_method(spec)`` is called before each method is applied (a caller's progress line). ``records_from``
+    (records.jsonl / results.json files or run folders) are added to ``out``'s records first
+    (``records.import_records``): what they hold under this suite's settings is not measured again."""
     out = Path(out) if out is not None else default_out(suite)
     records_path = out / "records.jsonl"
     claim_output_dir(out, kind="eval", owned=owned, resume=resume, overwrite=overwrite, check_only=True)
+    for source in records_from:
+        read_records(source)  # a bad file fails before the model is loaded
     texts = {
         task.name: load_task_texts(options, resolve_path(suite, options.data))
         for task, options in suite.tasks()
@@ -70,6 +76,7 @@ def run_suite(
         raise RopeExtendError("run_suite: give the tokenizer with the model")
     check_methods(model, suite)
     claim_output_dir(out, kind="eval", owned=owned, resume=resume, overwrite=overwrite)  # checked: now write
+    import_records(records_path, records_from)
     records: list[dict] = []
     try:
         for spec in suite.methods:

@@ -47,6 +47,33 @@ def parse_lengths(values: str | int | Iterable[Any]) -> list[int]:
     return sorted({parse_length(v) for v in items})
 
 
+def parse_trials_at(value: Any, lengths: Sequence[int] | None = None) -> dict[int, int] | None:
+    """Trial counts at particular lengths, ``{16k: 10}`` -> ``{16384: 10}`` (None stays None). With
+    ``lengths``, every length named must be one of them (a length the run does not measure is a mistake)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not value:
+        raise RopeExtendError(
+            f"trials_at must be a mapping of lengths to trial counts, e.g. {{16k: 10}}, got {value!r}"
+        )
+    counts: dict[int, int] = {}
+    for key, count in value.items():
+        length = parse_length(key)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise RopeExtendError(f"trials_at[{key}] must be a positive integer number of trials, got {count!r}")
+        if length in counts:
+            raise RopeExtendError(f"trials_at names length {length} twice")
+        counts[length] = count
+    if lengths is not None:
+        unknown = sorted(set(counts) - set(lengths))
+        if unknown:
+            raise RopeExtendError(
+                f"trials_at names {', '.join(map(str, unknown))}, not among the lengths measured "
+                f"({', '.join(map(str, lengths))})"
+            )
+    return counts
+
+
 def parse_depths(values: str | float | Iterable[Any] | None) -> list[float] | None:
     """Needle depths as fractions in [0, 1]: ``"0,0.5,1"``, ``"0%,50%,100%"``, or ``"grid:5"`` (5 evenly spaced)."""
     if values is None:

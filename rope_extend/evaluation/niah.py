@@ -42,6 +42,7 @@ def niah(
     answer: str = ANSWER,
     depths: str | Iterable[Any] | None = None,
     trials: int = 1,
+    trials_at: dict[Any, int] | None = None,
     seed: int = 0,
     max_new_tokens: int = 32,
     records: str | os.PathLike | None = None,
@@ -53,7 +54,8 @@ def niah(
     """Needle retrieval accuracy over ``lengths`` x ``depths`` (default 0, 25, 50, 75, 100%).
 
     ``haystack`` is a list of texts (see ``data.load_texts``), joined by blank lines; it must reach the
-    longest length. With ``trials > 1`` each trial starts the haystack at a different (seeded) document.
+    longest length. With ``trials > 1`` each trial starts the haystack at a different (seeded) document; ``trials_at``
+    (``{"16k": 3}``) sets other counts at particular lengths.
     """
     lengths = parse_lengths(lengths)
     grid = parse_depths(depths) if depths is not None else list(DEPTHS)
@@ -83,6 +85,7 @@ def niah(
         lengths=lengths,
         depths=grid,
         trials=trials,
+        trials_at=trials_at,
         seed=seed,
         setting={
             "needle": needle,

@@ -47,6 +47,7 @@ def passkey(
     *,
     depths: str | Iterable[Any] | None = None,
     trials: int = 10,
+    trials_at: dict[Any, int] | None = None,
     seed: int = 0,
     key_range: tuple[int, int] = (1, 50000),
     max_new_tokens: int = 10,
@@ -60,7 +61,8 @@ def passkey(
     """Passkey accuracy of ``model`` at each of ``lengths`` (token counts, e.g. ``"1k,2k,4k"``).
 
     ``depths=None`` draws a uniform random depth per trial; a list (``[0, 0.5, 1]`` or ``"grid:5"``) runs
-    ``trials`` trials at each depth, and ``.accuracy`` is then keyed by ``(length, depth)``. ``key_range`` is
+    ``trials`` trials at each depth, and ``.accuracy`` is then keyed by ``(length, depth)``; ``trials_at``
+    (``{"16k": 10}``) sets other counts at particular lengths. ``key_range`` is
     inclusive (published runs use 1..50000). ``records`` is a JSONL file each trial is appended to; with
     ``resume=True`` the trials already in it are not run again. ``run`` adds fields (e.g. a label) to records.
     ``sliding_window`` is the runner's policy (``"auto"``, ``"full"``, ``"keep"``; see ``evaluation.runner``).
@@ -95,6 +97,7 @@ def passkey(
         lengths=lengths,
         depths=grid,
         trials=trials,
+        trials_at=trials_at,
         seed=seed,
         setting=setting,
         make_trial=make_trial,

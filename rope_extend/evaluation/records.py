@@ -119,3 +119,50 @@ class RecordLog:
                 f.flush()
                 os.fsync(f.fileno())
         return record
+
+
+def read_records(path: str | os.PathLike) -> list[dict]:
+    """The records of an earlier run: its ``records.jsonl``, a report's ``results.json`` (its ``records``),
+    or the folder holding either (records.jsonl first)."""
+    path = Path(path)
+    if path.is_dir():
+        found = [path / name for name in ("records.jsonl", "results.json") if (path / name).is_file()]
+        if not found:
+            raise RopeExtendError(f"{path} holds neither records.jsonl nor results.json: give a run's folder or file")
+        path = found[0]
+    if not path.is_file():
+        raise RopeExtendError(f"no records at {path}: give a records.jsonl, a results.json or the folder of a run")
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RopeExtendError(f"{path} is not a JSON file ({exc})") from None
+        records = data.get("records") if isinstance(data, dict) else None
+        if not isinstance(records, list):
+            raise RopeExtendError(f"{path} has no list of records: give a results.json that rope-extend wrote")
+    else:
+        records = RecordLog._read(path)
+    bad = next((r for r in records if not isinstance(r, dict) or "setting" not in r or "task" not in r), None)
+    if bad is not None:
+        raise RopeExtendError(
+            f"{path} holds an entry that is not a rope-extend record (no task or setting): {bad!r:.80}"
+        )
+    return records
+
+
+def import_records(target: str | os.PathLike, sources: Collection[str | os.PathLike]) -> int:
+    """Append to the records file ``target`` the records of ``sources`` (see ``read_records``) that it does
+    not hold already; returns how many were added. A resumed run then reuses those whose setting is its own,
+    so a run can go on from a report committed elsewhere or from another machine's records; the others stay
+    in the file unused."""
+    incoming = [record for source in sources for record in read_records(source)]
+    log = RecordLog(target, resume=True)
+    held = {json.dumps(r, sort_keys=True, default=str) for r in log.records}
+    added = 0
+    for record in incoming:
+        key = json.dumps(record, sort_keys=True, default=str)
+        if key not in held:
+            held.add(key)
+            log.add(record)
+            added += 1
+    return added

@@ -13,6 +13,7 @@ from transformers import GenerationConfig
 
 from ..errors import RopeExtendError
 from . import runner
+from .data import parse_trials_at
 from .prompts import Prompt
 
 # Passkey and needle records of rope-extend 0.1.0 carry the run's trial count in their setting id; resuming
@@ -113,6 +114,7 @@ def run_grid(
     depths: list[float] | None,
     trials: int,
     seed: int,
+    trials_at: dict[int, int] | None = None,
     setting: dict[str, Any],
     make_trial: Callable[[int, float | None, int], tuple[Prompt, Any]],
     score: Callable[[str, Any], tuple[Any, bool]],
@@ -123,7 +125,8 @@ def run_grid(
     run: dict[str, Any] | None = None,
     sliding_window: str = "auto",
 ) -> RetrievalResult:
-    """Run ``trials`` trials per (length, depth) and score them, through the evaluation runner.
+    """Run ``trials`` trials per (length, depth) and score them, through the evaluation runner;
+    ``trials_at`` gives other counts at particular lengths (``{16384: 10}``).
 
     ``make_trial(length, depth_or_None, trial) -> (prompt, answer)`` must be deterministic in its arguments
     (it seeds its own RNG from them), so a resumed run asks exactly the same questions. Trial ``t`` is the
@@ -133,6 +136,7 @@ def run_grid(
     check_can_generate(model)
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise RopeExtendError(f"trials must be a positive integer, got {trials!r}")
+    trials_at = parse_trials_at(trials_at, lengths) or {}
     runner.check_reachable(model, max(lengths), cache=True, generated=max_new_tokens)  # before building a prompt
     for length in {min(lengths), max(lengths)}:  # a length the tokenizer or data cannot reach fails before any work
         make_trial(length, depths[0] if depths else 0.5, 0)
@@ -140,7 +144,7 @@ def run_grid(
         {"length": n, "depth_grid": d, "trial": t}
         for n in lengths
         for d in (depths if depths is not None else [None])
-        for t in range(trials)
+        for t in range(trials_at.get(n, trials))
     ]
 
     def measure(job: dict) -> dict:

@@ -132,3 +132,71 @@ def test_records_with_the_old_trial_count_setting_are_reused(llama, tok, tmp_pat
     calls = counting_greedy(monkeypatch)
     again = passkey(llama, tok, [128], trials=5, seed=2, records=path, resume=True, progress=False)
     assert len(calls) == 2 and again.records[:3] == old
+
+
+def test_trials_at_sets_the_count_per_length_and_reuses_the_common_trials(llama, tok, tmp_path, monkeypatch):
+    path = tmp_path / "records.jsonl"
+    two = passkey(llama, tok, [128, 160], trials=2, seed=4, records=path, progress=False)
+    calls = counting_greedy(monkeypatch)
+    more = passkey(
+        llama, tok, [128, 160], trials=2, trials_at={"160": 5}, seed=4, records=path, resume=True, progress=False
+    )
+    assert [len(ids) for ids in calls] == [160, 160, 160]  # trials 2-4 at 160 only
+    assert [(r["length"], r["trial"]) for r in more.records] == [(128, 0), (128, 1)] + [(160, t) for t in range(5)]
+    assert more.records[:4] == two.records
+    assert more.accuracy_by_length[160] == sum(r["correct"] for r in more.records[2:]) / 5
+
+
+@pytest.mark.parametrize(
+    ("trials_at", "match"),
+    [
+        ({"96": 3}, r"trials_at names 96, not among the lengths measured \(128, 160\)"),
+        ({"128": 0}, r"trials_at\[128\] must be a positive integer"),
+        ({"128": True}, r"trials_at\[128\] must be a positive integer"),
+        ({"0.5k": 2, 512: 3}, "names length 512 twice"),
+        ([5], "mapping of lengths to trial counts"),
+        ({"ten": 2}, "a length must be a positive integer"),
+    ],
+)
+def test_bad_trials_at_is_refused_before_any_trial(llama, tok, trials_at, match, monkeypatch):
+    calls = counting_greedy(monkeypatch)
+    with pytest.raises(RopeExtendError, match=match):
+        passkey(llama, tok, [128, 160], trials=1, trials_at=trials_at, progress=False)
+    assert calls == []
+
+
+def test_records_from_a_report_or_a_records_file_are_reused(llama, tok, tmp_path, monkeypatch):
+    from rope_extend.evaluation.records import import_records, read_records
+
+    first = passkey(llama, tok, [128], trials=3, seed=6, records=tmp_path / "a" / "records.jsonl", progress=False)
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "results.json").write_text(json.dumps({"summary": {}, "records": first.records}))
+    for source in (tmp_path / "a", tmp_path / "a" / "records.jsonl", tmp_path / "report"):
+        assert read_records(source) == first.records
+    target = tmp_path / "b" / "records.jsonl"
+    assert import_records(target, [tmp_path / "report", tmp_path / "a"]) == 3  # the same records: added once
+    assert import_records(target, [tmp_path / "report"]) == 0
+    calls = counting_greedy(monkeypatch)
+    again = passkey(llama, tok, [128], trials=4, seed=6, records=target, resume=True, progress=False)
+    assert len(calls) == 1 and again.records[:3] == first.records
+
+
+@pytest.mark.parametrize(
+    ("content", "name", "match"),
+    [
+        (None, "missing.jsonl", "no records at"),
+        ("{", "results.json", "is not a JSON file"),
+        ('{"summary": {}}', "results.json", "has no list of records"),
+        ('{"length": 5}\n', "records.jsonl", "not a rope-extend record"),
+    ],
+)
+def test_bad_records_sources_are_named(tmp_path, content, name, match):
+    from rope_extend.evaluation.records import read_records
+
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(RopeExtendError, match=match):
+        read_records(path)
+    with pytest.raises(RopeExtendError, match="neither records.jsonl nor results.json"):
+        read_records(tmp_path / "empty" if (tmp_path / "empty").mkdir() is None else None)

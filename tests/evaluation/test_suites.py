@@ -26,6 +26,7 @@ def tiny_overrides(suite_path, tiny_dir, data_file):
         if task in raw:
             sets += [f"{task}.lengths=[128, 256]"]
             sets += [f"{task}.trials=1", f"{task}.max_new_tokens=4"] if task != "perplexity" else []
+            sets += [f"{task}.trials_at=null"] if "trials_at" in raw[task] else []
             sets += [f"{task}.depths=[0, 1]"] if task == "niah" else []
             sets += [f"{task}.data={data_file}"] if task != "passkey" else []
     return sets
@@ -250,3 +251,32 @@ def test_compare_checks_every_method_against_the_model_before_the_first_runs(tin
     with pytest.raises(RopeExtendError, match="short_factor"):
         run_suite(suite, out=tmp_path / "r", progress=False)
     assert not (tmp_path / "r" / "records.jsonl").exists()  # `none` did not run first
+
+
+def test_cli_compare_trials_at_and_records_from_another_run(tiny_dir, tmp_path, monkeypatch):
+    from rope_extend.evaluation import retrieval
+
+    suite = tmp_path / "s.yaml"
+    suite.write_text(
+        "model: x\nmethods: [{method: none}]\n"
+        "passkey: {lengths: [128, 160], trials: 1, trials_at: {160: 3}, max_new_tokens: 3}\n"
+    )
+    base = ["eval", "compare", str(suite), "--model", str(tiny_dir), "--no-progress"]
+    assert main([*base, "--out", str(tmp_path / "a")]) == 0
+    first = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert [(r["length"], r["trials"]) for r in first["summary"]["passkey"]] == [(128, 1), (160, 3)]
+    calls = []
+    real = retrieval.greedy
+    monkeypatch.setattr(retrieval, "greedy", lambda *a: calls.append(len(a[2])) or real(*a))
+    # another machine: a new folder, going on from the committed report; one more trial at 160
+    more = [*base, "--out", str(tmp_path / "b"), "--records-from", str(tmp_path / "a" / "results.json")]
+    assert main([*more, "--set", "passkey.trials_at={160: 4}"]) == 0
+    assert calls == [160]
+    second = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert second["records"][:4] == first["records"]
+    assert [(r["length"], r["trials"]) for r in second["summary"]["passkey"]] == [(128, 1), (160, 4)]
+    # a bad source or a length not measured: refused before the model loads, nothing written
+    assert main([*base, "--out", str(tmp_path / "c"), "--records-from", str(tmp_path / "nowhere.jsonl")]) == 2
+    assert main([*base, "--out", str(tmp_path / "d"), "--set", "passkey.trials_at={4k: 2}"]) == 2
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
+    assert calls == [160]
