@@ -114,7 +114,7 @@ class SinkKeeper:
         return layout
 
     def __call__(self, module, args, kwargs):
-        cache = kwargs.get("past_key_values")
+        cache = rope_layout.cache_argument(kwargs)
         if not isinstance(cache, SinkCache):
             return None
         self.check()

@@ -7,7 +7,7 @@ position ``p`` is brought to new frequencies by one more rotation by ``p (theta'
 ``m' / m`` when the attention scale changes with them).
 
 Design: ``CacheKeeper`` is a forward pre-hook on the decoder (the module that owns the rotary module and
-receives ``past_key_values``). Before each forward it works out the longest position of the sequence,
+receives ``cache``, ``past_key_values`` before transformers 5.24). Before each forward it works out the longest position of the sequence,
 advances the dynamic frequency sets (``RotaryRuntime.advance``) and, when a set's frequencies change,
 turns every cached key of the layers that use it by the angle differences ``p (theta' - theta)`` (float64
 angles, float32 keys), in each layer's own convention as ``hf.layout.probe`` measured it on the model
@@ -105,7 +105,7 @@ class CacheKeeper:
         if tokens is None:
             return
         batch, n = tokens.shape[0], tokens.shape[1]
-        cache = kwargs.get("past_key_values")
+        cache = rope_layout.cache_argument(kwargs)
         past = int(cache.get_seq_length()) if cache is not None else 0
         positions = kwargs.get("position_ids")
         if positions is None:

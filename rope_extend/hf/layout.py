@@ -47,6 +47,7 @@ KNOWN_KWARGS = frozenset(
         "use_cache",
         "past_key_values",
         "past_key_value",
+        "cache",
         "layer_idx",
         "layer_type",
         "position_embeddings",
@@ -56,6 +57,13 @@ KNOWN_KWARGS = frozenset(
         "max_length_k",
     }
 )
+
+
+def cache_argument(kwargs: dict):
+    """The KV cache a decoder's forward was called with: ``cache`` since transformers 5.24, before that
+    ``past_key_values`` (still accepted by 5.24's forwards, which rename it; hooks see the caller's name)."""
+    cache = kwargs.get("cache")
+    return cache if cache is not None else kwargs.get("past_key_values")
 
 
 @dataclass(frozen=True)
