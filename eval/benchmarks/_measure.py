@@ -18,6 +18,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+# Llama-3-8B's architecture (32 layers, 4096 hidden, GQA 32/8 heads of 128, 14336 MLP, 128256 vocabulary,
+# theta 500000), the GPU benchmarks' shape; each adds its own max_position_embeddings
+LLAMA3_8B = dict(
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+)
+
 
 def peak_rss_mb() -> float:
     """The process's peak resident set size so far, in MiB (Linux reports ``ru_maxrss`` in KiB)."""

@@ -33,19 +33,10 @@ import statistics
 import sys
 import time
 
-from _measure import fmt, measure, spawn
+from _measure import LLAMA3_8B, fmt, measure, spawn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LLAMA3_8B = dict(
-    vocab_size=128256,
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    max_position_embeddings=8192,
-    rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
-)
+FULL_SHAPE = dict(LLAMA3_8B, max_position_embeddings=8192)  # L = 8192, as Llama 3
 TINY = dict(
     vocab_size=512,
     hidden_size=128,
@@ -81,7 +72,7 @@ def worker(variant: str, length: int, args) -> dict:
     import rope_extend
 
     device, dtype = args.device, getattr(torch, args.dtype)
-    shape = dict(TINY if args.smoke else LLAMA3_8B)
+    shape = dict(TINY if args.smoke else FULL_SHAPE)
     shape["num_hidden_layers"] = args.layers or shape["num_hidden_layers"]
     config = LlamaConfig(**shape)
     config._attn_implementation = args.attn
@@ -183,7 +174,7 @@ def environment(args) -> dict:
         "dtype": args.dtype,
         "attn_implementation": args.attn,
         "shape": "tiny (--smoke)" if args.smoke else "Llama-3-8B",
-        "layers": args.layers or (TINY if args.smoke else LLAMA3_8B)["num_hidden_layers"],
+        "layers": args.layers or (TINY if args.smoke else FULL_SHAPE)["num_hidden_layers"],
     }
     if args.device.startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name()

@@ -22,7 +22,7 @@ import json
 import math
 import os
 
-from _measure import fmt, measure, spawn
+from _measure import LLAMA3_8B, fmt, measure, spawn
 
 SHAPES = {
     # small random Llama for CPU: the LM head (32k vocab) dominates the naive loop's memory
@@ -34,16 +34,7 @@ SHAPES = {
         num_attention_heads=4,
         num_key_value_heads=4,
     ),
-    # Llama-3-8B: 32 layers, 4096 hidden, GQA 32/8, 14336 MLP, 128256 vocab
-    "llama3-8b": dict(
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        rope_theta=500000.0,
-    ),
+    "llama3-8b": LLAMA3_8B,
 }
 
 

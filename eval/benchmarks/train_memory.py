@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from _measure import measure, spawn
+from _measure import LLAMA3_8B, measure, spawn
 
 CPU_MODEL = dict(
     vocab_size=32000,
@@ -32,16 +32,7 @@ CPU_MODEL = dict(
     num_key_value_heads=4,
     max_position_embeddings=8192,
 )
-GPU_MODEL = dict(
-    vocab_size=128256,
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    max_position_embeddings=131072,
-    rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
-)
+GPU_MODEL = dict(LLAMA3_8B, max_position_embeddings=131072)
 
 
 # plain: model(labels=...); runner: chunked loss (gradient_checkpointing: false); runner+ckpt: chunked loss

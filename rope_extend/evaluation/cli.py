@@ -62,7 +62,7 @@ def _cmd_task(args) -> int:
     from .. import schema
     from ..io import claim_output_dir
     from ..loading import load_model, load_tokenizer
-    from .records import import_records, read_records
+    from .records import earlier_records, import_records
     from .report import owned
     from .tasks.base import Context, get_task, load_task_texts
 
@@ -70,15 +70,14 @@ def _cmd_task(args) -> int:
     options = schema.build(task.options, schema.arguments_data(args, task.options), where="the command line")
     scaling = scaling_from_args(args)  # checked before a model is loaded
     claim_output_dir(args.out, kind="eval", owned=owned, resume=args.resume, overwrite=args.overwrite, check_only=True)
-    for source in args.records_from:
-        read_records(source)  # a bad file fails before the model is loaded
+    earlier = earlier_records(args.records_from)  # a bad file fails before the model is loaded
     texts = load_task_texts(options) if task.reads_texts else None
     model = load_model(args.model, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code)
     tokenizer = load_tokenizer(args.tokenizer or args.model, trust_remote_code=args.trust_remote_code)
     scaling.apply(model)
     # everything checked: now write
     claim_output_dir(args.out, kind="eval", owned=owned, resume=args.resume, overwrite=args.overwrite)
-    import_records(Path(args.out) / "records.jsonl", args.records_from)
+    import_records(Path(args.out) / "records.jsonl", earlier)
     context = Context(
         texts=texts,
         records=Path(args.out) / "records.jsonl",

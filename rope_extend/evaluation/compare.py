@@ -17,7 +17,7 @@ from ..hf import config as hf
 from ..io import claim_output_dir, write_text
 from ..loading import load_model, load_tokenizer
 from ..patch import patched, unpatch
-from .records import import_records, read_records
+from .records import earlier_records, import_records
 from .report import owned, write_report
 from .suite import MethodSpec, Suite, default_out, resolve_path
 from .tasks.base import Context, load_task_texts
@@ -59,8 +59,7 @@ def run_suite(
     out = Path(out) if out is not None else default_out(suite)
     records_path = out / "records.jsonl"
     claim_output_dir(out, kind="eval", owned=owned, resume=resume, overwrite=overwrite, check_only=True)
-    for source in records_from:
-        read_records(source)  # a bad file fails before the model is loaded
+    earlier = earlier_records(records_from)  # a bad file fails before the model is loaded
     texts = {
         task.name: load_task_texts(options, resolve_path(suite, options.data))
         for task, options in suite.tasks()
@@ -76,7 +75,7 @@ def run_suite(
         raise RopeExtendError("run_suite: give the tokenizer with the model")
     check_methods(model, suite)
     claim_output_dir(out, kind="eval", owned=owned, resume=resume, overwrite=overwrite)  # checked: now write
-    import_records(records_path, records_from)
+    import_records(records_path, earlier)
     records: list[dict] = []
     try:
         for spec in suite.methods:

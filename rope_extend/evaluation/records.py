@@ -150,16 +150,21 @@ def read_records(path: str | os.PathLike) -> list[dict]:
     return records
 
 
-def import_records(target: str | os.PathLike, sources: Collection[str | os.PathLike]) -> int:
-    """Append to the records file ``target`` the records of ``sources`` (see ``read_records``) that it does
-    not hold already; returns how many were added. A resumed run then reuses those whose setting is its own,
-    so a run can go on from a report committed elsewhere or from another machine's records; the others stay
-    in the file unused."""
-    incoming = [record for source in sources for record in read_records(source)]
+def earlier_records(sources: Collection[str | os.PathLike]) -> list[dict]:
+    """The records of every source (see ``read_records``), read and checked: a command reads them before it
+    loads a model, so that a bad source fails first, and hands them to ``import_records`` once it writes."""
+    return [record for source in sources for record in read_records(source)]
+
+
+def import_records(target: str | os.PathLike, records: Collection[dict]) -> int:
+    """Append to the records file ``target`` those of ``records`` (``earlier_records``) that it does not hold
+    already; returns how many were added. A resumed run then reuses those whose setting is its own, so a run
+    can go on from a report committed elsewhere or from another machine's records; the others stay in the
+    file unused."""
     log = RecordLog(target, resume=True)
     held = {json.dumps(r, sort_keys=True, default=str) for r in log.records}
     added = 0
-    for record in incoming:
+    for record in records:
         key = json.dumps(record, sort_keys=True, default=str)
         if key not in held:
             held.add(key)

@@ -166,7 +166,7 @@ def test_bad_trials_at_is_refused_before_any_trial(llama, tok, trials_at, match,
 
 
 def test_records_from_a_report_or_a_records_file_are_reused(llama, tok, tmp_path, monkeypatch):
-    from rope_extend.evaluation.records import import_records, read_records
+    from rope_extend.evaluation.records import earlier_records, import_records, read_records
 
     first = passkey(llama, tok, [128], trials=3, seed=6, records=tmp_path / "a" / "records.jsonl", progress=False)
     (tmp_path / "report").mkdir()
@@ -174,8 +174,9 @@ def test_records_from_a_report_or_a_records_file_are_reused(llama, tok, tmp_path
     for source in (tmp_path / "a", tmp_path / "a" / "records.jsonl", tmp_path / "report"):
         assert read_records(source) == first.records
     target = tmp_path / "b" / "records.jsonl"
-    assert import_records(target, [tmp_path / "report", tmp_path / "a"]) == 3  # the same records: added once
-    assert import_records(target, [tmp_path / "report"]) == 0
+    # the same records: added once
+    assert import_records(target, earlier_records([tmp_path / "report", tmp_path / "a"])) == 3
+    assert import_records(target, earlier_records([tmp_path / "report"])) == 0
     calls = counting_greedy(monkeypatch)
     again = passkey(llama, tok, [128], trials=4, seed=6, records=target, resume=True, progress=False)
     assert len(calls) == 1 and again.records[:3] == first.records
@@ -198,5 +199,6 @@ def test_bad_records_sources_are_named(tmp_path, content, name, match):
         path.write_text(content)
     with pytest.raises(RopeExtendError, match=match):
         read_records(path)
+    (tmp_path / "empty").mkdir()
     with pytest.raises(RopeExtendError, match="neither records.jsonl nor results.json"):
-        read_records(tmp_path / "empty" if (tmp_path / "empty").mkdir() is None else None)
+        read_records(tmp_path / "empty")
