@@ -9,6 +9,7 @@ every buffer and attribute, and the class's forward.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -215,6 +216,15 @@ def patch(
         inner = attention_plans[0][1].inner
         attention.install(model, config, attention_plans, scaling, [m for _, m in modules])
         state.attention = (model, config, inner, [m for m, _ in attention_plans])
+        used = attention.kernel(*state.attention)
+        if used.startswith("torch_tiles") and next(model.parameters()).device.type != "cpu":
+            logger.warning(
+                "%s runs its attention passes in plain torch over key tiles on %s (no fused kernel with a "
+                "log-sum-exp there yet): slower than the model's %s",
+                scaling.method.name,
+                next(model.parameters()).device,
+                inner,
+            )
     model.__dict__[STATE_ATTR] = state
     return model
 
@@ -230,6 +240,15 @@ def unpatch(model: nn.Module) -> nn.Module:
 
 
 def patched(model: nn.Module) -> registry.Scaling | None:
-    """The scaling ``patch`` applied to ``model``, or None."""
+    """The scaling ``patch`` applied to ``model``, or None; its ``kernel`` names the attention that runs now (on
+    the model's device): the model's own implementation for a frequency method (``'sdpa'``), and for an
+    attention method or log-n the kernel of rope-extend's passes and what the layers it leaves alone keep
+    (``'cpu_flash; other layers: sdpa'``; ``hf.attention.kernel``)."""
     state = model.__dict__.get(STATE_ATTR)
-    return state.scaling if state is not None else None
+    if state is None:
+        return None
+    if state.attention is None:
+        kernel = hf.attn_implementation(hf.text_config(model.config))
+    else:
+        kernel = attention.kernel(*state.attention)
+    return dataclasses.replace(state.scaling, kernel=kernel)

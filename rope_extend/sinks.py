@@ -95,7 +95,7 @@ class SinkKeeper:
                     "attention sinks assign positions inside the cache, and this model's rotary frequencies are "
                     "dynamic (a dynamic rope_type in its config); use a static method with SinkCache"
                 )
-        if attn_implementation(text_config(self.model.config)) == attention.NAME:
+        if attention.is_registered_name(attn_implementation(text_config(self.model.config))):
             raise UnsupportedModelError(
                 "attention sinks assign positions inside the cache, and this model runs a rope-extend attention "
                 "method (its config names one); use a static method with SinkCache"

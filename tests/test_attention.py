@@ -361,12 +361,141 @@ def test_dual_chunk_temperature_with_chunks_exact_cached_and_reloaded(tmp_path):
     assert (run(again, x) - run(model, x)).abs().max().item() < 1e-6
 
 
-def test_flash_implementation_refused():
+def test_unknown_implementation_refused():
     model = model_for("llama")
-    model.config._attn_implementation = "flex_attention"
-    with pytest.raises(UnsupportedModelError, match="eager or sdpa"):
+    model.config._attn_implementation = "kernels-community/flash-attn"
+    with pytest.raises(UnsupportedModelError, match="one of eager, sdpa, flash_attention_2.*kernels-community"):
         rope_extend.patch(model, "self_extend")
     assert rope_extend.patched(model) is None
+
+
+def test_patched_names_the_kernels():
+    model = model_for("gemma3")
+    model.config._attn_implementation = "sdpa"
+    rope_extend.patch(model, "self_extend", **METHODS["self_extend"])
+    assert rope_extend.patched(model).kernel == "cpu_flash; other layers: sdpa"  # gemma3's local layers
+    assert "kernel='cpu_flash; other layers: sdpa'" in repr(rope_extend.patched(model))
+    rope_extend.patch(model, "linear", factor=2)  # a frequency method keeps the model's own attention
+    assert rope_extend.patched(model).kernel == "sdpa"
+    rope_extend.patch(model, "linear", factor=2, logn=True)  # log-n alone scales queries, keeps sdpa
+    assert rope_extend.patched(model).kernel == "sdpa"
+    model = model_for("llama")
+    rope_extend.patch(model, "dual_chunk", **METHODS["dual_chunk"])
+    assert rope_extend.patched(model).kernel == "cpu_flash"
+    assert rope_extend.patched(model) == rope_extend.patched(model)  # the kernel is not part of the identity
+    model = model_for("gemma2")  # logit softcapping: plain torch over key tiles
+    model.config._attn_implementation = "sdpa"
+    rope_extend.patch(model, "rerope", **METHODS["rerope"])
+    assert rope_extend.patched(model).kernel == "torch_tiles; other layers: sdpa"
+
+
+def padded_batch(n=N, pad=7):
+    x = ids(n=n)
+    mask = torch.ones_like(x)
+    mask[1, :pad] = 0
+    return x, mask
+
+
+def logits_with(model, implementation, method, params, x, mask):
+    model.config._attn_implementation = implementation
+    rope_extend.patch(model, method, **params)
+    with torch.no_grad():
+        out = model(x, attention_mask=mask).logits
+    assert model.config._attn_implementation == A.registered_name(implementation)
+    rope_extend.unpatch(model)
+    assert model.config._attn_implementation == implementation
+    return out
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])  # gemma3: local layers keep FlexAttention
+def test_flex_attention_model_equals_the_sdpa_model(family, monkeypatch):
+    """A model loaded with flex_attention: the method's layers read its BlockMask (padding, and the window of
+    layers the method leaves alone), the other layers keep FlexAttention; logits as with sdpa."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    model, (x, mask) = model_for(family), padded_batch()
+    calls = []
+    flex = ALL_ATTENTION_FUNCTIONS["flex_attention"]
+    monkeypatch.setitem(
+        ALL_ATTENTION_FUNCTIONS._global_mapping, "flex_attention", lambda *a, **k: calls.append(1) or flex(*a, **k)
+    )
+    for method in ("self_extend", "dual_chunk"):
+        want = logits_with(model, "sdpa", method, METHODS[method], x, mask)
+        calls.clear()
+        got = logits_with(model, "flex_attention", method, METHODS[method], x, mask)
+        assert (got[0] - want[0]).abs().max().item() < 1e-5, method
+        assert (got[1, 7:] - want[1, 7:]).abs().max().item() < 1e-5, method
+        assert len(calls) == (2 if family == "gemma3" else 0)  # the two sliding layers
+
+
+def flash_stand_in(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None, softcap=None, **kwargs
+):
+    """What FlashAttention computes, in plain torch on the CPU: a padding mask ``[b, m]`` or None, causal from
+    the bottom right, and the layer's window."""
+    n, m = query.shape[2], key.shape[2]
+    i, j = torch.arange(m - n, m)[:, None], torch.arange(m)[None, :]
+    allow = (j <= i)[None, None]
+    if sliding_window:
+        allow = allow & (i - j < sliding_window)
+    if attention_mask is not None:
+        allow = allow & attention_mask.bool()[:, None, None, :]
+    groups = query.shape[1] // key.shape[1]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1), attn_mask=allow, scale=scaling
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma3"])
+def test_flash_attention_model_equals_the_sdpa_model(family, monkeypatch):
+    """A model loaded with flash_attention_2 (FlashAttention stood in for by plain torch: no CUDA here): the
+    method's layers read its padding mask and the layer's sliding window; the other layers keep its kernel."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    calls = []
+    monkeypatch.setitem(
+        ALL_ATTENTION_FUNCTIONS._global_mapping,
+        "flash_attention_2",
+        lambda *a, **k: calls.append(1) or flash_stand_in(*a, **k),
+    )
+    over = {"sliding_window": 48} if family == "mistral" else {}  # mistral: the method's layers have a window
+    model, (x, mask) = model_for(family, **over), padded_batch()
+    for method in ("self_extend", "rerope"):
+        want = logits_with(model, "sdpa", method, METHODS[method], x, mask)
+        calls.clear()
+        got = logits_with(model, "flash_attention_2", method, METHODS[method], x, mask)
+        assert (got[0] - want[0]).abs().max().item() < 1e-5, method
+        assert (got[1, 7:] - want[1, 7:]).abs().max().item() < 1e-5, method
+        assert len(calls) == (2 if family == "gemma3" else 0)
+    with torch.no_grad():  # and the stand-in is FlashAttention: the unpatched flash model equals the sdpa one
+        model.config._attn_implementation = "flash_attention_2"
+        flash = model(x, attention_mask=mask).logits
+        model.config._attn_implementation = "sdpa"
+        assert (flash[0] - model(x, attention_mask=mask).logits[0]).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("implementation", ["flex_attention", "flash_attention_2"])
+def test_generation_over_flex_and_flash_models_equals_the_sdpa_model(implementation, monkeypatch):
+    """Greedy generation past L, with the cache and without, is the sdpa-patched model's (llama: every layer is
+    the method's; transformers' own FlexAttention fails to compile Gemma 3's decode steps on the CPU)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "flash_attention_2", flash_stand_in)
+    model = model_for("llama")
+    prompt = ids(n=24, batch=1, seed=3)
+    kw = dict(max_new_tokens=30, do_sample=False, min_new_tokens=30, pad_token_id=0)
+    rope_extend.patch(model, "self_extend", **METHODS["self_extend"])
+    with torch.no_grad():
+        want = model.generate(prompt, **kw)
+    rope_extend.unpatch(model)
+    model.config._attn_implementation = implementation
+    rope_extend.patch(model, "self_extend", **METHODS["self_extend"])
+    with torch.no_grad():
+        cached = model.generate(prompt, use_cache=True, **kw)
+        uncached = model.generate(prompt, use_cache=False, **kw)
+    assert want.shape[1] == 54 > 1.5 * L
+    assert torch.equal(cached, want) and torch.equal(uncached, want)
 
 
 def test_methods_listing_and_suite_spec(capsys):

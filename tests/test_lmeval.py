@@ -135,7 +135,7 @@ def test_loader_gets_the_load_arguments(monkeypatch):
         ),
         ("tokenizer", "/models/m", dict(trust_remote_code=False, gguf_file="m.Q8_0.gguf")),
     ]
-    assert rope_extend.patched(model) is scaling and scaling.factor == 4 and scaling.target_length == 1024
+    assert rope_extend.patched(model) == scaling and scaling.factor == 4 and scaling.target_length == 1024
 
     calls.clear()
     args = lmeval.split_arguments({"pretrained": "m.gguf", "tokenizer": "tok", "trust_remote_code": True})
@@ -272,7 +272,7 @@ def test_model_name_runs_a_tiny_local_task(harness, tmp_path, monkeypatch):
         out = lmeval.evaluate(model_args, [task], task_manager=manager)
         accuracy[model_args] = float(out["results"][task]["acc,none"])
     model, _, scaling = loaded[-1]
-    assert rope_extend.patched(model) is scaling and scaling.method.name == "self_extend"
+    assert rope_extend.patched(model) == scaling and scaling.method.name == "self_extend"
     # the 200-token prompt is inside L for both; the two 600-token ones only Self-Extend reads
     assert accuracy == {
         "pretrained=bundled,max_length=1024": pytest.approx(1 / 3),

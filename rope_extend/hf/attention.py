@@ -1,10 +1,17 @@
 """Attention that re-rotates queries and keys: the runtime of the attention methods and of log-n.
 
 Route: an attention function registered with transformers' ``AttentionInterface`` (and a mask function with
-``AttentionMaskInterface``, transformers' SDPA mask) under the name ``rope_extend``. ``install`` points the
-model's config at it and gives every attention module an ``AttentionPlan``: the method's position rules
-(``methods.attention``), the rotary module and frequency set of the layer, and the implementation the
-model used before (``eager`` or ``sdpa``), which layers without a method (Gemma's local sliding layers) keep.
+``AttentionMaskInterface``) under the name ``rope_extend`` for models loaded with ``eager`` or ``sdpa`` (the SDPA
+mask), and ``rope_extend_flash_attention_2`` / ``_3`` / ``rope_extend_flex_attention`` for the others (their own
+mask: a padding mask, a ``BlockMask``). ``install`` points the model's config at it and gives every attention
+module an ``AttentionPlan``: the method's position rules (``methods.attention``), the rotary module and frequency
+set of the layer, and the implementation the model used before, which layers without a method (Gemma's local
+sliding layers) keep, with the mask that implementation expects. A method layer reads the same mask as booleans
+(``Mask``).
+
+Kernels (``kernel``): on the CPU each pass runs aten's CPU flash attention, which returns the log-sum-exp; with
+logit softcapping (Gemma 2) or on another device, a plain-torch loop over key tiles. ``patched(model).kernel``
+names them.
 
 The function receives queries and keys already rotated at their true positions (cached keys too). RoPE
 rotations compose, so a key rotated at ``j`` is moved to ``kpos`` by one more rotation by ``kpos - j``, in the
@@ -40,7 +47,7 @@ logger = logging.getLogger("rope_extend")
 
 NAME = "rope_extend"
 PLAN_ATTR = "rope_extend_attention"
-INNER = ("eager", "sdpa")
+INNER = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 BLOCK = 512  # query rows per block
 TILE = 1024  # key columns per tile of the plain-torch path (softcapping, non-CPU devices)
 ROTATE = 4096  # keys rotated at a time (float32 work space)
@@ -51,7 +58,7 @@ SPLIT = 64  # a masked CPU pass is cut into unmasked / causal / masked column ra
 class AttentionPlan:
     """What one attention module does: rules (None: plain attention), log-n, and where its rotary lives."""
 
-    inner: str  # the implementation the model used before: "eager" or "sdpa"
+    inner: str  # the implementation the model used before (one of INNER)
     rules: Rules | None
     logn: bool
     original_max_position_embeddings: int
@@ -63,13 +70,30 @@ class AttentionPlan:
 
 
 # ------------------------------------------------------------------------------------------ registration
+def registered_name(inner: str) -> str:
+    """The name the config carries while patched, for a model whose layers used ``inner``: ``NAME`` over eager
+    and sdpa (the SDPA mask), ``NAME_<inner>`` over the others, so that the mask transformers builds is the one
+    ``inner`` expects (and ``flash`` stays in the name, which transformers reads to prepare flash inputs)."""
+    return NAME if inner in ("eager", "sdpa") else f"{NAME}_{inner}"
+
+
+def is_registered_name(name: str | None) -> bool:
+    return name in {registered_name(inner) for inner in INNER}
+
+
 def register() -> None:
-    """Register the attention function and its mask (transformers' SDPA mask) under ``NAME``. Idempotent."""
+    """Register the attention function under ``registered_name`` of every implementation in ``INNER``, each with
+    its mask function (transformers' SDPA mask for ``NAME``). Idempotent."""
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     from transformers.modeling_utils import AttentionInterface
 
-    AttentionInterface.register(NAME, attention_forward)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+    masks = AttentionMaskInterface._global_mapping
+    for inner in INNER:
+        name = registered_name(inner)
+        mask = sdpa_mask if name == NAME else masks.get(inner)
+        if mask is not None:  # an implementation this transformers does not have stays unregistered
+            AttentionInterface.register(name, attention_forward)
+            AttentionMaskInterface.register(name, mask)
 
 
 def attention_modules(model: nn.Module, config) -> list[nn.Module]:
@@ -103,14 +127,14 @@ def plans(
     first forward."""
     config = text_config(config)
     inner = config._attn_implementation
-    if inner == NAME:
+    if is_registered_name(inner):
         inner = getattr(config, "_rope_extend_inner", "sdpa")
     if inner not in INNER:
         raise _refuse(
             config,
             scaling,
-            f"it changes attention and runs on top of the eager or sdpa implementation; this model "
-            f"uses {inner!r} (load it with attn_implementation='sdpa')",
+            f"it changes attention and runs on top of the model's implementation, one of {', '.join(INNER)}; "
+            f"this model uses {inner!r} (load it with attn_implementation='sdpa')",
         )
     for lt in nested_layer_types(config) or [None]:
         params = rope_dict(config, lt) or {}
@@ -196,11 +220,11 @@ def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
     """Give every planned module its plan and point the config at ``NAME``. Plans of a model that was on the
     meta device are completed by a probe at its first forward (which raises if the model is refused)."""
     config = text_config(config)
-    if config._attn_implementation != NAME:
+    if not is_registered_name(config._attn_implementation):
         config._rope_extend_inner = config._attn_implementation
     for module, plan in planned:
         module.__dict__[PLAN_ATTR] = plan
-    config._attn_implementation = NAME
+    name = config._attn_implementation = registered_name(config._rope_extend_inner)
     pending = any(plan.active and plan.layout is None for _, plan in planned)
     decoder = rope_layout.decoder_of(model)
     if pending and PROBE_HOOK not in decoder.__dict__:
@@ -214,11 +238,33 @@ def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
                     probed = rope_layout.probe(model, config, list(rotary), scaling.original_max_position_embeddings)
                     final = _plan_modules(model, config, scaling, inner, probed)
             finally:
-                config._attn_implementation = NAME
+                config._attn_implementation = name
             for module, plan in final:
                 module.__dict__[PLAN_ATTR] = plan
 
         decoder.__dict__[PROBE_HOOK] = decoder.register_forward_pre_hook(complete)
+
+
+def kernel(model: nn.Module, config, inner: str, modules) -> str:
+    """What runs the patched layers' attention now: ``cpu_flash`` (aten's CPU flash attention with its
+    log-sum-exp) for the method's passes on the CPU, ``torch_tiles`` (plain torch over key tiles) with logit
+    softcapping or on another device; then the implementation the other layers keep (local layers; log-n alone
+    scales the queries and keeps it), when there are any."""
+    config = text_config(config)
+    param = next(model.parameters(), None)
+    device = param.device.type if param is not None else "cpu"
+    softcap = getattr(config, "attn_logit_softcapping", None) is not None
+    passes = "cpu_flash" if device == "cpu" and not softcap else "torch_tiles"
+
+    def passes_run(module) -> bool:  # log-n alone scales the queries and keeps the model's implementation
+        plan = module.__dict__.get(PLAN_ATTR)
+        return plan is not None and plan.rules is not None
+
+    every = list(dict.fromkeys([*modules, *attention_modules(model, config)]))
+    ran = sum(map(passes_run, every))
+    if not ran:
+        return inner
+    return passes if ran == len(every) else f"{passes}; other layers: {inner}"
 
 
 def remove(model: nn.Module, config, inner: str, modules) -> None:
@@ -236,8 +282,8 @@ def remove(model: nn.Module, config, inner: str, modules) -> None:
 def _inner(module: nn.Module, name: str):
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    if name == "sdpa":
-        return ALL_ATTENTION_FUNCTIONS["sdpa"]
+    if name != "eager":
+        return ALL_ATTENTION_FUNCTIONS[name]
     fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
     if fn is None:
         raise UnsupportedModelError(f"{type(module).__name__}'s module has no eager_attention_forward")
@@ -291,8 +337,74 @@ def attention_forward(
     if scaling is None:
         scaling = module.head_dim**-0.5
     sinks = kwargs.get("s_aux")  # GPT-OSS, Granite-SWA: one more logit per head, with value 0
-    out = _attend(module, plan, query, key, value, _allowed(attention_mask), scaling, softcap, position_ids, sinks)
+    mask = Mask.of(attention_mask, query, key, inner, kwargs.get("sliding_window"))
+    out = _attend(module, plan, query, key, value, mask, scaling, softcap, position_ids, sinks)
     return out, None
+
+
+class Mask:
+    """The mask a method layer honours, as booleans (True: attend) over query rows ``0 .. n-1`` and key slots
+    ``0 .. m-1``, whatever implementation built it:
+
+    - ``dense``: the SDPA / eager 4D mask, sliced;
+    - ``padding``: FlashAttention's padding mask ``[b, m]`` (None without padding), with the layer's
+      ``sliding_window``, which FlashAttention's kernel applies itself;
+    - ``flex``: FlexAttention's ``BlockMask``, whose ``mask_mod`` is evaluated on the indices of each block
+      (transformers' mask functions are index-based and broadcast).
+
+    ``block`` gives ``[b, 1|h, rows, cols]``, or None when it allows every pair."""
+
+    def __init__(self, kind: str, data, n: int, m: int, device, window: int | None = None, index=None):
+        self.kind, self.data, self.n, self.m, self.device = kind, data, n, m, device
+        self.window, self.index = window, index
+
+    @classmethod
+    def of(cls, attention_mask, query: torch.Tensor, key: torch.Tensor, inner: str, window=None) -> Mask | None:
+        n, m, device = query.shape[2], key.shape[2], query.device
+        if inner == "flex_attention":
+            return cls("flex", attention_mask, n, m, device) if attention_mask is not None else None
+        if inner.startswith("flash"):
+            if attention_mask is None and not window:
+                return None
+            if attention_mask is not None and attention_mask.shape[-1] != m:
+                raise UnsupportedModelError(
+                    f"{NAME} attention got a FlashAttention padding mask of {attention_mask.shape[-1]} keys for "
+                    f"{m} keys (a static cache?); use a DynamicCache"
+                )
+            pad = None if attention_mask is None else attention_mask.bool()
+            return cls("padding", pad, n, m, device, window)
+        return cls("dense", _allowed(attention_mask), n, m, device) if attention_mask is not None else None
+
+    def rows(self, index: torch.Tensor | None) -> Mask:
+        """The mask of the batch rows ``index`` (None: all)."""
+        if index is None:
+            return self
+        return Mask(self.kind, self.data, self.n, self.m, self.device, self.window, index)
+
+    def _take(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.index is None or t.shape[0] == 1 else t.index_select(0, self.index)
+
+    def block(self, rows: slice, cols: slice) -> torch.Tensor | None:
+        if self.kind == "dense":
+            return self._take(self.data)[:, :, rows, cols]
+        r = torch.arange(rows.start, rows.stop, device=self.device)[None, None, :, None]
+        c = torch.arange(cols.start, cols.stop, device=self.device)[None, None, None, :]
+        if self.kind == "flex":
+            batch = self.index
+            if batch is None:
+                batch = torch.arange(self.data.kv_indices.shape[0], device=self.device)
+            head = torch.zeros((), dtype=torch.long, device=self.device)
+            allow = self.data.mask_mod(batch[:, None, None, None], head, r, c)
+            allow = allow.expand(batch.shape[0], 1, r.shape[2], c.shape[3])
+        else:
+            allow = None
+            if self.data is not None:
+                pad = self._take(self.data)[:, None, None, cols]
+                allow = pad.expand(pad.shape[0], 1, r.shape[2], pad.shape[-1])
+            if self.window:  # row r is at slot m - n + r; FlashAttention keeps keys less than the window behind
+                inside = (self.m - self.n + r) - c < self.window
+                allow = inside if allow is None else allow & inside
+        return None if bool(allow.all()) else allow
 
 
 def _query_positions(position_ids, query, key) -> torch.Tensor:
@@ -328,7 +440,7 @@ def _attend(module, plan, query, key, value, mask, scaling, softcap, position_id
             take(query),
             take(key),
             take(value),
-            take(mask),
+            mask.rows(index) if mask is not None else None,
             scaling,
             softcap,
             p - (n - 1),
@@ -379,8 +491,8 @@ def _attend_rows(module, plan, query, key, value, mask, scaling, softcap, q0: in
             if not full:
                 j = kpos[cols]
                 allow = (rules.region(kind, i[:, None], j[None, :]) & (j[None, :] <= i[:, None]))[None, None]
-            if mask is not None:
-                given = mask[:, :, rows, j0 - k0 : j1 - k0]
+            given = mask.block(rows, slice(j0 - k0, j1 - k0)) if mask is not None else None
+            if given is not None:
                 allow = given if allow is None else allow & given
             part, part_lse = _partial(
                 qk.to(compute), rotated[kind][:, :, cols], values[:, :, cols], allow, scaling, softcap

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,6 +21,9 @@ class Scaling:
     original_max_position_embeddings: int
     params: Any
     logn: bool = False  # log-n attention temperature on top of the method (methods.attention.logn_scale)
+    # the attention kernels of the patched model, as ``rope_extend.patched`` reports them (``hf.attention.kernel``);
+    # not part of the scaling's identity
+    kernel: str | None = field(default=None, compare=False)
 
     @property
     def target_length(self) -> int:
@@ -40,7 +43,8 @@ class Scaling:
         return (
             f"Scaling({self.method.name!r}, factor={self.factor:g}, original_max_position_embeddings="
             f"{self.original_max_position_embeddings}, target_length={self.target_length}"
-            f"{', ' + params if params else ''}{', logn=True' if self.logn else ''})"
+            f"{', ' + params if params else ''}{', logn=True' if self.logn else ''}"
+            f"{f', kernel={self.kernel!r}' if self.kernel else ''})"
         )
 
     def describe(self) -> str:
