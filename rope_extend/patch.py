@@ -216,13 +216,13 @@ def patch(
         inner = attention_plans[0][1].inner
         attention.install(model, config, attention_plans, scaling, [m for _, m in modules])
         state.attention = (model, config, inner, [m for m, _ in attention_plans])
-        used = attention.kernel(*state.attention)
-        if used.startswith("torch_tiles") and next(model.parameters()).device.type != "cpu":
+        device = next(model.parameters()).device
+        if device.type != "cpu" and attention.kernel(*state.attention).startswith("torch_tiles"):
             logger.warning(
                 "%s runs its attention passes in plain torch over key tiles on %s (no fused kernel with a "
                 "log-sum-exp there yet): slower than the model's %s",
                 scaling.method.name,
-                next(model.parameters()).device,
+                device,
                 inner,
             )
     model.__dict__[STATE_ATTR] = state

@@ -253,8 +253,7 @@ def kernel(model: nn.Module, config, inner: str, modules) -> str:
     config = text_config(config)
     param = next(model.parameters(), None)
     device = param.device.type if param is not None else "cpu"
-    softcap = getattr(config, "attn_logit_softcapping", None) is not None
-    passes = "cpu_flash" if device == "cpu" and not softcap else "torch_tiles"
+    passes = passes_kernel(device, getattr(config, "attn_logit_softcapping", None) is not None)
 
     def passes_run(module) -> bool:  # log-n alone scales the queries and keeps the model's implementation
         plan = module.__dict__.get(PLAN_ATTR)
@@ -554,8 +553,14 @@ def _partial(q, k, v, allow, scaling: float, softcap: float | None):
     return out[..., :dv].float(), lse
 
 
+def passes_kernel(device_type: str, softcap: bool) -> str:
+    """The kernel the method's passes run on: ``cpu_flash`` on the CPU without logit softcapping, else
+    ``torch_tiles``; ``_partial`` dispatches by it and ``kernel`` reports it."""
+    return "cpu_flash" if device_type == "cpu" and not softcap else "torch_tiles"
+
+
 def _partial_padded(q, k, v, allow, scaling: float, softcap: float | None):
-    if softcap is None and q.device.type == "cpu":
+    if passes_kernel(q.device.type, softcap is not None) == "cpu_flash":
         return _partial_cpu(q, k, v, allow, scaling)
     return _partial_torch(q, k, v, allow, scaling, softcap)
 
