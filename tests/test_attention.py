@@ -215,6 +215,58 @@ def test_left_padding_matches_unpadded_rows():
     assert torch.isfinite(out).all()
 
 
+def test_left_padding_with_generate_position_ids_is_exact():
+    """generate fills padded positions with 1: those rows are off their consecutive positions, but they see
+    no key and no row sees them, so the real tokens are exact."""
+    model = model_for("llama")
+    rope_extend.patch(model, "self_extend", **METHODS["self_extend"])
+    x, mask = padded_batch(n=60)
+    position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    alone = run(model, x[1:, 7:])
+    with torch.no_grad():
+        out = model(x, attention_mask=mask, position_ids=position_ids).logits
+    assert (out[1, 7:] - alone[0]).abs().max().item() < 2e-5
+
+
+def _packed_ids():
+    return torch.cat([torch.arange(30), torch.arange(50)])[None]
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "packed",  # documents packed in a row, positions restarting: transformers confines attention to each
+        "pose",  # PoSE's position jump
+        "right_padding",  # cumulative ids with right padding: the last id is not the last real token's
+        "packed_with_mask",  # packed, and an all-ones attention mask given
+    ],
+)
+@pytest.mark.parametrize("implementation", ["sdpa", "eager", "flex_attention", "flash_attention_2"])
+def test_positions_the_rule_would_get_wrong_are_refused(case, implementation, monkeypatch):
+    """The methods place row t at the last position id minus (n - 1 - t); position ids that disagree on a token
+    some real token sees would give a silently wrong result, so they are refused with the allowed form."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "flash_attention_2", flash_stand_in)
+    model = model_for("llama")
+    model.config._attn_implementation = implementation
+    rope_extend.patch(model, "dual_chunk", **METHODS["dual_chunk"])
+    x = ids(n=80, batch=1)
+    kw = {"position_ids": _packed_ids()}
+    if case == "pose":
+        kw["position_ids"] = torch.cat([torch.arange(40), torch.arange(40) + 70])[None]
+    elif case == "right_padding":
+        x, mask = torch.cat([x, x]), torch.ones(2, 80, dtype=torch.long)
+        mask[1, -7:] = 0
+        kw = {"attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)}
+    elif case == "packed_with_mask":
+        kw["attention_mask"] = torch.ones_like(x)
+    with torch.no_grad(), pytest.raises(RopeExtendError, match="position_ids are not consecutive.*Allowed"):
+        model(x, **kw)
+    with torch.no_grad():  # consecutive ids run
+        assert torch.isfinite(model(x, position_ids=torch.arange(80)[None]).logits).all()
+
+
 def test_unpatch_bit_identical_idempotent_and_reported():
     model = model_for("qwen2")
     x = ids()

@@ -26,6 +26,8 @@ Positions: the query at row ``t`` of ``n`` is at ``position_ids[b, -1] - (n - 1 
 ``u`` of ``m`` at ``position_ids[b, -1] - (m - 1 - u)`` (keys end at the last query, as in a dynamic cache,
 full or sliding; left padding gives negative positions, which the padding mask hides). Rows of a batch with
 different offsets are computed apart. A ``StaticCache`` (keys not ending at the last query) is not supported.
+Position ids that disagree with this on a token a real token sees (packed documents, PoSE jumps, right
+padding with cumulative ids) are refused (``_check_positions``), never computed at the wrong positions.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import UnsupportedModelError
+from ..errors import RopeExtendError, UnsupportedModelError
 from ..methods.attention import Rules, logn_scale
 from . import layout as rope_layout
 from .config import LOCAL_LAYER_TYPES, family, naming, nested_layer_types, rope_dict, text_config
@@ -421,8 +423,16 @@ def _logn(query: torch.Tensor, positions: torch.Tensor, plan: AttentionPlan) -> 
 def _attend(module, plan, query, key, value, mask, scaling, softcap, position_ids, sinks=None) -> torch.Tensor:
     b, h, n, _ = query.shape
     m = key.shape[2]
-    # the last position of each row; reading it is one host sync per layer
-    last = [m - 1] * b if position_ids is None else position_ids.expand(b, -1)[:, -1].tolist()
+    last = [m - 1] * b
+    if position_ids is not None:
+        pos = position_ids.expand(b, -1)
+        if n == 1:
+            last = pos[:, -1].tolist()  # one host sync per layer
+        else:  # the query rows whose position id is not where consecutive positions put them
+            off = pos != pos[:, -1:] - torch.arange(n - 1, -1, -1, device=pos.device)
+            *last, any_off = torch.cat([pos[:, -1], off.any()[None]]).tolist()  # still one sync
+            if any_off:
+                _check_positions(off, mask, n, m)
     out = None  # allocated only for a batch whose rows have different offsets
     groups: dict[int, list[int]] = {}
     for row, p in enumerate(last):
@@ -452,6 +462,43 @@ def _attend(module, plan, query, key, value, mask, scaling, softcap, position_id
             out = torch.zeros(b, n, h, value.shape[-1], dtype=query.dtype, device=query.device)
         out[index] = part
     return out
+
+
+def _check_positions(off: torch.Tensor, mask: Mask | None, n: int, m: int) -> None:
+    """Refuse position ids the positions rule above would get wrong, before anything is computed.
+
+    The rows ``off`` (``[b, n]``) have a position id other than their consecutive one. That is exact only where
+    they are padding: each such row sees no key, and no row sees its key (slot ``m - n + t``), so neither its
+    output nor its position reaches a real token. Left padding masked by ``attention_mask`` passes (its ids are
+    0 or 1, whatever the caller filled in); packed documents (ids restarting inside a row), PoSE's jumps and
+    right padding with cumulative ids do not. Costs a pass over the mask's rows and columns of the off rows, and
+    runs only when some row is off."""
+    rows_off = off.any(0).nonzero().flatten().tolist()
+    r0, r1 = rows_off[0], rows_off[-1] + 1
+
+    def seen(rows: slice, cols: slice) -> torch.Tensor:  # [b | 1, rows, cols]: mask and causality by slot
+        r = torch.arange(rows.start, rows.stop, device=off.device)[:, None]
+        c = torch.arange(cols.start, cols.stop, device=off.device)[None, :]
+        allow = (c <= m - n + r)[None, None]
+        given = mask.block(rows, cols) if mask is not None else None
+        return (allow if given is None else allow & given).any(1)
+
+    bad = False
+    for a in range(r0, r1, BLOCK):  # off rows see nothing
+        rows = slice(a, min(a + BLOCK, r1))
+        bad = bad or bool((seen(rows, slice(0, m)).any(-1) & off[:, rows]).any())
+    for a in range(0, n, BLOCK):  # no row sees an off row's key
+        if bad:
+            break
+        rows = slice(a, min(a + BLOCK, n))
+        bad = bool((seen(rows, slice(m - n + r0, m - n + r1)).any(-2) & off[:, r0:r1]).any())
+    if bad:
+        raise RopeExtendError(
+            f"{NAME} attention: position_ids are not consecutive within a sequence (packed documents "
+            "with positions restarting, PoSE position jumps, or right padding); the attention methods place each "
+            "token at the row's last position id minus its distance from the end, which would give wrong results. "
+            "Allowed: consecutive position ids per row, with left padding masked out by attention_mask"
+        )
 
 
 def _attend_rows(module, plan, query, key, value, mask, scaling, softcap, q0: int, k0: int, sinks=None) -> torch.Tensor:

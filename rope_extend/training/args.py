@@ -190,6 +190,7 @@ class TrainArgs:
         self._check_data()
         if self.pose.enabled:
             self._check_pose()
+        self._check_positions()
         if self.lora is not None and self.lora.r < 1:
             _bad("lora.r", self.lora.r, "a positive rank")
         self._check_schedule()
@@ -222,6 +223,19 @@ class TrainArgs:
             _bad("pose.num_chunks", pose.num_chunks, f"1 .. data.max_seq_length ({d.max_seq_length})")
         if pose.target_length is not None and pose.target_length < d.max_seq_length:
             _bad("pose.target_length", pose.target_length, f">= data.max_seq_length ({d.max_seq_length})")
+
+    def _check_positions(self) -> None:
+        """The attention methods place tokens by consecutive positions; PoSE's jumps and positions restarting at
+        documents are refused by their attention at the first step; here before anything is loaded."""
+        from ..methods import registry
+
+        if self.rope.method == "none" or not registry.get(self.rope.method).attention:
+            return
+        allowed = "a frequency method (yarn, linear, ...) with it; the attention methods need consecutive positions"
+        if self.pose.enabled:
+            _bad("pose.enabled", True, f"false with rope.method {self.rope.method}, or {allowed}")
+        if self.data.document_boundaries == "mask":
+            _bad("data.document_boundaries", "mask", f"eos with rope.method {self.rope.method}, or {allowed}")
 
     def _check_schedule(self) -> None:
         """The step counts, the optimizer's numbers, precision, and resume against overwrite."""

@@ -65,6 +65,16 @@ def test_bad_keys_and_values_name_the_key(override, message):
         load_args("tiny-cpu", [override])
 
 
+@pytest.mark.parametrize("override", ["pose.enabled=true", "data.document_boundaries=mask"])
+def test_attention_methods_refuse_position_jumps_before_anything_loads(override):
+    """Self-Extend and the other attention methods place tokens by consecutive positions: PoSE's jumps and
+    positions restarting per document are refused at validation (their attention refuses them too)."""
+    with pytest.raises(RecipeError, match="attention methods need consecutive positions"):
+        load_args("tiny-cpu", ["rope.method=self_extend", "rope.factor=null", override])
+    assert load_args("tiny-cpu", ["rope.method=self_extend", "rope.factor=null"]).rope.method == "self_extend"
+    assert load_args("tiny-cpu", [override]).rope.method == "yarn"  # a frequency method takes both
+
+
 def test_recipe_that_does_not_parse(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: [unclosed\n")
