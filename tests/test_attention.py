@@ -215,6 +215,70 @@ def test_left_padding_matches_unpadded_rows():
     assert torch.isfinite(out).all()
 
 
+def _query_grads(model, x, implementation=None):
+    """Gradients of a loss by the query projections only: layer 0's keys and values need none, so only the
+    queries carry autograd there (what LoRA on q_proj does)."""
+    model.requires_grad_(False)
+    weights = [layer.self_attn.q_proj.weight for layer in model.model.layers]
+    for w in weights:
+        w.requires_grad_(True)
+        w.grad = None
+    saved = model.config._attn_implementation
+    if implementation is not None:
+        model.config._attn_implementation = implementation
+    try:
+        model(x).logits.float().pow(2).mean().backward()
+    finally:
+        model.config._attn_implementation = saved
+    return [w.grad.clone() for w in weights]
+
+
+@pytest.mark.parametrize("method", ["self_extend", "dual_chunk"])
+def test_gradients_equal_the_explicit_reference(method):
+    """Training through an attention method: the gradients are the explicit reference's. aten's flash kernels
+    give no gradient through the log-sum-exp that merges the passes, so autograd takes the plain-torch path;
+    and the rotated keys saved for the backward must not sit in memory the next layer reuses (``_workspace``)."""
+    model = model_for("llama")
+    x = ids()
+    reference = Reference(model, method, METHODS[method])
+    AttentionInterface.register("rope_extend_test_reference", reference)
+    AttentionMaskInterface.register("rope_extend_test_reference", sdpa_mask)
+    want = _query_grads(model, x, "rope_extend_test_reference")
+    rope_extend.patch(model, method, **METHODS[method])
+    got = _query_grads(model, x)
+    for g, w in zip(got, want, strict=True):
+        assert (g - w).abs().max().item() < 1e-5 * w.abs().max().item() + 1e-7
+    x, mask = padded_batch(n=60)  # padded rows see no key in any pass: no NaN comes back from them
+    model(x, attention_mask=mask).logits[:, 7:].float().pow(2).mean().backward()
+    assert all(torch.isfinite(layer.self_attn.q_proj.weight.grad).all() for layer in model.model.layers)
+
+
+def test_rotation_tables_and_work_space_follow_the_frequencies_and_go_with_unpatch():
+    """A decode step takes cos and sin from a table of whole positions shared by the layers; a change of the
+    frequencies in place rebuilds it, and unpatch leaves nothing on the rotary module."""
+    from rope_extend.hf import layout as LY
+
+    model = model_for("llama")
+    rope_extend.patch(model, "self_extend", **METHODS["self_extend"])
+    x = ids(n=60, batch=1)
+    first = run(model, x)
+    rotary = model.model.rotary_emb
+    (table,) = rotary.__dict__[LY.TABLES_ATTR].values()
+    assert table.covers(59 // 4 - 59, 0) and torch.equal(run(model, x), first)  # far keys: j // 4 - j
+    with torch.no_grad():
+        rotary.inv_freq.mul_(0.5)  # in place: the table must follow
+    changed = run(model, x)
+    with torch.no_grad():
+        rotary.inv_freq.mul_(2.0)
+    assert not torch.allclose(changed, first)
+    (table,) = rotary.__dict__[LY.TABLES_ATTR].values()
+    assert table.of(rotary.inv_freq) is False  # built for the halved frequencies, rebuilt at the next call
+    assert torch.equal(run(model, x), first)
+    assert A.WORKSPACE_ATTR in rotary.__dict__
+    rope_extend.unpatch(model)
+    assert LY.TABLES_ATTR not in rotary.__dict__ and A.WORKSPACE_ATTR not in rotary.__dict__
+
+
 def test_left_padding_with_generate_position_ids_is_exact():
     """generate fills padded positions with 1: those rows are off their consecutive positions, but they see
     no key and no row sees them, so the real tokens are exact."""

@@ -49,7 +49,15 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def worker(
-    variant: str, length: int, device: str, repeats: int, seed: int, name: str | None, dtype: str, layer: bool
+    variant: str,
+    length: int,
+    device: str,
+    repeats: int,
+    seed: int,
+    name: str | None,
+    dtype: str,
+    layer: bool,
+    decode: bool = False,
 ) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -82,32 +90,56 @@ def worker(
     def run(n: int) -> torch.Tensor:
         with torch.no_grad():
             if layer:
-                return one_call(model, n, dtype, device, seed)
+                return one_call(model, n, dtype, device, seed, decode)
             return model(input_ids=ids[:, :n], use_cache=False, logits_to_keep=1).logits
 
-    run(512)  # warm-up: kernels, allocator pools
-    got = measure(lambda: run(length), repeats=repeats, device=device)
+    if decode and not layer:  # a cache of length - 1 tokens, then one step, cropped back after each
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=model.config)
+        with torch.no_grad():
+            model(input_ids=ids[:, : length - 1], past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+        def step() -> torch.Tensor:
+            with torch.no_grad():
+                out = model(input_ids=ids[:, length - 1 :], past_key_values=cache, use_cache=True).logits
+            cache.crop(-1)  # the step's token out again
+            return out
+
+        step()  # warm-up
+        got = measure(step, repeats=repeats, device=device)
+    else:
+        run(512)  # warm-up: kernels, allocator pools
+        if layer:
+            run(length)  # draws the inputs
+        got = measure(lambda: run(length), repeats=repeats, device=device)
     last = got.pop("result")
     finite = bool(torch.isfinite(last).all()) if last is not None else None
     return {"variant": variant + ("/f32" if f32 else ""), "length": length, "device": device, "finite": finite, **got}
 
 
 LAYER = dict(heads=32, kv_heads=8, head_dim=128)  # Llama-3-8B's attention
+_INPUTS: dict = {}  # one_call's queries, keys and values
 
 
-def one_call(model, n: int, dtype, device: str, seed: int):
-    """One call of layer 0's attention function on random queries, keys and values of ``LAYER``'s shape."""
+def one_call(model, n: int, dtype, device: str, seed: int, decode: bool = False):
+    """One call of layer 0's attention function on random queries, keys and values of ``LAYER``'s shape
+    (``decode``: one query, the last of ``n``)."""
     import torch
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from rope_extend.hf import attention
 
-    g = torch.Generator(device=device).manual_seed(seed)
     h, kv, d = LAYER["heads"], LAYER["kv_heads"], LAYER["head_dim"]
-    q = torch.randn(1, h, n, d, generator=g, device=device, dtype=dtype)
-    k, v = (torch.randn(1, kv, n, d, generator=g, device=device, dtype=dtype) for _ in range(2))
+    key = (n, decode)
+    if key not in _INPUTS:  # drawn once, outside the timed calls (drawing 16k keys costs more than a decode step)
+        _INPUTS.clear()
+        g = torch.Generator(device=device).manual_seed(seed)
+        q = torch.randn(1, h, 1 if decode else n, d, generator=g, device=device, dtype=dtype)
+        _INPUTS[key] = (q, *(torch.randn(1, kv, n, d, generator=g, device=device, dtype=dtype) for _ in range(2)))
+    q, k, v = _INPUTS[key]
     module = model.model.layers[0].self_attn
-    positions = torch.arange(n, device=device)[None]
+    positions = torch.arange(n - q.shape[2], n, device=device)[None]
     if attention.PLAN_ATTR in module.__dict__:
         return attention.attention_forward(module, q, k, v, None, scaling=d**-0.5, position_ids=positions)[0]
     return ALL_ATTENTION_FUNCTIONS["sdpa"](module, q, k, v, None, scaling=d**-0.5, position_ids=positions)[0]
@@ -116,6 +148,7 @@ def one_call(model, n: int, dtype, device: str, seed: int):
 def run_variant(variant: str, length: int, args) -> dict:
     cmd = ["--worker", variant, "--length", str(length), "--device", args.device, "--dtype", args.dtype]
     cmd += ["--layer"] if args.layer else []
+    cmd += ["--decode"] if args.decode else []
     cmd += ["--repeats", str(args.repeats), "--seed", str(args.seed)] + (["--model", args.model] if args.model else [])
     return {"variant": variant, "length": length, **spawn(__file__, cmd)}
 
@@ -124,7 +157,8 @@ def ratio(r: dict, base: dict) -> dict:
     """``r``'s memory increase, peak and time over ``base``'s (None where either failed)."""
     ok = not r.get("error") and not base.get("error")
     return {
-        "memory_ratio": round(r["increase_mb"] / base["increase_mb"], 3) if ok else None,
+        # a decode step may add nothing to the peak (RSS grows by pages): no ratio of a zero
+        "memory_ratio": round(r["increase_mb"] / base["increase_mb"], 3) if ok and base["increase_mb"] > 0 else None,
         "peak_memory_ratio": round(r["peak_mb"] / base["peak_mb"], 3) if ok else None,
         "time_ratio": round(r["seconds"] / base["seconds"], 3) if ok else None,
         "error": r.get("error") or base.get("error"),
@@ -144,6 +178,12 @@ def main() -> None:
         action="store_true",
         help="time one attention call of Llama-3-8B's shape (32/8 heads, dim 128) instead of the whole forward",
     )
+    p.add_argument(
+        "--decode",
+        action="store_true",
+        help="time one decode step over a cache of LENGTH - 1 tokens (with --layer: one query over LENGTH keys); "
+        "the memory ratios are then of that step",
+    )
     p.add_argument("--dtype", choices=DTYPES, help="the model's dtype (default float32; with --gpu bfloat16)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--length", type=int, help=argparse.SUPPRESS)
@@ -153,7 +193,15 @@ def main() -> None:
         print(
             json.dumps(
                 worker(
-                    args.worker, args.length, args.device, args.repeats, args.seed, args.model, args.dtype, args.layer
+                    args.worker,
+                    args.length,
+                    args.device,
+                    args.repeats,
+                    args.seed,
+                    args.model,
+                    args.dtype,
+                    args.layer,
+                    args.decode,
                 )
             )
         )
@@ -207,7 +255,8 @@ def main() -> None:
                 "benchmark": "attention_methods",
                 "device": device,
                 "model": args.model or "random llama " + json.dumps(SHAPE),
-                "measured": "one attention call " + json.dumps(LAYER) if args.layer else "one forward",
+                "measured": ("one attention call " + json.dumps(LAYER) if args.layer else "one forward")
+                + (", one decode step" if args.decode else ""),
                 "dtype": args.dtype,
                 "targets": targets,
                 "met": met,

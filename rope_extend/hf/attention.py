@@ -33,7 +33,9 @@ padding with cumulative ids) are refused (``_check_positions``), never computed 
 from __future__ import annotations
 
 import logging
+import math
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +51,7 @@ logger = logging.getLogger("rope_extend")
 
 NAME = "rope_extend"
 PLAN_ATTR = "rope_extend_attention"
+WORKSPACE_ATTR = "rope_extend_workspace"  # on a rotary module: {(key group, dtype, device): flat tensor}
 INNER = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 BLOCK = 512  # query rows per block
 TILE = 1024  # key columns per tile of the plain-torch path (softcapping, non-CPU devices)
@@ -251,7 +254,8 @@ def kernel(model: nn.Module, config, inner: str, modules) -> str:
     """What runs the patched layers' attention now: ``cpu_flash`` (aten's CPU flash attention with its
     log-sum-exp) for the method's passes on the CPU, ``torch_tiles`` (plain torch over key tiles) with logit
     softcapping or on another device; then the implementation the other layers keep (local layers; log-n alone
-    scales the queries and keeps it), when there are any."""
+    scales the queries and keeps it), when there are any. For inference: a forward under autograd (training
+    through the method) takes ``torch_tiles`` for its passes (``passes_kernel``)."""
     config = text_config(config)
     param = next(model.parameters(), None)
     device = param.device.type if param is not None else "cpu"
@@ -271,7 +275,10 @@ def kernel(model: nn.Module, config, inner: str, modules) -> str:
 def remove(model: nn.Module, config, inner: str, modules) -> None:
     config = text_config(config)
     for module in modules:
-        module.__dict__.pop(PLAN_ATTR, None)
+        plan = module.__dict__.pop(PLAN_ATTR, None)
+        if plan is not None and plan.layout is not None:  # the cos/sin tables of its frequency set
+            plan.layout.rotary.__dict__.pop(rope_layout.TABLES_ATTR, None)
+            plan.layout.rotary.__dict__.pop(WORKSPACE_ATTR, None)
     hook = rope_layout.decoder_of(model).__dict__.pop(PROBE_HOOK, None)
     if hook is not None:
         hook.remove()
@@ -515,7 +522,9 @@ def _attend_rows(module, plan, query, key, value, mask, scaling, softcap, q0: in
     kpos = torch.arange(first, k0 + m, device=device)
     scale = logn_scale(qpos, plan.original_max_position_embeddings) if plan.logn else None
     keys, values = key[:, :, first - k0 :], value[:, :, first - k0 :].to(compute)
-    rotated = _rotated_keys(rules, layout, keys, kpos, compute)
+    # autograd keeps what the passes read for the backward: then no rotated keys in reused memory
+    reuse = not _autograd(query, key, value)
+    rotated = _rotated_keys(rules, layout, keys, kpos, compute, reuse)
     out = torch.zeros(b, n, h, value.shape[-1], dtype=dtype, device=device)
     for a, e in rules.blocks(max(q0, first), q0 + n, BLOCK):
         rows = slice(a - q0, e - q0)
@@ -558,7 +567,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
 
 
-def _rotated_keys(rules, layout, keys, kpos, compute) -> dict:
+def _rotated_keys(rules, layout, keys, kpos, compute, reuse: bool = False) -> dict:
     """``{pass kind: the keys rotated to that pass's key positions}``, in ``compute``: every key once per key
     group, so O(m) memory per group; a kind without a key group keeps the keys at their true positions."""
     rotated, groups, plain = {}, {}, None
@@ -569,21 +578,53 @@ def _rotated_keys(rules, layout, keys, kpos, compute) -> dict:
         elif group in groups:
             rotated[kind] = groups[group]
         else:
-            delta = (rules.key_position(kind, kpos) - kpos).to(torch.float64)
-            rotated[kind] = groups[group] = _rotate(layout, keys, delta, compute)
+            delta = rules.key_position(kind, kpos) - kpos
+            rotated[kind] = groups[group] = _rotate(layout, keys, delta, compute, group if reuse else None)
     return rotated
 
 
-def _rotate(layout, keys, delta, compute) -> torch.Tensor:
-    """``layout.rotate`` in float32, ``ROTATE`` keys at a time, into a tensor of dtype ``compute`` (no float32
-    copy of all the keys)."""
-    m = keys.shape[2]
-    if m <= ROTATE:  # one piece: no work space beyond the result
-        return layout.rotate(keys.float(), delta).to(compute)
-    out = torch.empty(keys.shape, dtype=compute, device=keys.device)
+def _rotate(layout, keys, delta, compute, group: str | None) -> torch.Tensor:
+    """``layout.rotate`` in float32, ``ROTATE`` keys at a time, written into a tensor of dtype ``compute`` (no
+    float32 copy of all the keys). Whole-number ``delta`` (every method but leaky ReRoPE) takes cos and sin from
+    the layout's shared table, the same values ``rotate`` computes, so a decode step computes no angles.
+    With a ``group`` (no autograd saving the result) it is written into that group's work space, kept on the
+    rotary module for the next layer and step (``_workspace``), rather than into fresh memory each call; with
+    None, into fresh memory."""
+    if delta.is_floating_point():
+        angles = delta.to(torch.float64)[:, None] * layout.frequencies(keys.device)[None] * layout.sign
+        cos, sin = angles.cos().float(), angles.sin().float()
+    else:
+        cos, sin = layout.cos_sin(delta, torch.float32)
+    if group is None:  # under autograd (out= writes are not differentiable either)
+        out = torch.empty(keys.shape, dtype=compute, device=keys.device)
+        for c in range(0, keys.shape[2], ROTATE):
+            piece = slice(c, c + ROTATE)
+            out[:, :, piece] = layout.apply(keys[:, :, piece].float(), cos[piece], sin[piece]).to(compute)
+        return out
+    out = _workspace(layout.rotary, group, keys.shape, compute, keys.device)
+    b, h, m, _ = keys.shape
+    scratch = _workspace(layout.rotary, None, (2, b, h, min(m, ROTATE), layout.dim // 2), torch.float32, keys.device)
     for c in range(0, m, ROTATE):
-        out[:, :, c : c + ROTATE] = layout.rotate(keys[:, :, c : c + ROTATE].float(), delta[c : c + ROTATE])
+        piece = slice(c, c + ROTATE)
+        part = scratch[:, :, :, : min(m - c, ROTATE)]
+        layout.apply(keys[:, :, piece].float(), cos[piece], sin[piece], out=out[:, :, piece], scratch=part)
     return out
+
+
+def _workspace(owner: nn.Module, group: str | None, shape, dtype, device) -> torch.Tensor:
+    """A tensor of ``shape`` for the rotated keys of one key group (``group``; None: the rotation's products),
+    from memory kept on ``owner`` (the rotary
+    module the layers share) and reused by every layer and decode step: on the CPU fresh memory costs a page
+    fault per page, more than the rotation itself. Layers run one after another and a layer's rotated keys are
+    dead once its attention returns, so one space per group and thread suffices. Grown by a quarter past the
+    need, so a decode step (one key more) reuses it; freed by ``remove``. Never used under autograd."""
+    spaces = owner.__dict__.setdefault(WORKSPACE_ATTR, {})
+    numel = math.prod(shape)
+    key = (threading.get_ident(), group, dtype, device)  # per thread: a model may serve several
+    space = spaces.get(key)
+    if space is None or space.numel() < numel:
+        space = spaces[key] = torch.empty(numel + numel // 4, dtype=dtype, device=device)
+    return space[:numel].view(shape)
 
 
 def _partial(q, k, v, allow, scaling: float, softcap: float | None):
@@ -600,14 +641,21 @@ def _partial(q, k, v, allow, scaling: float, softcap: float | None):
     return out[..., :dv].float(), lse
 
 
-def passes_kernel(device_type: str, softcap: bool) -> str:
+def passes_kernel(device_type: str, softcap: bool, autograd: bool = False) -> str:
     """The kernel the method's passes run on: ``cpu_flash`` on the CPU without logit softcapping, else
-    ``torch_tiles``; ``_partial`` dispatches by it and ``kernel`` reports it."""
-    return "cpu_flash" if device_type == "cpu" and not softcap else "torch_tiles"
+    ``torch_tiles``; ``_partial`` dispatches by it and ``kernel`` reports it. Under autograd (training through
+    an attention method) always ``torch_tiles``: the passes are merged by their log-sum-exp, and aten's flash
+    kernels give no gradient through it, so their gradients would be silently wrong."""
+    return "cpu_flash" if device_type == "cpu" and not softcap and not autograd else "torch_tiles"
+
+
+def _autograd(*tensors: torch.Tensor) -> bool:
+    """Whether autograd records operations on these tensors."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def _partial_padded(q, k, v, allow, scaling: float, softcap: float | None):
-    if passes_kernel(q.device.type, softcap is not None) == "cpu_flash":
+    if passes_kernel(q.device.type, softcap is not None, _autograd(q, k, v)) == "cpu_flash":
         return _partial_cpu(q, k, v, allow, scaling)
     return _partial_torch(q, k, v, allow, scaling, softcap)
 

@@ -23,6 +23,7 @@ reaches transformers' attention interface, is reported, and the attention method
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -66,6 +67,32 @@ def cache_argument(kwargs: dict):
     return cache if cache is not None else kwargs.get("past_key_values")
 
 
+@dataclass
+class _Table:
+    """cos and sin of the whole positions ``first .. end-1`` for one frequency set (``Layout.cos_sin``)."""
+
+    buffer: weakref.ref  # the frequency buffer it was built from
+    version: int  # and that buffer's version counter then (in-place changes bump it)
+    first: int
+    end: int
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def of(self, buffer: torch.Tensor) -> bool:
+        """Built from these very frequencies (the same tensor, not changed in place since)."""
+        return self.buffer() is buffer and self.version == buffer._version
+
+    def covers(self, lo: int, hi: int) -> bool:
+        return self.first <= lo and hi < self.end
+
+    def rows(self, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        index = (delta - self.first).long()
+        return self.cos.index_select(0, index), self.sin.index_select(0, index)
+
+
+TABLES_ATTR = "rope_extend_cos_sin"  # on a rotary module: {(buffer name, sign, device, dtype): _Table}
+
+
 @dataclass(frozen=True)
 class Layout:
     """The rotation of one layer: ``pairing`` of dimensions ``start .. start+dim`` of a head, with the
@@ -92,16 +119,75 @@ class Layout:
         attention scale carried by cos and sin); ``x``'s dtype."""
         angles = self.sign * angles.to(device=x.device, dtype=torch.float64)
         cos, sin = (scale * angles.cos()).to(x.dtype), (scale * angles.sin()).to(x.dtype)
+        return self.apply(x, cos, sin)
+
+    def apply(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        out: torch.Tensor | None = None,
+        scratch: torch.Tensor | None = None,
+    ):
+        """``x`` with each rotary pair ``(a, b)`` turned to ``(a cos - b sin, b cos + a sin)`` (``cos``/``sin``
+        ``[..., n, dim/2]`` in ``x``'s dtype, signs already in), written into ``out`` when given (any dtype:
+        computed in ``x``'s, cast once on the write). ``scratch`` (``[2, *x.shape[:-1], dim/2]`` in ``x``'s dtype)
+        holds the products, so that no memory is allocated; the same operations, so the same bits."""
         part = x[..., self.start : self.start + self.dim]
         if self.pairing == "half":
             a, b = part[..., : self.dim // 2], part[..., self.dim // 2 :]
-            out = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
         else:
             a, b = part[..., 0::2], part[..., 1::2]
-            out = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
-        if self.dim == x.shape[-1]:
+        if out is not None:
+            into = out[..., self.start : self.start + self.dim]
+            if self.pairing == "half":
+                into_a, into_b = into[..., : self.dim // 2], into[..., self.dim // 2 :]
+            else:
+                into_a, into_b = into[..., 0::2], into[..., 1::2]
+            if scratch is None:
+                torch.sub(a * cos, b * sin, out=into_a)
+                torch.add(b * cos, a * sin, out=into_b)
+            else:
+                one, two = scratch[0], scratch[1]
+                torch.sub(torch.mul(a, cos, out=one), torch.mul(b, sin, out=two), out=into_a)
+                torch.add(torch.mul(b, cos, out=one), torch.mul(a, sin, out=two), out=into_b)
+            if self.dim != x.shape[-1]:
+                out[..., : self.start] = x[..., : self.start]
+                out[..., self.start + self.dim :] = x[..., self.start + self.dim :]
             return out
-        return torch.cat([x[..., : self.start], out, x[..., self.start + self.dim :]], dim=-1)
+        if self.pairing == "half":
+            turned = torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+        else:
+            turned = torch.stack([a * cos - b * sin, b * cos + a * sin], dim=-1).flatten(-2)
+        if self.dim == x.shape[-1]:
+            return turned
+        return torch.cat([x[..., : self.start], turned, x[..., self.start + self.dim :]], dim=-1)
+
+    def cos_sin(self, delta: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of the turn by the integer positions ``delta`` ``[n]`` (as ``rotate`` computes them:
+        ``sign * delta * inv_freq`` in float64, then ``dtype``), looked up in a table of whole positions that
+        the layers sharing this frequency set share and keep across calls (a decode step computes none).
+        The table is grown by doubling to cover ``delta`` and rebuilt when the frequencies change."""
+        name = rotary.buffer_name(self.layer_type)
+        buffer = self.rotary._buffers[name]
+        tables = self.rotary.__dict__.setdefault(TABLES_ATTR, {})  # kept on the rotary module: goes with the model
+        key = (name, self.sign, delta.device, dtype)
+        lo, hi = (int(v) for v in torch.aminmax(delta))  # one host sync
+        entry = tables.get(key)
+        if entry is not None and not entry.of(buffer):
+            entry = None
+        if entry is not None and entry.covers(lo, hi):
+            return entry.rows(delta)
+        first, end = lo, hi + 1
+        if entry is not None:  # grow on the side that ran out
+            width = entry.end - entry.first
+            first = min(first, entry.first - width if lo < entry.first else entry.first)
+            end = max(end, entry.end + width if hi >= entry.end else entry.end)
+        whole = torch.arange(first, end, dtype=torch.float64, device=delta.device)
+        angles = self.sign * (whole[:, None] * self.frequencies(delta.device)[None])
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        tables[key] = entry = _Table(weakref.ref(buffer), buffer._version, first, end, cos, sin)
+        return entry.rows(delta)
 
     def describe(self) -> str:
         where = f"dims {self.start}..{self.start + self.dim - 1}"
