@@ -204,6 +204,8 @@ def _export_folder(model, tokenizer, source, name, decision, to, out, length, no
     updates = configs.config_updates(form, length, to)
     how = json.dumps(updates.get("rope_parameters", updates.get("rope_scaling")) or {"rope_theta": form.base})
     command = configs.serve_command(to, str(out), form, length)
+    if to in configs.LONGER:  # before the info file is written, so that it carries the note too
+        notes.append(f"to serve past {length} tokens: {configs.LONGER[to]}")
     with atomic_path(out) as tmp:
         if source is not None:
             shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(MARKER, INFO, ".*"))
@@ -214,7 +216,5 @@ def _export_folder(model, tokenizer, source, name, decision, to, out, length, no
         _rewrite_config(tmp, updates, to)
         info = {"tool": f"rope-extend {__version__}", "engine": ENGINES[to], "method": name, "how": how}
         write_json(tmp / INFO, {**info, "command": command, "notes": notes})
-    if to in configs.LONGER:
-        notes.append(f"to serve past {length} tokens: {configs.LONGER[to]}")
     flag = configs.OVERRIDE_FLAG.get(to)
     return ExportResult(out, to, ENGINES[to], name, how, command, notes, updates if flag else None, flag)

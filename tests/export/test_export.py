@@ -55,6 +55,8 @@ def test_engine_configs(tmp_path):
         1.5 / (0.1 * 1.3862943611198906 + 1)
     )
     assert r.command.endswith("--context-length 1024") and (tmp_path / "s" / "model.safetensors").is_file()
+    info = json.loads((tmp_path / "s" / "rope-extend-export.json").read_text())
+    assert info["notes"] == r.notes and any("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1" in n for n in r.notes)
     export(str(folder), "vllm", tmp_path / "v", method="linear", factor=4)
     config = json.loads((tmp_path / "v" / "config.json").read_text())
     assert config["max_position_embeddings"] == 256  # vLLM multiplies a linear config's length by its factor
