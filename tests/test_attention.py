@@ -530,15 +530,28 @@ def test_flex_attention_model_equals_the_sdpa_model(family, monkeypatch):
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     model, (x, mask) = model_for(family), padded_batch()
+    calls = spy(monkeypatch, "flex_attention", ALL_ATTENTION_FUNCTIONS["flex_attention"])
+    assert_equals_sdpa(model, "flex_attention", ("self_extend", "dual_chunk"), x, mask, calls, family)
+
+
+def spy(monkeypatch, implementation, fn) -> list:
+    """Replace ``implementation`` by ``fn``, counting its calls (the returned list)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     calls = []
-    flex = ALL_ATTENTION_FUNCTIONS["flex_attention"]
     monkeypatch.setitem(
-        ALL_ATTENTION_FUNCTIONS._global_mapping, "flex_attention", lambda *a, **k: calls.append(1) or flex(*a, **k)
+        ALL_ATTENTION_FUNCTIONS._global_mapping, implementation, lambda *a, **k: calls.append(1) or fn(*a, **k)
     )
-    for method in ("self_extend", "dual_chunk"):
+    return calls
+
+
+def assert_equals_sdpa(model, implementation, methods, x, mask, calls, family):
+    """Each method's logits over ``implementation`` equal those over sdpa; only the layers the method leaves
+    alone (gemma3's two sliding layers) call the implementation itself."""
+    for method in methods:
         want = logits_with(model, "sdpa", method, METHODS[method], x, mask)
         calls.clear()
-        got = logits_with(model, "flex_attention", method, METHODS[method], x, mask)
+        got = logits_with(model, implementation, method, METHODS[method], x, mask)
         assert (got[0] - want[0]).abs().max().item() < 1e-5, method
         assert (got[1, 7:] - want[1, 7:]).abs().max().item() < 1e-5, method
         assert len(calls) == (2 if family == "gemma3" else 0)  # the two sliding layers
@@ -567,23 +580,10 @@ def flash_stand_in(
 def test_flash_attention_model_equals_the_sdpa_model(family, monkeypatch):
     """A model loaded with flash_attention_2 (FlashAttention stood in for by plain torch: no CUDA here): the
     method's layers read its padding mask and the layer's sliding window; the other layers keep its kernel."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    calls = []
-    monkeypatch.setitem(
-        ALL_ATTENTION_FUNCTIONS._global_mapping,
-        "flash_attention_2",
-        lambda *a, **k: calls.append(1) or flash_stand_in(*a, **k),
-    )
+    calls = spy(monkeypatch, "flash_attention_2", flash_stand_in)
     over = {"sliding_window": 48} if family == "mistral" else {}  # mistral: the method's layers have a window
     model, (x, mask) = model_for(family, **over), padded_batch()
-    for method in ("self_extend", "rerope"):
-        want = logits_with(model, "sdpa", method, METHODS[method], x, mask)
-        calls.clear()
-        got = logits_with(model, "flash_attention_2", method, METHODS[method], x, mask)
-        assert (got[0] - want[0]).abs().max().item() < 1e-5, method
-        assert (got[1, 7:] - want[1, 7:]).abs().max().item() < 1e-5, method
-        assert len(calls) == (2 if family == "gemma3" else 0)
+    assert_equals_sdpa(model, "flash_attention_2", ("self_extend", "rerope"), x, mask, calls, family)
     with torch.no_grad():  # and the stand-in is FlashAttention: the unpatched flash model equals the sdpa one
         model.config._attn_implementation = "flash_attention_2"
         flash = model(x, attention_mask=mask).logits

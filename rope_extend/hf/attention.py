@@ -276,7 +276,7 @@ def remove(model: nn.Module, config, inner: str, modules) -> None:
     config = text_config(config)
     for module in modules:
         plan = module.__dict__.pop(PLAN_ATTR, None)
-        if plan is not None and plan.layout is not None:  # the cos/sin tables of its frequency set
+        if plan is not None and plan.layout is not None:  # its frequency set's cos/sin tables and work space
             plan.layout.rotary.__dict__.pop(rope_layout.TABLES_ATTR, None)
             plan.layout.rotary.__dict__.pop(WORKSPACE_ATTR, None)
     hook = rope_layout.decoder_of(model).__dict__.pop(PROBE_HOOK, None)
@@ -490,16 +490,12 @@ def _check_positions(off: torch.Tensor, mask: Mask | None, n: int, m: int) -> No
         given = mask.block(rows, cols) if mask is not None else None
         return (allow if given is None else allow & given).any(1)
 
-    bad = False
-    for a in range(r0, r1, BLOCK):  # off rows see nothing
-        rows = slice(a, min(a + BLOCK, r1))
-        bad = bad or bool((seen(rows, slice(0, m)).any(-1) & off[:, rows]).any())
-    for a in range(0, n, BLOCK):  # no row sees an off row's key
-        if bad:
-            break
-        rows = slice(a, min(a + BLOCK, n))
-        bad = bool((seen(rows, slice(m - n + r0, m - n + r1)).any(-2) & off[:, r0:r1]).any())
-    if bad:
+    def blocks(start: int, stop: int):
+        return (slice(a, min(a + BLOCK, stop)) for a in range(start, stop, BLOCK))
+
+    keys_off = slice(m - n + r0, m - n + r1)  # any() stops at the first block that shows it
+    off_row_sees = any(bool((seen(rows, slice(0, m)).any(-1) & off[:, rows]).any()) for rows in blocks(r0, r1))
+    if off_row_sees or any(bool((seen(rows, keys_off).any(-2) & off[:, r0:r1]).any()) for rows in blocks(0, n)):
         raise RopeExtendError(
             f"{NAME} attention: position_ids are not consecutive within a sequence (packed documents "
             "with positions restarting, PoSE position jumps, or right padding); the attention methods place each "
@@ -585,16 +581,12 @@ def _rotated_keys(rules, layout, keys, kpos, compute, reuse: bool = False) -> di
 
 def _rotate(layout, keys, delta, compute, group: str | None) -> torch.Tensor:
     """``layout.rotate`` in float32, ``ROTATE`` keys at a time, written into a tensor of dtype ``compute`` (no
-    float32 copy of all the keys). Whole-number ``delta`` (every method but leaky ReRoPE) takes cos and sin from
-    the layout's shared table, the same values ``rotate`` computes, so a decode step computes no angles.
-    With a ``group`` (no autograd saving the result) it is written into that group's work space, kept on the
+    float32 copy of all the keys). cos and sin come from ``layout.cos_sin``: for whole-number ``delta`` (every
+    method but leaky ReRoPE) its shared table, the same values ``rotate`` computes, so a decode step computes no
+    angles. With a ``group`` (no autograd saving the result) it is written into that group's work space, kept on the
     rotary module for the next layer and step (``_workspace``), rather than into fresh memory each call; with
     None, into fresh memory."""
-    if delta.is_floating_point():
-        angles = delta.to(torch.float64)[:, None] * layout.frequencies(keys.device)[None] * layout.sign
-        cos, sin = angles.cos().float(), angles.sin().float()
-    else:
-        cos, sin = layout.cos_sin(delta, torch.float32)
+    cos, sin = layout.cos_sin(delta, torch.float32)
     if group is None:  # under autograd (out= writes are not differentiable either)
         out = torch.empty(keys.shape, dtype=compute, device=keys.device)
         for c in range(0, keys.shape[2], ROTATE):
@@ -613,9 +605,8 @@ def _rotate(layout, keys, delta, compute, group: str | None) -> torch.Tensor:
 
 def _workspace(owner: nn.Module, group: str | None, shape, dtype, device) -> torch.Tensor:
     """A tensor of ``shape`` for the rotated keys of one key group (``group``; None: the rotation's products),
-    from memory kept on ``owner`` (the rotary
-    module the layers share) and reused by every layer and decode step: on the CPU fresh memory costs a page
-    fault per page, more than the rotation itself. Layers run one after another and a layer's rotated keys are
+    from memory kept on ``owner`` (the rotary module the layers share) and reused by every layer and decode
+    step: on the CPU fresh memory costs a page fault per page, more than the rotation itself. Layers run one after another and a layer's rotated keys are
     dead once its attention returns, so one space per group and thread suffices. Grown by a quarter past the
     need, so a decode step (one key more) reuses it; freed by ``remove``. Never used under autograd."""
     spaces = owner.__dict__.setdefault(WORKSPACE_ATTR, {})

@@ -133,17 +133,9 @@ class Layout:
         ``[..., n, dim/2]`` in ``x``'s dtype, signs already in), written into ``out`` when given (any dtype:
         computed in ``x``'s, cast once on the write). ``scratch`` (``[2, *x.shape[:-1], dim/2]`` in ``x``'s dtype)
         holds the products, so that no memory is allocated; the same operations, so the same bits."""
-        part = x[..., self.start : self.start + self.dim]
-        if self.pairing == "half":
-            a, b = part[..., : self.dim // 2], part[..., self.dim // 2 :]
-        else:
-            a, b = part[..., 0::2], part[..., 1::2]
+        a, b = self._pairs(x)
         if out is not None:
-            into = out[..., self.start : self.start + self.dim]
-            if self.pairing == "half":
-                into_a, into_b = into[..., : self.dim // 2], into[..., self.dim // 2 :]
-            else:
-                into_a, into_b = into[..., 0::2], into[..., 1::2]
+            into_a, into_b = self._pairs(out)
             if scratch is None:
                 torch.sub(a * cos, b * sin, out=into_a)
                 torch.add(b * cos, a * sin, out=into_b)
@@ -163,11 +155,22 @@ class Layout:
             return turned
         return torch.cat([x[..., : self.start], turned, x[..., self.start + self.dim :]], dim=-1)
 
+    def _pairs(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two members of every rotary pair of ``t`` (views), in the layer's pairing."""
+        part = t[..., self.start : self.start + self.dim]
+        if self.pairing == "half":
+            return part[..., : self.dim // 2], part[..., self.dim // 2 :]
+        return part[..., 0::2], part[..., 1::2]
+
     def cos_sin(self, delta: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of the turn by the integer positions ``delta`` ``[n]`` (as ``rotate`` computes them:
-        ``sign * delta * inv_freq`` in float64, then ``dtype``), looked up in a table of whole positions that
-        the layers sharing this frequency set share and keep across calls (a decode step computes none).
-        The table is grown by doubling to cover ``delta`` and rebuilt when the frequencies change."""
+        """cos and sin of the turn by the positions ``delta`` ``[n]`` as ``rotate`` computes them (``sign *
+        delta * inv_freq`` in float64, then ``dtype``). Whole positions (an integer ``delta``) are looked up in a
+        table that the layers sharing this frequency set share and keep across calls (a decode step computes
+        none), grown by doubling to cover ``delta`` and rebuilt when the frequencies change; fractional ones
+        (leaky ReRoPE) are computed."""
+        if delta.is_floating_point():
+            angles = self.sign * (delta.to(torch.float64)[:, None] * self.frequencies(delta.device)[None])
+            return angles.cos().to(dtype), angles.sin().to(dtype)
         name = rotary.buffer_name(self.layer_type)
         buffer = self.rotary._buffers[name]
         tables = self.rotary.__dict__.setdefault(TABLES_ATTR, {})  # kept on the rotary module: goes with the model
