@@ -253,16 +253,22 @@ def test_gradients_equal_the_explicit_reference(method):
     assert all(torch.isfinite(layer.self_attn.q_proj.weight.grad).all() for layer in model.model.layers)
 
 
-def test_rotation_tables_and_work_space_follow_the_frequencies_and_go_with_unpatch():
+def test_rotation_tables_and_work_space_follow_the_frequencies_and_go_with_unpatch(monkeypatch):
     """A decode step takes cos and sin from a table of whole positions shared by the layers; a change of the
-    frequencies in place rebuilds it, and unpatch leaves nothing on the rotary module."""
+    frequencies in place rebuilds it, and unpatch leaves nothing on the rotary module. A prefill longer than
+    ``REUSE_ROWS`` keeps nothing there, and gives the same logits."""
     from rope_extend.hf import layout as LY
 
     model = model_for("llama")
     rope_extend.patch(model, "self_extend", **METHODS["self_extend"])
     x = ids(n=60, batch=1)
-    first = run(model, x)
     rotary = model.model.rotary_emb
+    with monkeypatch.context() as m:
+        m.setattr(A, "REUSE_ROWS", 59)
+        fresh = run(model, x)
+    assert LY.TABLES_ATTR not in rotary.__dict__ and A.WORKSPACE_ATTR not in rotary.__dict__
+    first = run(model, x)  # 60 rows: kept
+    assert torch.equal(first, fresh)
     (table,) = rotary.__dict__[LY.TABLES_ATTR].values()
     assert table.covers(59 // 4 - 59, 0) and torch.equal(run(model, x), first)  # far keys: j // 4 - j
     with torch.no_grad():
@@ -680,3 +686,40 @@ def test_cut_passes_equal_whole_masked_passes(family, monkeypatch):
         rope_extend.unpatch(model)
         assert (cut - whole).abs().max().item() < 1e-5, method
     assert counts["causal"] > 0  # the diagonal blocks ran with the kernel's causal skipping
+
+
+@pytest.mark.parametrize("shape", ["band", "far_square", "band_padded"])
+def test_cpu_pass_cut_at_its_squares_equals_the_masked_kernel(shape, monkeypatch):
+    """A self_extend block's passes: the near band (a mirror square, columns every row sees, a causal square) and
+    the far keys' causal square each run with the kernel's causal skipping and no mask; a padded band keeps the
+    mask where it must. Equal to the whole masked pass."""
+    monkeypatch.setattr(A, "SPLIT", 4)
+    n, w = 12, 20  # rows of the block, window
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, n, 16, generator=g)
+    i = torch.arange(n)[:, None]
+    if shape == "far_square":
+        j = torch.arange(n)[None, :]
+        allow, causal_pieces = j <= i, 1
+    else:  # keys i - w + 1 .. i of row i, columns from the first row's first key
+        j = torch.arange(n + w - 1)[None, :]
+        allow, causal_pieces = (j >= i) & (j <= i + w - 1), 2
+    allow = allow[None, None].expand(2, 1, -1, -1).clone()
+    if shape == "band_padded":
+        allow[1, :, :, :3] = False  # batch row 1 has 3 padded keys: its mirror square is no longer one
+        causal_pieces = 1
+    k, v = (torch.randn(2, 2, allow.shape[-1], 16, generator=g) for _ in range(2))
+    calls = []
+    real = A._flash_cpu
+
+    def spy(q, k, v, allow, scaling, causal=False):
+        calls.append((causal, allow is not None))
+        return real(q, k, v, allow, scaling, causal)
+
+    monkeypatch.setattr(A, "_flash_cpu", spy)
+    out, lse = A._partial_cpu(q, k, v, allow, 0.25)
+    want, want_lse = real(q, k, v, allow, 0.25)
+    assert (out.float() - want).abs().max().item() < 1e-5
+    assert (lse - want_lse).abs().max().item() < 1e-5
+    assert sum(causal for causal, _ in calls) == causal_pieces
+    assert not any(causal and masked for causal, masked in calls)

@@ -93,12 +93,20 @@ def measure(fn: Callable[[], Any], *, repeats: int, device: str, baseline: str =
     return out
 
 
-def spawn(script: str, args: list[str], *, timeout: float | None = None) -> dict:
-    """Run ``python script *args`` in a fresh process and read the JSON object on its last output line.
+# glibc's malloc with every block of 64 KiB or more mapped on its own and unmapped when freed, and freed memory
+# trimmed at once: the process's RSS then follows the live tensors, not what the allocator keeps cached (whose
+# share of a CPU peak varies by a quarter between identical runs). Slower (a page fault per fresh page), so the
+# CPU benchmarks read memory from a run under it and time from a run without it.
+LIVE_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
+
+
+def spawn(script: str, args: list[str], *, timeout: float | None = None, env: dict | None = None) -> dict:
+    """Run ``python script *args`` in a fresh process (``env`` added to the environment) and read the JSON
+    object on its last output line.
 
     A failed run gives ``{"error": [its last stderr line]}`` and ``"stderr"`` (its tail), so that a table can
     show it beside the variants that ran."""
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     proc = subprocess.run(
         [sys.executable, script, *args], check=False, capture_output=True, text=True, env=env, timeout=timeout
     )

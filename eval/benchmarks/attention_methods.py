@@ -7,10 +7,12 @@
 
 One forward (no cache, ``logits_to_keep=1``) over the whole sequence. Each variant runs in a fresh
 subprocess, so one variant's allocations cannot hide in another's peak. CPU memory is the process's peak RSS
-(``ru_maxrss``); the ratio uses the increase over the peak after model construction and a warm-up forward
-(what the long forward costs). GPU memory is ``torch.cuda.max_memory_allocated`` after resetting the peak.
-Time is the best of ``--repeats`` forwards. The random model is shaped for attention to dominate: head
-dimension 128 as in Llama 2, trained length ``L = 4096``, so the methods run with their usual parameters
+(``ru_maxrss``) in a second run of the variant under ``_measure.LIVE_MEMORY_ENV`` (glibc maps and frees every
+large block on its own, so RSS follows the live tensors; with the default allocator the same forward's reading
+varies by a quarter between runs, printed as ``cached_increase_mb``); the ratio uses the increase over the peak
+after model construction and a warm-up forward (what the long forward costs). Time comes from the first run.
+GPU memory is ``torch.cuda.max_memory_allocated`` after resetting the peak. Time is the best of ``--repeats``
+forwards. The random model is shaped for attention to dominate: head dimension 128 as in Llama 2, trained length ``L = 4096``, so the methods run with their usual parameters
 (Self-Extend ``group_size=8, window=1024``, reaching 25600 tokens; Dual Chunk defaults ``C = 3L/4 = 3072``,
 ``w = L/16 = 256``; ReRoPE ``window = L/4``). The last line printed is JSON.
 Targets (issue 25): in float32 on the CPU, self_extend and dual_chunk within 1.0x the memory and 1.25x the
@@ -26,7 +28,7 @@ import argparse
 import json
 import os
 
-from _measure import fmt, measure, spawn
+from _measure import LIVE_MEMORY_ENV, fmt, measure, spawn
 
 SHAPE = dict(
     vocab_size=1024,
@@ -150,7 +152,12 @@ def run_variant(variant: str, length: int, args) -> dict:
     cmd += ["--layer"] if args.layer else []
     cmd += ["--decode"] if args.decode else []
     cmd += ["--repeats", str(args.repeats), "--seed", str(args.seed)] + (["--model", args.model] if args.model else [])
-    return {"variant": variant, "length": length, **spawn(__file__, cmd)}
+    timed = spawn(__file__, cmd)
+    if args.device != "cpu" or timed.get("error"):
+        return {"variant": variant, "length": length, **timed}
+    live = spawn(__file__, cmd, env=LIVE_MEMORY_ENV)  # memory from a run whose RSS follows the live tensors
+    memory = {k: live.get(k) for k in ("base_mb", "peak_mb", "increase_mb")}
+    return {"variant": variant, "length": length, **timed, **memory, "cached_increase_mb": timed.get("increase_mb")}
 
 
 def ratio(r: dict, base: dict) -> dict:

@@ -56,6 +56,7 @@ INNER = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attent
 BLOCK = 512  # query rows per block
 TILE = 1024  # key columns per tile of the plain-torch path (softcapping, non-CPU devices)
 ROTATE = 4096  # keys rotated at a time (float32 work space)
+REUSE_ROWS = 64  # calls with at most this many query rows (decode steps) rotate keys into kept work space
 SPLIT = 64  # a masked CPU pass is cut into unmasked / causal / masked column ranges from this width on
 
 
@@ -519,7 +520,7 @@ def _attend_rows(module, plan, query, key, value, mask, scaling, softcap, q0: in
     scale = logn_scale(qpos, plan.original_max_position_embeddings) if plan.logn else None
     keys, values = key[:, :, first - k0 :], value[:, :, first - k0 :].to(compute)
     # autograd keeps what the passes read for the backward: then no rotated keys in reused memory
-    reuse = not _autograd(query, key, value)
+    reuse = n <= REUSE_ROWS and not _autograd(query, key, value)
     rotated = _rotated_keys(rules, layout, keys, kpos, compute, reuse)
     out = torch.zeros(b, n, h, value.shape[-1], dtype=dtype, device=device)
     for a, e in rules.blocks(max(q0, first), q0 + n, BLOCK):
@@ -581,13 +582,15 @@ def _rotated_keys(rules, layout, keys, kpos, compute, reuse: bool = False) -> di
 
 def _rotate(layout, keys, delta, compute, group: str | None) -> torch.Tensor:
     """``layout.rotate`` in float32, ``ROTATE`` keys at a time, written into a tensor of dtype ``compute`` (no
-    float32 copy of all the keys). cos and sin come from ``layout.cos_sin``: for whole-number ``delta`` (every
-    method but leaky ReRoPE) its shared table, the same values ``rotate`` computes, so a decode step computes no
-    angles. With a ``group`` (no autograd saving the result) it is written into that group's work space, kept on the
-    rotary module for the next layer and step (``_workspace``), rather than into fresh memory each call; with
-    None, into fresh memory."""
-    cos, sin = layout.cos_sin(delta, torch.float32)
-    if group is None:  # under autograd (out= writes are not differentiable either)
+    float32 copy of all the keys), with cos and sin from ``layout.cos_sin`` (the same values ``rotate`` computes).
+
+    With a ``group`` (a decode step, no autograd saving the result) the keys are written into that group's work
+    space, kept on the rotary module for the next layer and step (``_workspace``), and cos and sin of whole
+    positions come from the shared table, so a step computes no angles and touches no fresh memory. With None
+    (prefill, where O(n^2) attention dwarfs both; or autograd) nothing is kept: fresh memory, angles computed, so
+    a long prefill's peak holds no table or work space of its length."""
+    cos, sin = layout.cos_sin(delta, torch.float32, table=group is not None)
+    if group is None:  # prefill or autograd (out= writes are not differentiable either)
         out = torch.empty(keys.shape, dtype=compute, device=keys.device)
         for c in range(0, keys.shape[2], ROTATE):
             piece = slice(c, c + ROTATE)
@@ -606,9 +609,10 @@ def _rotate(layout, keys, delta, compute, group: str | None) -> torch.Tensor:
 def _workspace(owner: nn.Module, group: str | None, shape, dtype, device) -> torch.Tensor:
     """A tensor of ``shape`` for the rotated keys of one key group (``group``; None: the rotation's products),
     from memory kept on ``owner`` (the rotary module the layers share) and reused by every layer and decode
-    step: on the CPU fresh memory costs a page fault per page, more than the rotation itself. Layers run one after another and a layer's rotated keys are
-    dead once its attention returns, so one space per group and thread suffices. Grown by a quarter past the
-    need, so a decode step (one key more) reuses it; freed by ``remove``. Never used under autograd."""
+    step: on the CPU fresh memory costs a page fault per page, more than a decode step's rotation itself.
+    Layers run one after another and a layer's rotated keys are dead once its attention returns, so one space
+    per group and thread suffices. Grown by a quarter past the need, so a decode step (one key more) reuses it;
+    freed by ``remove``. Only for calls of at most ``REUSE_ROWS`` query rows; never under autograd."""
     spaces = owner.__dict__.setdefault(WORKSPACE_ATTR, {})
     numel = math.prod(shape)
     key = (threading.get_ident(), group, dtype, device)  # per thread: a model may serve several
@@ -653,26 +657,35 @@ def _partial_padded(q, k, v, allow, scaling: float, softcap: float | None):
 
 def _partial_cpu(q, k, v, allow, scaling: float):
     """The CPU flash kernel. A masked pass is cut where its mask allows: a causal square at its end (the diagonal
-    block) runs with the kernel's own causal skipping, the columns every row sees with no mask, and only the
-    rest with an additive mask (a band pass then costs about its allowed area)."""
+    block) runs with the kernel's own causal skipping, and so does the mirror square at its start (row ``t`` sees
+    columns ``t ..``, the start of a band: rows and columns reversed make it causal); the columns every row sees
+    run with no mask, and only the rest with an additive mask (a band pass then costs about its allowed area)."""
     if allow is None or allow.shape[-1] < 2 * SPLIT:
         return _flash_cpu(q, k, v, allow, scaling)
-    rows, end = allow.shape[-2], allow.shape[-1]
-    pieces = []  # (first column, last + 1, mask or None, causal)
-    if end >= rows and bool((allow[..., end - rows :] == _tril(rows)).all()):  # every batch row and head
-        pieces.append((end - rows, end, None, True))
+    rows, start, end = allow.shape[-2], 0, allow.shape[-1]
+    squares = rows >= SPLIT  # a few rows (a decode step) take the columns they all see in one call
+    pieces = []  # (first column, last + 1, mask or None, causal, mirrored)
+    if squares and end >= rows and bool((allow[..., end - rows :] == _tril(rows)).all()):  # every batch row, head
+        pieces.append((end - rows, end, None, True, False))
         end -= rows
-    if end:
-        seen = allow[..., :end].all(dim=-2).reshape(-1, end).all(0)  # columns every row of every batch sees
-        cols = seen.nonzero().flatten().tolist()  # one host sync, on the CPU
-        masked = [(0, end)]
+    if squares and end >= rows and bool((allow[..., :rows] == _tril(rows).T).all()):
+        pieces.append((0, rows, None, True, True))
+        start = rows
+    if end > start:
+        seen = allow[..., start:end].all(dim=-2).reshape(-1, end - start).all(0)  # columns every row sees
+        cols = (seen.nonzero().flatten() + start).tolist()  # one host sync, on the CPU
+        masked = [(start, end)]
         if len(cols) >= SPLIT and cols[-1] - cols[0] + 1 == len(cols):
-            pieces.append((cols[0], cols[-1] + 1, None, False))
-            masked = [(0, cols[0]), (cols[-1] + 1, end)]
-        pieces += [(c0, c1, allow[..., c0:c1], False) for c0, c1 in masked if c1 > c0]
+            pieces.append((cols[0], cols[-1] + 1, None, False, False))
+            masked = [(start, cols[0]), (cols[-1] + 1, end)]
+        pieces += [(c0, c1, allow[..., c0:c1], False, False) for c0, c1 in masked if c1 > c0]
     acc = lse = None
-    for c0, c1, mask, causal in pieces:
-        out, out_lse = _flash_cpu(q, k[:, :, c0:c1], v[:, :, c0:c1], mask, scaling, causal=causal)
+    for c0, c1, mask, causal, mirrored in pieces:
+        if mirrored:
+            out, out_lse = _flash_cpu(q.flip(2), k[:, :, c0:c1].flip(2), v[:, :, c0:c1].flip(2), None, scaling, True)
+            out, out_lse = out.flip(2), out_lse.flip(2)
+        else:
+            out, out_lse = _flash_cpu(q, k[:, :, c0:c1], v[:, :, c0:c1], mask, scaling, causal=causal)
         acc, lse = (out, out_lse) if acc is None else _merge(acc.float(), lse, out.float(), out_lse)
     return acc, lse
 

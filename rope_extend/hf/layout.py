@@ -162,13 +162,13 @@ class Layout:
             return part[..., : self.dim // 2], part[..., self.dim // 2 :]
         return part[..., 0::2], part[..., 1::2]
 
-    def cos_sin(self, delta: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(self, delta: torch.Tensor, dtype: torch.dtype, table: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of the turn by the positions ``delta`` ``[n]`` as ``rotate`` computes them (``sign *
-        delta * inv_freq`` in float64, then ``dtype``). Whole positions (an integer ``delta``) are looked up in a
-        table that the layers sharing this frequency set share and keep across calls (a decode step computes
-        none), grown by doubling to cover ``delta`` and rebuilt when the frequencies change; fractional ones
-        (leaky ReRoPE) are computed."""
-        if delta.is_floating_point():
+        delta * inv_freq`` in float64, then ``dtype``). With ``table``, whole positions (an integer ``delta``) are
+        looked up in a table that the layers sharing this frequency set share and keep across calls (a decode
+        step computes none), grown by doubling to cover ``delta`` and rebuilt when the frequencies change;
+        fractional ones (leaky ReRoPE), and all without ``table`` (nothing kept), are computed: the same values."""
+        if delta.is_floating_point() or not table:
             angles = self.sign * (delta.to(torch.float64)[:, None] * self.frequencies(delta.device)[None])
             return angles.cos().to(dtype), angles.sin().to(dtype)
         name = rotary.buffer_name(self.layer_type)

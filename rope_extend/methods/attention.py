@@ -88,15 +88,20 @@ class _Windowed(Rules):
         return near if kind == "near" else ~near
 
     def passes(self, a, b, first):
+        """Far keys up to ``a - w`` are far from every query of the block, near keys start at ``a - w + 1``, and
+        far keys end at ``b - 1 - w``. The far keys ``a - w .. b - 1 - w`` are one masked pass: a causal square
+        over the block's rows (row ``t`` sees ``t + 1`` of them), which the CPU kernel runs with its causal
+        skipping; the near pass starts with the mirror square. A one-row block has no masked far pass."""
         w = self.window
-        edge = max(first, a - w + 1)  # keys before it are far from every query of the block
+        split = max(first, a - w + (b - a == 1))
+        edge = max(first, a - w + 1)
         out: list[Pass] = []
-        if edge > first:
-            out.append(("far", first, edge, True))
+        if split > first:
+            out.append(("far", first, split, True))
+        if b - w > split:
+            out.append(("far", split, b - w, False))
         if b > edge:
             out.append(("near", edge, b, False))
-            if b - 1 - edge >= w:
-                out.append(("far", edge, b, False))
         return out
 
     def query_position(self, kind, i):
