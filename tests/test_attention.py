@@ -158,6 +158,26 @@ def test_exact_against_explicit_positions(family):
         assert (got - want).abs().max().item() < 2e-5, (family, method)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma2"])
+def test_decode_path_exact_against_explicit_positions(family, monkeypatch):
+    """Every row through the path of a decode step (at most ``REUSE_ROWS`` rows): kept work space and table;
+    Dual Chunk turns the queries once per chunk of keys instead of turning the keys, STRING never turns its
+    keys. Equal to the explicit reference; the keys are turned only for the methods that must."""
+    monkeypatch.setattr(A, "REUSE_ROWS", 10**6)
+    turned = []
+    real = A._rotate
+    monkeypatch.setattr(A, "_rotate", lambda *args: turned.append(1) or real(*args))
+    model, x = model_for(family), ids()
+    for method, params in METHODS.items():
+        rope_extend.patch(model, method, **params)
+        want = reference_logits(model, method, params, x)
+        turned.clear()
+        got = run(model, x)
+        rope_extend.unpatch(model)
+        assert (got - want).abs().max().item() < 2e-5, (family, method)
+        assert bool(turned) == (method not in ("dual_chunk", "string")), method
+
+
 @pytest.mark.parametrize("method", ["self_extend", "dual_chunk"])
 def test_sliding_window_model_keeps_its_window(method):
     """Mistral with a sliding window shorter than the sequence: the method's positions inside the window."""

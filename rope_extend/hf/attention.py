@@ -519,9 +519,12 @@ def _attend_rows(module, plan, query, key, value, mask, scaling, softcap, q0: in
     kpos = torch.arange(first, k0 + m, device=device)
     scale = logn_scale(qpos, plan.original_max_position_embeddings) if plan.logn else None
     keys, values = key[:, :, first - k0 :], value[:, :, first - k0 :].to(compute)
+    small = n <= REUSE_ROWS  # a decode step (or a few rows)
+    # keys moved by a constant per run (Dual Chunk's chunks): a few queries turn once per run, no key turns
+    by_query = small and rules.run_length is not None
     # autograd keeps what the passes read for the backward: then no rotated keys in reused memory
-    reuse = n <= REUSE_ROWS and not _autograd(query, key, value)
-    rotated = _rotated_keys(rules, layout, keys, kpos, compute, reuse)
+    reuse = small and not _autograd(query, key, value)
+    rotated = _rotated_keys(rules, layout, keys, kpos, compute, reuse, by_query)
     out = torch.zeros(b, n, h, value.shape[-1], dtype=dtype, device=device)
     for a, e in rules.blocks(max(q0, first), q0 + n, BLOCK):
         rows = slice(a - q0, e - q0)
@@ -533,23 +536,24 @@ def _attend_rows(module, plan, query, key, value, mask, scaling, softcap, q0: in
         for kind, j0, j1, full in rules.passes(a, e, first):
             if j1 <= j0:
                 continue
-            if rules.key_group(kind) is None:  # true positions for both
-                qk = q
-            else:
-                delta = (rules.query_position(kind, i) - i).to(torch.float64)
-                qk = layout.rotate(q, delta)
-            cols = slice(j0 - first, j1 - first)
-            allow = None
-            if not full:
-                j = kpos[cols]
-                allow = (rules.region(kind, i[:, None], j[None, :]) & (j[None, :] <= i[:, None]))[None, None]
-            given = mask.block(rows, slice(j0 - k0, j1 - k0)) if mask is not None else None
-            if given is not None:
-                allow = given if allow is None else allow & given
-            part, part_lse = _partial(
-                qk.to(compute), rotated[kind][:, :, cols], values[:, :, cols], allow, scaling, softcap
-            )
-            acc, lse = (part, part_lse) if acc is None else _merge(acc, lse, part, part_lse)
+            turn = None  # how far the queries turn: None for a kind at true positions for both
+            if rules.key_group(kind) is not None:
+                turn = (rules.query_position(kind, i) - i).to(torch.float64)
+            runs = _key_runs(rules, kind, j0, j1) if by_query and rules.moves_keys(kind) else [(j0, j1, 0)]
+            for r0, r1, shift in runs:  # keys r0 .. r1-1 moved by ``shift`` (0: not moved, or already turned)
+                qk = q if turn is None and not shift else layout.rotate(q, (0 if turn is None else turn) - shift)
+                cols = slice(r0 - first, r1 - first)
+                allow = None
+                if not full:
+                    j = kpos[cols]
+                    allow = (rules.region(kind, i[:, None], j[None, :]) & (j[None, :] <= i[:, None]))[None, None]
+                given = mask.block(rows, slice(r0 - k0, r1 - k0)) if mask is not None else None
+                if given is not None:
+                    allow = given if allow is None else allow & given
+                part, part_lse = _partial(
+                    qk.to(compute), rotated[kind][:, :, cols], values[:, :, cols], allow, scaling, softcap
+                )
+                acc, lse = (part, part_lse) if acc is None else _merge(acc, lse, part, part_lse)
         if acc is not None and sinks is not None:
             sink = sinks.float().reshape(1, -1, 1).expand_as(lse)
             acc, lse = _merge(acc, lse, torch.zeros_like(acc), sink)
@@ -564,13 +568,25 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
 
 
-def _rotated_keys(rules, layout, keys, kpos, compute, reuse: bool = False) -> dict:
+def _key_runs(rules, kind: str, j0: int, j1: int) -> list[tuple[int, int, int]]:
+    """The keys ``j0 .. j1-1`` cut at multiples of ``rules.run_length``, each run with the constant
+    ``key_position(j) - j`` of its keys: ``(first, last + 1, shift)``."""
+    s, out = rules.run_length, []
+    while j0 < j1:
+        end = min(j1, (j0 // s + 1) * s)
+        out.append((j0, end, int(rules.key_position(kind, torch.tensor([j0]))[0]) - j0))
+        j0 = end
+    return out
+
+
+def _rotated_keys(rules, layout, keys, kpos, compute, reuse: bool = False, by_query: bool = False) -> dict:
     """``{pass kind: the keys rotated to that pass's key positions}``, in ``compute``: every key once per key
-    group, so O(m) memory per group; a kind without a key group keeps the keys at their true positions."""
+    group, so O(m) memory per group. A kind that keeps its keys at their true positions (no key group, STRING's
+    far keys), or every kind with ``by_query`` (its queries turn per run of keys instead), gets them unturned."""
     rotated, groups, plain = {}, {}, None
     for kind in rules.kinds:
         group = rules.key_group(kind)
-        if group is None:
+        if by_query or not rules.moves_keys(kind):
             plain = rotated[kind] = plain if plain is not None else keys.to(compute)
         elif group in groups:
             rotated[kind] = groups[group]

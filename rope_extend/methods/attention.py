@@ -54,10 +54,19 @@ class Rules:
     def key_position(self, kind: str, j: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    # key_position(j) - j is constant over each run of this many keys from 0 (Dual Chunk's chunks); None: no
+    # such runs. With runs, a few queries over many keys turn the queries once per run instead of every key.
+    run_length: int | None = None
+
     def key_group(self, kind: str) -> str | None:
         """Kinds with the same group share key positions; None: the kind keeps the true positions of queries
         and keys (no rotation)."""
         return kind
+
+    def moves_keys(self, kind: str) -> bool:
+        """Whether ``key_position(kind, j)`` differs from ``j`` (False: the keys stay where they are, only the
+        queries move)."""
+        return self.key_group(kind) is not None
 
     def region(self, kind: str, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
         """Whether the pairs ``(i, j)`` (broadcast, ``j <= i`` assumed) belong to ``kind``."""
@@ -158,6 +167,10 @@ class DualChunkRules(Rules):
 
     def key_position(self, kind, j):
         return torch.remainder(j, self.chunk_len)
+
+    @property
+    def run_length(self) -> int:
+        return self.chunk_len  # key j at j mod s: moved by -s floor(j / s), constant over a chunk
 
     def key_group(self, kind):
         return "chunk"  # one key position for every kind

@@ -53,6 +53,9 @@ class StringRules(_Windowed):
     def _far_key(self, j):
         return j
 
+    def moves_keys(self, kind):
+        return False  # only the far queries move
+
 
 @dataclass(frozen=True)
 class StringParams:
