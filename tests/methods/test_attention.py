@@ -121,3 +121,21 @@ def test_factor_defaults_and_limits():
         M.resolve(
             M.get("self_extend"), factor=4, original_max_position_embeddings=64, params={"group_size": 4, "window": 16}
         )
+
+
+@pytest.mark.parametrize("name", list(RULES))
+def test_key_runs_and_unmoved_keys_are_what_the_positions_say(name):
+    """``run_length``: ``key_position(j) - j`` is constant over each run of keys from 0 (a few queries may turn
+    once per run instead of turning the keys); ``moves_keys`` False: the keys stay at ``j``."""
+    rules = RULES[name]
+    j = torch.arange(500)
+    for kind in rules.kinds:
+        shift = rules.key_position(kind, j) - j
+        if not rules.moves_keys(kind):
+            assert torch.equal(shift, torch.zeros_like(shift)), (name, kind)
+        if rules.run_length is not None:
+            for start in range(0, 500, rules.run_length):
+                run = shift[start : start + rules.run_length]
+                assert torch.equal(run, run[:1].expand_as(run)), (name, kind, start)
+    assert (rules.run_length is not None) == (name == "dual_chunk")
+    assert any(rules.moves_keys(k) for k in rules.kinds) == (name != "string")
