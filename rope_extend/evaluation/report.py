@@ -278,6 +278,25 @@ def owned(name: str) -> bool:
     return name in FILES or name.endswith(".png")
 
 
+def time_table(records: Sequence[dict]) -> list[str]:
+    """A markdown section: per run and task, the wall time its records took to measure (their ``seconds``; each
+    record times its own job, so model loading and patching are not in it), and how many records carry one
+    (records written before they were timed, or imported from such a run, do not). Empty without any."""
+    if not any("seconds" in r for r in records):
+        return []
+    cells: dict[tuple[str, str], list] = {}
+    for r in records:
+        cell = cells.setdefault((label_of(r), str(r.get("task"))), [0.0, 0, 0])
+        cell[2] += 1
+        if isinstance(r.get("seconds"), (int, float)):
+            cell[0] += r["seconds"]
+            cell[1] += 1
+    lines = ["## Evaluation time", "", "| run | task | timed records | seconds |", "|---|---|---:|---:|"]
+    for (label, task), (seconds, timed, total) in cells.items():
+        lines.append(f"| {label} | {task} | {timed} of {total} | {seconds:.0f} |")
+    return [*lines, ""]
+
+
 def write_report(
     out: str | Path,
     records: Sequence[dict],
@@ -292,7 +311,7 @@ def write_report(
     files = {
         "json": write_json(out / "results.json", {**(extra or {}), "summary": summary, "records": list(records)}),
         "csv": write_csv(out / "results.csv", records),
-        "markdown": write_text(out / "report.md", markdown(summary, title, notes)),
+        "markdown": write_text(out / "report.md", markdown(summary, title, notes) + "\n".join(time_table(records))),
     }
     from .tasks.base import tasks
 

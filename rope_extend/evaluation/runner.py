@@ -15,6 +15,7 @@ A harness describes its work as *jobs* (``{"length": 4096, "trial": 3, ...}``, o
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -96,7 +97,8 @@ def run(
 ) -> list[dict]:
     """Measure every job not already recorded; returns one record per job, in job order.
 
-    A record is ``{"task", model and scaling fields, "setting", **job, **measure(job)}``. ``cache`` says
+    A record is ``{"task", model and scaling fields, "setting", **job, **measure(job), "seconds"}``: the wall
+    time ``measure`` took for that job (records written before it was added lack it). ``cache`` says
     whether the harness decodes with a KV cache, and ``generated`` how many tokens it adds to the longest
     prompt (for the memory check and the sliding-window policy). ``aliases`` are older forms of ``setting``
     whose records measure the same jobs (records written before a setting field was dropped); they are reused
@@ -124,6 +126,9 @@ def run(
             bar.set_postfix(length=job.get("length"))
             found = log.find({"setting": sid, **job}) or (log.find(job, settings=old) if old else None)
             if found is None:
-                found = log.add({"task": task, **info, "setting": sid, **job, **measure(job)})
+                start = time.perf_counter()
+                got = measure(job)
+                seconds = round(time.perf_counter() - start, 3)
+                found = log.add({"task": task, **info, "setting": sid, **job, **got, "seconds": seconds})
             done.append(found)
     return done

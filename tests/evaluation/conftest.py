@@ -26,6 +26,11 @@ WORDS = [
 ]
 
 
+def untimed(record: dict) -> dict:
+    """A record without its wall time (``seconds``), which differs between identical runs."""
+    return {k: v for k, v in record.items() if k != "seconds"}
+
+
 def make_text(n_sentences: int, seed: int = 0) -> str:
     """Deterministic English-like sentences (so the tiny BPE has periods to find boundaries at)."""
     import random

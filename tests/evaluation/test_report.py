@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rope_extend.evaluation.report import markdown, summarize, wilson, write_report
+from rope_extend.evaluation.report import markdown, summarize, time_table, wilson, write_report
 from rope_extend.evaluation.spectrum import spectrum
 
 
@@ -141,3 +141,16 @@ def test_an_unpatched_model_is_labelled_by_the_scaling_its_config_names():
     assert label_of(info) == "yarn x4 (config)"
     rope_extend.patch(model, "linear", factor=2)  # a patch is what runs: it names the run
     assert label_of(run_info(model)) == "linear x2"
+
+
+def test_report_sums_the_evaluation_time_per_run_and_task(tmp_path):
+    records = [
+        {"task": "passkey", "label": "yarn x4", "length": 128, "correct": True, "seconds": 1.5},
+        {"task": "passkey", "label": "yarn x4", "length": 128, "correct": False, "seconds": 2.25},
+        {"task": "passkey", "label": "none", "length": 128, "correct": True},  # written before records were timed
+    ]
+    lines = time_table(records)
+    assert "| yarn x4 | passkey | 2 of 2 | 4 |" in lines and "| none | passkey | 0 of 1 | 0 |" in lines
+    assert time_table([records[2]]) == []  # no timed record: no section
+    report = write_report(tmp_path, records)["markdown"].read_text()
+    assert "## Evaluation time" in report
