@@ -280,20 +280,27 @@ def owned(name: str) -> bool:
 
 def time_table(records: Sequence[dict]) -> list[str]:
     """A markdown section: per run and task, the wall time its records took to measure (their ``seconds``; each
-    record times its own job, so model loading and patching are not in it), and how many records carry one
-    (records written before they were timed, or imported from such a run, do not). Empty without any."""
+    record times its own job, so model loading and patching are not in it) and the CPU time (``cpu_seconds``,
+    every thread), and how many records carry them (records written before they were timed, or imported from
+    such a run, do not). Empty without any."""
     if not any("seconds" in r for r in records):
         return []
     cells: dict[tuple[str, str], list] = {}
     for r in records:
-        cell = cells.setdefault((label_of(r), str(r.get("task"))), [0.0, 0, 0])
-        cell[2] += 1
+        cell = cells.setdefault((label_of(r), str(r.get("task"))), [0.0, 0.0, 0, 0])
+        cell[3] += 1
         if isinstance(r.get("seconds"), (int, float)):
             cell[0] += r["seconds"]
-            cell[1] += 1
-    lines = ["## Evaluation time", "", "| run | task | timed records | seconds |", "|---|---|---:|---:|"]
-    for (label, task), (seconds, timed, total) in cells.items():
-        lines.append(f"| {label} | {task} | {timed} of {total} | {seconds:.0f} |")
+            cell[1] += r.get("cpu_seconds") or 0.0
+            cell[2] += 1
+    lines = [
+        "## Evaluation time",
+        "",
+        "| run | task | timed records | seconds | CPU seconds |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for (label, task), (seconds, cpu, timed, total) in cells.items():
+        lines.append(f"| {label} | {task} | {timed} of {total} | {seconds:.0f} | {cpu:.0f} |")
     return [*lines, ""]
 
 

@@ -97,8 +97,10 @@ def run(
 ) -> list[dict]:
     """Measure every job not already recorded; returns one record per job, in job order.
 
-    A record is ``{"task", model and scaling fields, "setting", **job, **measure(job), "seconds"}``: the wall
-    time ``measure`` took for that job (records written before it was added lack it). ``cache`` says
+    A record is ``{"task", model and scaling fields, "setting", **job, **measure(job), "seconds",
+    "cpu_seconds"}``: the wall time ``measure`` took for that job, and the process's CPU time over it (every
+    thread; unlike the wall time, not inflated by other jobs on the cores or by the process being suspended).
+    Records written before they were timed lack both. ``cache`` says
     whether the harness decodes with a KV cache, and ``generated`` how many tokens it adds to the longest
     prompt (for the memory check and the sliding-window policy). ``aliases`` are older forms of ``setting``
     whose records measure the same jobs (records written before a setting field was dropped); they are reused
@@ -126,9 +128,12 @@ def run(
             bar.set_postfix(length=job.get("length"))
             found = log.find({"setting": sid, **job}) or (log.find(job, settings=old) if old else None)
             if found is None:
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), time.process_time()
                 got = measure(job)
-                seconds = round(time.perf_counter() - start, 3)
-                found = log.add({"task": task, **info, "setting": sid, **job, **got, "seconds": seconds})
+                spent = {
+                    "seconds": round(time.perf_counter() - start, 3),
+                    "cpu_seconds": round(time.process_time() - cpu, 3),
+                }
+                found = log.add({"task": task, **info, "setting": sid, **job, **got, **spent})
             done.append(found)
     return done

@@ -145,12 +145,12 @@ def test_an_unpatched_model_is_labelled_by_the_scaling_its_config_names():
 
 def test_report_sums_the_evaluation_time_per_run_and_task(tmp_path):
     records = [
-        {"task": "passkey", "label": "yarn x4", "length": 128, "correct": True, "seconds": 1.5},
-        {"task": "passkey", "label": "yarn x4", "length": 128, "correct": False, "seconds": 2.25},
+        {"task": "passkey", "label": "yarn x4", "length": 128, "correct": True, "seconds": 1.5, "cpu_seconds": 3.0},
+        {"task": "passkey", "label": "yarn x4", "length": 128, "correct": False, "seconds": 2.25, "cpu_seconds": 4.0},
         {"task": "passkey", "label": "none", "length": 128, "correct": True},  # written before records were timed
     ]
     lines = time_table(records)
-    assert "| yarn x4 | passkey | 2 of 2 | 4 |" in lines and "| none | passkey | 0 of 1 | 0 |" in lines
+    assert "| yarn x4 | passkey | 2 of 2 | 4 | 7 |" in lines and "| none | passkey | 0 of 1 | 0 | 0 |" in lines
     assert time_table([records[2]]) == []  # no timed record: no section
     report = write_report(tmp_path, records)["markdown"].read_text()
     assert "## Evaluation time" in report

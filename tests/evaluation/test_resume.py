@@ -127,6 +127,7 @@ def test_records_with_the_old_trial_count_setting_are_reused(llama, tok, tmp_pat
                 "output",
                 "correct",
                 "seconds",
+                "cpu_seconds",
             )
         }
         setting = {"key_range": [1, 50000], "depths": None, "seed": 2, "max_new_tokens": 10, "trials": 3}
