@@ -29,6 +29,8 @@ def tiny_overrides(suite_path, tiny_dir, data_file):
             sets += [f"{task}.trials_at=null"] if "trials_at" in raw[task] else []
             sets += [f"{task}.depths=[0, 1]"] if task == "niah" else []
             sets += [f"{task}.data={data_file}"] if task != "passkey" else []
+    if "ruler" in raw:  # RULER's prompts at the suite's lengths (12k) would take minutes on the tiny model
+        sets += ["ruler.lengths=[1024]", "ruler.samples=1", "ruler.max_new_tokens=4"]
     return sets
 
 
