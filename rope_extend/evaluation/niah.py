@@ -5,6 +5,7 @@ case-insensitive, appears in the greedy output), not by an LLM judge. The delive
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -93,6 +94,8 @@ def niah(
             "answer": answer,
             "depths": grid,
             "haystack_docs": len(texts),
+            # the haystack's own text, so that records of another haystack are never reused for this one
+            "haystack": hashlib.sha1("\n\n".join(texts).encode()).hexdigest()[:12],
         },
         make_trial=make_trial,
         score=score,

@@ -19,6 +19,7 @@ evaluation runner's.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -58,6 +59,11 @@ def window_nll(head: LMHead, ids: torch.Tensor, score_from: int, chunk_size: int
         total += float(F.cross_entropy(logits, targets[start : start + step], reduction="sum", ignore_index=-100))
         del logits
     return total, int(targets.shape[0])
+
+
+def doc_digest(ids: Sequence[int]) -> str:
+    """A short hash of a document's token ids: a record counts only for the text it was measured on."""
+    return hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:12]
 
 
 def windows(n_tokens: int, length: int, stride: int | None) -> list[tuple[int, int, int]]:
@@ -153,7 +159,10 @@ def perplexity(
             "perplexity": math.exp(nll / count) if count else float("nan"),
         }
 
-    jobs = [{"length": n, "doc": i} for n in lengths for i, d in enumerate(docs) if len(d) >= n]
+    # the document's digest is part of the job: a record measured on another text (another file, another
+    # tokenizer) with the same number of documents is never taken for this one's
+    digests = [doc_digest(d) for d in docs]
+    jobs = [{"length": n, "doc": i, "text": digests[i]} for n in lengths for i, d in enumerate(docs) if len(d) >= n]
     done = runner.run(
         model,
         task="perplexity",

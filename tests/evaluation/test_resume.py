@@ -91,6 +91,38 @@ def test_perplexity_resume_skips_finished_documents(llama, tok, texts, tmp_path,
     assert len(seen) == 2 and again.perplexity == pytest.approx(full.perplexity, rel=1e-12)
 
 
+def test_perplexity_records_of_another_text_are_not_reused(llama, tok, texts, tmp_path, monkeypatch):
+    # the same number of documents, other words: each record names its document's tokens, so a resumed run
+    # (or --records-from another suite's report) never passes one text's perplexity off as another's
+    path = tmp_path / "ppl.jsonl"
+    first = perplexity(llama, tok, texts[:1], [64], records=path, progress=False)
+    module = importlib.import_module("rope_extend.evaluation.perplexity")
+    seen = []
+    real = module.window_nll
+    monkeypatch.setattr(module, "window_nll", lambda *a, **k: seen.append(1) or real(*a, **k))
+    other = perplexity(llama, tok, texts[1:2], [64], records=path, resume=True, progress=False)
+    alone = perplexity(llama, tok, texts[1:2], [64], progress=False)
+    assert len(seen) == 2  # measured on the resumed run (and alone), not taken from the first text's record
+    assert other.perplexity[64] == alone.perplexity[64] != first.perplexity[64]
+    assert first.records[0]["text"] != other.records[0]["text"]
+    seen.clear()
+    perplexity(llama, tok, texts[:1], [64], records=path, resume=True, progress=False)
+    assert seen == []  # its own text's record is still reused
+
+
+def test_niah_records_of_another_haystack_are_not_reused(llama, tok, texts, tmp_path, monkeypatch):
+    from rope_extend.evaluation import niah
+
+    path = tmp_path / "niah.jsonl"
+    niah(llama, tok, [texts[0] * 3], [128], depths=[0.5], records=path, progress=False)
+    calls = counting_greedy(monkeypatch)
+    niah(llama, tok, [texts[1] * 3], [128], depths=[0.5], records=path, resume=True, progress=False)
+    assert len(calls) == 1
+    calls.clear()
+    niah(llama, tok, [texts[0] * 3], [128], depths=[0.5], records=path, resume=True, progress=False)
+    assert calls == []
+
+
 def test_more_trials_reuse_the_recorded_ones(llama, tok, tmp_path, monkeypatch):
     path = tmp_path / "records.jsonl"
     five = passkey(llama, tok, [128], trials=2, seed=3, records=path, progress=False)
