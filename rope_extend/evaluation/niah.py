@@ -5,7 +5,6 @@ case-insensitive, appears in the greedy output), not by an LLM judge. The delive
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -14,6 +13,7 @@ from ..errors import RopeExtendError
 from .data import parse_depths, parse_lengths
 from .passkey import trial_rng
 from .prompts import build, haystack_ids, sentence_ends
+from .records import short_hash
 from .retrieval import RetrievalResult, run_grid
 
 NEEDLE = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
@@ -95,7 +95,7 @@ def niah(
             "depths": grid,
             "haystack_docs": len(texts),
             # the haystack's own text, so that records of another haystack are never reused for this one
-            "haystack": hashlib.sha1("\n\n".join(texts).encode()).hexdigest()[:12],
+            "haystack": short_hash("\n\n".join(texts)),
         },
         make_trial=make_trial,
         score=score,

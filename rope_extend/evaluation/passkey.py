@@ -8,7 +8,6 @@ counts of the whole prompt in the model's own tokenizer. Accuracy per length (an
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import re
@@ -18,6 +17,7 @@ from typing import Any
 from ..errors import RopeExtendError
 from .data import parse_depths, parse_lengths
 from .prompts import passkey_prompt, split_sentences
+from .records import short_hash
 from .retrieval import RetrievalResult, run_grid
 
 _INTEGER = re.compile(r"\d+")
@@ -79,7 +79,7 @@ def passkey(
     sentences = None if filler is None else split_sentences(filler if isinstance(filler, str) else list(filler))
     setting: dict[str, Any] = {"key_range": [low, high], "depths": grid}
     if sentences is not None:  # only then: the standard filler's records keep their setting id
-        setting["filler"] = hashlib.sha1("\n".join(sentences).encode()).hexdigest()[:12]
+        setting["filler"] = short_hash("\n".join(sentences))
 
     def make_trial(length: int, depth: float | None, trial: int):
         rng = trial_rng(seed, "passkey", length, depth, trial)

@@ -19,7 +19,6 @@ evaluation runner's.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
@@ -36,6 +35,7 @@ from ..hf.config import attn_implementation
 from ..hf.head import LMHead
 from . import runner
 from .data import parse_lengths
+from .records import short_hash
 
 CHUNK_LOGITS = 1 << 24  # logits per chunk (64 MB in float32): 512 positions of a 32k vocabulary
 
@@ -63,7 +63,7 @@ def window_nll(head: LMHead, ids: torch.Tensor, score_from: int, chunk_size: int
 
 def doc_digest(ids: Sequence[int]) -> str:
     """A short hash of a document's token ids: a record counts only for the text it was measured on."""
-    return hashlib.sha1(",".join(map(str, ids)).encode()).hexdigest()[:12]
+    return short_hash(",".join(map(str, ids)))
 
 
 def windows(n_tokens: int, length: int, stride: int | None) -> list[tuple[int, int, int]]:

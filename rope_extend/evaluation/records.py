@@ -20,9 +20,14 @@ from ..hf.config import config_scaling, scaled_layer_types, text_config
 from ..patch import patched
 
 
+def short_hash(text: str) -> str:
+    """The first 12 hex digits of ``text``'s SHA-1: how a record names a setting or the text it was measured on."""
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
 def setting_id(setting: dict[str, Any]) -> str:
     """A short stable hash of a run's setting (sorted JSON)."""
-    return hashlib.sha1(json.dumps(setting, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return short_hash(json.dumps(setting, sort_keys=True, default=str))
 
 
 def _config_scaling(model):

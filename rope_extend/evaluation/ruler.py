@@ -48,7 +48,6 @@ error, not a repeated text.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import random
@@ -63,6 +62,7 @@ from ..errors import RopeExtendError, closest
 from . import retrieval, runner
 from .data import default_texts, parse_lengths
 from .prompts import encode, split_sentences
+from .records import short_hash
 from .ruler_words import ADJECTIVES, NOUNS, VERBS
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -353,7 +353,7 @@ class Haystack:
         return self._words
 
     def digest(self) -> str:
-        return hashlib.sha1(" ".join(self.words).encode()).hexdigest()[:12]
+        return short_hash(" ".join(self.words))
 
 
 def _vt_example_units(tokenizer, budget: int) -> int:
