@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from rope_extend.io import atomic_path
+
 RECIPES = {"lora": "smollm2-135m-32k", "full": "smollm2-135m-32k-full"}
 
 
@@ -73,9 +75,9 @@ def draw(lora_csv: Path, full_csv: Path, seconds: dict[str, float], png: Path) -
         ax.legend()
     fig.suptitle("SmolLM2-135M, YaRN x4, PoSE 2048 -> 32k: LoRA against full fine-tuning")
     fig.tight_layout()
-    partial = png.with_name(png.name + ".partial.png")
-    fig.savefig(partial, dpi=110)
-    partial.replace(png)
+    with atomic_path(png) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -89,6 +91,9 @@ def main() -> None:
         parser.error(f"--steps must be at least 2 (the first step is a warm-up), got {args.steps}")
     if (args.curves is None) != (args.png is None):
         parser.error("--curves and --png go together")
+    for path in args.curves or []:  # before the minutes of timing, not after
+        if not path.is_file():
+            parser.error(f"--curves: {path} is not a file (a run's loss.csv)")
     measured: dict[str, list[float]] = {"lora": [], "full": []}
     start = time.perf_counter()
     for _ in range(args.rounds):
