@@ -60,7 +60,11 @@ def register(subparsers) -> None:
     p.add_argument("--max-docs", type=int, help="use at most this many documents")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--evals", type=int, default=64, help="budget: fitness evaluations, at least 3 (default 64)")
-    p.add_argument("--seconds", type=float, help="budget: seconds (stops at a generation's end; not reproducible)")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        help="budget: seconds (stops after the evaluation that crosses it, once the seeds are evaluated; resumable, not reproducible)",
+    )
     p.add_argument("--population", type=int, default=16, help="candidates per generation (default 16)")
     p.add_argument("--seed", type=int, default=0)
     add_folder_arguments(p, "search")

@@ -13,9 +13,11 @@ Ding et al. 2024, "LongRoPE", section 3.2 (the authors did not release their sea
 - fitness: token-weighted perplexity of the first ``target_length = s L`` tokens of each text (texts shorter than
   that are left out), computed with the perplexity harness' memory-safe ``window_nll``.
 
-The state (population, fitnesses, history, random generator) is written atomically after each generation, so
-``resume=True`` continues an interrupted search and, under an evaluation budget, ends exactly where an
-uninterrupted one would. A time budget stops at a generation boundary and is not reproducible.
+The state (population, fitnesses, history, random generator, and the generation's candidates not yet evaluated)
+is written atomically after each fitness evaluation, so ``resume=True`` continues an interrupted search from its
+last finished evaluation and, under an evaluation budget, ends exactly where an uninterrupted one would; a larger
+budget on resume continues the same sequence. A time budget stops after the evaluation that crosses it and is not
+reproducible.
 Not implemented: the paper's "start tokens" (the first positions kept unscaled need position-dependent
 frequencies, which ``patch`` does not apply) and LongRoPE2's needle-driven fitness.
 """
@@ -117,8 +119,8 @@ def _settings(model, factor, dim, base, length, docs, population, seed) -> dict[
 
 
 class _Run:
-    """One search: the state that is saved after each generation (pool of ``[factors, fitness]``, history,
-    the seeds' fitness, the random generator) and the steps that change it."""
+    """One search: the state that is saved after each evaluation (pool of ``[factors, fitness]``, history,
+    the seeds' fitness, the random generator, the generation's pending candidates) and the steps that change it."""
 
     def __init__(
         self,
@@ -136,23 +138,35 @@ class _Run:
         self.pool: list[list] = []
         self.history: list[list[float]] = []  # [evaluation, fitness, best so far]
         self.seeds: dict[str, float] = {}
+        self.seed_candidates: dict[str, list[float]] = {}  # each seed method's factors, as evaluated
+        self.pending: list[list[float]] = []  # this generation's candidates not yet evaluated, in order
         self.seen: set[tuple[float, ...]] = set()
         self.bar = None
+        self.save = lambda: None  # persists the state; called after each evaluation
+        self.deadline: float | None = None  # time.monotonic() past which no evaluation starts
 
     def spent(self) -> bool:
         """The evaluation budget is used up."""
         return self.max_evaluations is not None and len(self.history) >= self.max_evaluations
 
+    def out_of_time(self) -> bool:
+        """The time budget is used up; it applies once the seeds are evaluated (a result needs them)."""
+        return bool(self.seeds) and self.deadline is not None and time.monotonic() >= self.deadline
+
     def state(self, settings: dict[str, Any]) -> dict[str, Any]:
         version, internal, gauss = self.rng.getstate()
         rng = [version, list(internal), gauss]
-        return {"settings": settings, "rng": rng, "pool": self.pool, "history": self.history, "seeds": self.seeds}
+        return {"settings": settings, "rng": rng, "pool": self.pool, "history": self.history, "seeds": self.seeds,
+                "seed_candidates": self.seed_candidates, "pending": self.pending}  # fmt: skip
 
     def restore(self, state: dict[str, Any]) -> None:
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
         self.pool, self.history, self.seeds = state["pool"], state["history"], state["seeds"]
-        self.seen = {tuple(c) for c, _ in self.pool}
+        # states written before per-evaluation saving have neither key: they were saved at generation ends
+        self.seed_candidates = state.get("seed_candidates", {})
+        self.pending = state.get("pending", [])
+        self.seen = {tuple(c) for c, _ in self.pool} | {tuple(c) for c in self.pending}
 
     def fitness(self, candidate: list[float]) -> float:
         """Token-weighted perplexity of the texts with ``candidate`` as LongRoPE's long factors."""
@@ -163,38 +177,46 @@ class _Run:
             total, count = total + nll, count + n
         return math.exp(total / count)
 
-    def evaluate(self, batch: list[list[float]]) -> None:
-        for candidate in batch:
-            if self.spent():
-                return
+    def drain(self) -> None:
+        """Evaluate the pending candidates in order, saving the state after each, until none is left, the budget
+        is spent or the time is up (what is left stays pending, for a resume)."""
+        while self.pending and not (self.spent() or self.out_of_time()):
+            candidate = self.pending[0]
             fit = self.fitness(candidate)
             self.pool.append([candidate, fit])
+            self.pending.pop(0)
             best = min(f for _, f in self.pool)
             self.history.append([len(self.history) + 1, fit, best])
+            if not self.seeds and self.seed_candidates:
+                fitness = {tuple(c): f for c, f in self.pool}
+                if all(tuple(c) in fitness for c in self.seed_candidates.values()):
+                    self.seeds = {name: fitness[tuple(c)] for name, c in self.seed_candidates.items()}
+            self.save()
             if self.bar is not None:
                 self.bar.update(1)
                 self.bar.set_postfix(best=f"{best:.4f}")
 
     def first_generation(self, seeds: dict[str, list[float]]) -> None:
         """The seed methods' factors (each once: two seeds that repair to the same factors share them), then
-        mutations of them up to the population; records each seed's fitness by name."""
-        first, named = [], {}
+        mutations of them up to the population; each seed's fitness is recorded by name once evaluated."""
+        first = []
         for name, factors in seeds.items():
             candidate = evolution.repair(self.space, factors)
-            named[name] = tuple(candidate)
-            if named[name] not in self.seen:
-                self.seen.add(named[name])
+            self.seed_candidates[name] = candidate
+            if tuple(candidate) not in self.seen:
+                self.seen.add(tuple(candidate))
                 first.append(candidate)
         first += evolution.offspring(self.space, list(first), self.population - len(first), self.rng, self.seen)
-        self.evaluate(first)
-        fitness = {tuple(c): f for c, f in self.pool}
-        self.seeds = {name: fitness[candidate] for name, candidate in named.items()}
+        self.pending = [list(c) for c in first]
+        self.save()
 
     def next_generation(self) -> None:
         """Keep the best half (elitism); crossover and mutation of it fill the rest."""
         self.pool.sort(key=lambda cf: cf[1])
         parents = [c for c, _ in self.pool[: max(2, self.population // 2)]]
-        self.evaluate(evolution.offspring(self.space, parents, self.population - len(parents), self.rng, self.seen))
+        batch = evolution.offspring(self.space, parents, self.population - len(parents), self.rng, self.seen)
+        self.pending = [list(c) for c in batch]
+        self.save()
 
     def best(self) -> tuple[list[float], float]:
         candidate, fit = min(self.pool, key=lambda cf: cf[1])
@@ -276,19 +298,20 @@ def search(
         if state_path is not None:
             write_json(state_path, run.state(settings))
 
-    start = time.monotonic()
+    run.save = save
+    run.deadline = None if max_seconds is None else time.monotonic() + max_seconds
     run.bar = tqdm(
         total=max_evaluations, initial=len(run.history), disable=not progress, unit="eval", desc=f"search x{factor:g}"
     )
     # a Mistral / Phi-3 window would hide the long context
     with sliding_window_widened(model, length):
         try:
-            if not run.pool:  # generation 0: the three methods, then mutations of them
+            if not run.pool and not run.pending:  # generation 0: the three methods, then mutations of them
                 run.first_generation({name: seed_factors(name, dim, base, float(factor), L) for name in SEED_METHODS})
-                save()
-            while not (run.spent() or (max_seconds is not None and time.monotonic() - start >= max_seconds)):
+            run.drain()  # a generation an interrupted search left unfinished
+            while not (run.spent() or run.out_of_time()):
                 run.next_generation()
-                save()
+                run.drain()
         finally:
             run.bar.close()
             unpatch(model)

@@ -55,7 +55,8 @@ def test_resume_after_an_interruption_ends_where_an_uninterrupted_search_does(se
         run(setup, max_evaluations=12, out=tmp_path / "s")
     monkeypatch.setattr(R, "window_nll", real)
     state = json.loads((tmp_path / "s" / R.STATE).read_text())
-    assert len(state["history"]) == 6  # saved after generation 0 (4) and generation 1 (2)
+    assert len(state["history"]) == 7  # saved after each finished evaluation
+    assert len(state["pending"]) == 1  # the rest of generation 2, kept for the resume
     assert rope_extend.patched(setup[0]) is None  # unpatched even when interrupted
     resumed = run(setup, max_evaluations=12, out=tmp_path / "s", resume=True)
     assert resumed.long_factor == whole.long_factor and resumed.history == whole.history
@@ -65,6 +66,25 @@ def test_resume_after_an_interruption_ends_where_an_uninterrupted_search_does(se
         run(setup, max_evaluations=12, out=tmp_path / "s", resume=True, seed=5)
     with pytest.raises(RopeExtendError, match="--resume"):
         run(setup, out=tmp_path / "s")  # an earlier search is never replaced without asking
+
+
+def test_a_larger_budget_on_resume_continues_the_same_sequence(setup, tmp_path):
+    # 9 evaluations stop inside generation 3 (4 + 2 + 2 + 1 of 2): the unevaluated candidate stays pending
+    whole = run(setup, max_evaluations=12)
+    first = run(setup, max_evaluations=9, out=tmp_path / "s")
+    assert first.history == whole.history[:9]
+    assert len(json.loads((tmp_path / "s" / R.STATE).read_text())["pending"]) == 1
+    resumed = run(setup, max_evaluations=12, out=tmp_path / "s", resume=True)
+    assert resumed.history == whole.history and resumed.long_factor == whole.long_factor
+
+
+def test_a_time_budget_stops_after_the_seeds_and_resumes(setup, tmp_path):
+    short = run(setup, max_evaluations=None, max_seconds=1e-9, out=tmp_path / "s")
+    assert short.evaluations == 3 and set(short.seeds) == {"linear", "ntk", "yarn"}  # the seeds, then the clock
+    state = json.loads((tmp_path / "s" / R.STATE).read_text())
+    assert len(state["pending"]) == 1  # generation 0's fourth candidate
+    resumed = run(setup, max_evaluations=10, out=tmp_path / "s", resume=True)
+    assert resumed.history == run(setup, max_evaluations=10).history
 
 
 def test_the_result_patches_configures_and_reloads_in_plain_transformers(setup, tmp_path):
