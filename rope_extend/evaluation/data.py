@@ -69,7 +69,8 @@ def parse_trials_at(value: Any, lengths: Sequence[int] | None = None) -> dict[in
         if unknown:
             raise RopeExtendError(
                 f"trials_at names {', '.join(map(str, unknown))}, not among the lengths measured "
-                f"({', '.join(map(str, lengths))})"
+                f"({', '.join(map(str, lengths))}); change trials_at or drop it (trials_at: null; on the command "
+                "line --set TASK.trials_at=null, since a mapping given with --set is merged into the suite's)"
             )
     return counts
 

@@ -77,6 +77,12 @@ def test_unknown_keys_name_the_closest_valid_ones():
         parse_suite({**base, "perplexity": {"lengths": [128], "sliding_window": "off"}})
     suite = parse_suite(base, overrides=["passkey.trials=3", "passkey.depths=grid:3"])
     assert suite.passkey.trials == 3 and suite.passkey.depths == [0, 0.5, 1]
+    # narrowing the lengths from the command line: the error says how to drop the suite's trials_at
+    more = {**base, "passkey": {"lengths": ["4k", "16k"], "trials_at": {"16k": 10}}}
+    with pytest.raises(RopeExtendError, match=r"trials_at names 16384.*--set TASK\.trials_at=null"):
+        parse_suite(more, overrides=["passkey.lengths=[4k]"])
+    suite = parse_suite(more, overrides=["passkey.lengths=[4k]", "passkey.trials_at=null"])
+    assert suite.passkey.lengths == [4096] and suite.passkey.trials_at is None
 
 
 def test_cli_passkey_perplexity_and_errors(tiny_dir, data_file, tmp_path, capsys):
