@@ -16,6 +16,8 @@ overrides (``--set passkey.trials=2``) win. Shipped suites (``rope_extend/suites
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, make_dataclass
 from pathlib import Path
@@ -23,6 +25,7 @@ from typing import Any, Literal
 
 from .. import resources, schema
 from ..errors import RopeExtendError
+from ..methods import registry
 from ..scaling import ScalingSpec
 from ..schema import option
 from .tasks.base import Task, tasks
@@ -33,12 +36,69 @@ class MethodSpec(ScalingSpec):
     """One scaling to compare (a ``ScalingSpec`` with a label). ``method: none`` is the model as loaded."""
 
     label: str | None = option(None, help="name in tables and plots (default: method and factor)")
+    params_from: str | None = option(
+        None,
+        help="a JSON file of the method's parameters, e.g. the longrope.json a LongRoPE search writes "
+        "(relative to the suite file); keys in params win",
+    )
 
     def __post_init__(self):
-        self.check()  # the rest is checked against the model's config before any run
+        if self.params_from is None:
+            self.check()  # the rest is checked against the model's config before any run
+        # else read_params_from() fills params from the file, then checks
+
+    def read_params_from(self, base: str | None = None) -> None:
+        """Fill ``params`` (and ``factor`` and ``original_max_position_embeddings`` when unset) from the JSON
+        file ``params_from`` (relative to ``base``'s folder when it exists there), then ``check()``. Only the
+        method's own parameter names are read; a ``rope_type``, ``factor`` or original length in the file
+        that differs from the spec's is an error, since the parameters were made for those."""
+        if self.params_from is None:
+            return
+        if not self.scales:
+            raise RopeExtendError("params_from given without a scaling method (method is none): name the method")
+        path = Path(resources.beside(base, self.params_from))
+        where = f"methods[{self.name()}].params_from ({path})"
+        data = _json_object(path, where)
+        method = registry.get(self.method)
+        rope_type = data.get("rope_type", method.rope_type)
+        if rope_type not in (method.name, method.rope_type):
+            raise RopeExtendError(f"{where} holds parameters of rope_type {rope_type!r}, not of method {method.name!r}")
+        for key in ("factor", "original_max_position_embeddings"):
+            if data.get(key) is None:
+                continue
+            if isinstance(data[key], bool) or not isinstance(data[key], (int, float)):
+                raise RopeExtendError(f"{where}: {key} must be a number, got {data[key]!r}")
+            mine = getattr(self, key)
+            if key == "factor" and mine is None and self.target_length is None:
+                self.factor = float(data[key])
+            elif key == "original_max_position_embeddings" and mine is None:
+                self.original_max_position_embeddings = int(data[key])
+            elif mine is not None and float(mine) != float(data[key]):
+                raise RopeExtendError(
+                    f"{where} was made for {key} {data[key]:g}, but the method asks for {mine:g}: "
+                    f"leave {key} out, or use parameters made for it"
+                )
+        names = [f.name for f in dataclasses.fields(method.params)]
+        found = {k: data[k] for k in names if k in data}
+        if not found:
+            raise RopeExtendError(f"{where} has none of {method.name}'s parameters ({', '.join(names)})")
+        self.params = {**found, **self.params}
+        self.check()
 
     def name(self) -> str:
         return self.label or self.describe()
+
+
+def _json_object(path: Path, where: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RopeExtendError(f"{where}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RopeExtendError(f"{where}: not a readable JSON file ({exc})") from None
+    if not isinstance(data, dict):
+        raise RopeExtendError(f"{where}: must hold a JSON object of parameters, got {type(data).__name__}")
+    return data
 
 
 @dataclass
@@ -87,7 +147,10 @@ def suite_class() -> type[Suite]:
 
 def make_suite(**values) -> Suite:
     """A suite from Python: ``make_suite(model=..., methods=[...], passkey=PasskeyOptions(...))``."""
-    return suite_class()(**values)
+    suite = suite_class()(**values)
+    for method in suite.methods:
+        method.read_params_from(suite.path)
+    return suite
 
 
 def parse_suite(data: Any, *, path: str | Path | None = None, overrides: Sequence[str] = ()) -> Suite:
@@ -98,6 +161,8 @@ def parse_suite(data: Any, *, path: str | Path | None = None, overrides: Sequenc
         data = schema.merge(data, schema.parse_overrides(list(overrides)))
     suite = schema.build(suite_class(), data, where=where)
     suite.path = str(path) if path else None
+    for method in suite.methods:
+        method.read_params_from(suite.path)
     return suite
 
 

@@ -288,3 +288,56 @@ def test_cli_compare_trials_at_and_records_from_another_run(tiny_dir, tmp_path, 
     assert main([*base, "--out", str(tmp_path / "d"), "--set", "passkey.trials_at={4k: 2}"]) == 2
     assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
     assert calls == [160]
+
+
+def test_params_from_reads_a_search_result_beside_the_suite(tiny_dir, tmp_path):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_dir)
+    half = config.hidden_size // config.num_attention_heads // 2
+    long = [1.0 + i / half for i in range(half)]
+    result = {  # the shape a LongRoPE search writes: extra keys (fitness, settings) are not parameters
+        "rope_type": "longrope",
+        "factor": 2.0,
+        "short_factor": [1.0] * half,
+        "long_factor": long,
+        "fitness": 3.2,
+        "settings": {"model": "m"},
+    }
+    (tmp_path / "search").mkdir()
+    (tmp_path / "search" / "longrope.json").write_text(json.dumps(result))
+    suite_file = tmp_path / "search" / "suite.yaml"
+    base = {"model": str(tiny_dir), "dtype": "float32", "passkey": {"lengths": [128], "trials": 1}}
+    method = {"method": "longrope", "params_from": "longrope.json", "label": "searched"}
+    suite_file.write_text(yaml.safe_dump({**base, "methods": [method]}))
+    suite = load_suite(suite_file)
+    spec = suite.methods[0]
+    assert spec.factor == 2.0 and spec.params == {"short_factor": [1.0] * half, "long_factor": long}
+    run = run_suite(suite, out=tmp_path / "r", progress=False)
+    assert run["records"][0]["params"]["long_factor"] == long  # the record's setting holds the values read
+
+    # keys given in params win over the file's
+    mine = {**method, "params": {"long_factor": [2.0] * half}}
+    spec = parse_suite({**base, "methods": [mine]}, path=suite_file).methods[0]
+    assert spec.params["long_factor"] == [2.0] * half and spec.params["short_factor"] == [1.0] * half
+
+    def refused(match, **change):
+        with pytest.raises(RopeExtendError, match=match):
+            parse_suite({**base, "methods": [{**method, **change}]}, path=suite_file)
+
+    refused(r"params_from \(.*missing.json\): no such file", params_from="missing.json")
+    refused("made for factor 2, but the method asks for 4", factor=4)
+    (tmp_path / "search" / "yarn.json").write_text(json.dumps({"rope_type": "yarn", "factor": 2.0, "beta_fast": 16}))
+    refused("rope_type 'yarn', not of method 'longrope'", params_from="yarn.json")
+    (tmp_path / "search" / "list.json").write_text("[1, 2]")
+    refused("must hold a JSON object", params_from="list.json")
+    (tmp_path / "search" / "bad.json").write_text("{not json")
+    refused("not a readable JSON file", params_from="bad.json")
+    (tmp_path / "search" / "other.json").write_text(json.dumps({"fitness": 3.0}))
+    refused("has none of longrope's parameters", params_from="other.json")
+    (tmp_path / "search" / "text.json").write_text(json.dumps({**result, "factor": "2"}))
+    refused("factor must be a number, got '2'", params_from="text.json")
+    refused("params_from given without a scaling method", method="none")
+    short = {**result, "long_factor": long[:-1]}
+    (tmp_path / "search" / "short.json").write_text(json.dumps(short))
+    refused("same length", params_from="short.json")
