@@ -314,7 +314,8 @@ def search(
                 run.drain()
         finally:
             run.bar.close()
-            unpatch(model)
+            if patched(model) is not None:  # a resume whose budget was already spent evaluated nothing
+                unpatch(model)
     best, fit = run.best()
     result = SearchResult(float(factor), L, best, fit, dict(run.seeds), run.history, len(run.history))
     if out is not None:

@@ -78,6 +78,23 @@ def test_a_larger_budget_on_resume_continues_the_same_sequence(setup, tmp_path):
     assert resumed.history == whole.history and resumed.long_factor == whole.long_factor
 
 
+def test_a_resume_with_the_budget_spent_writes_the_result_without_evaluating(setup, tmp_path, monkeypatch):
+    # a search killed between evaluations has its state but no result: a resume with --evals at the number
+    # done writes longrope.json and the report from the state, evaluating nothing
+    first = run(setup, max_evaluations=9, out=tmp_path / "s")
+    for name in (R.RESULT, "report.md", "search.png"):
+        (tmp_path / "s" / name).unlink()
+
+    def no_evaluation(*args, **kwargs):
+        raise AssertionError("evaluated although the budget was spent")
+
+    monkeypatch.setattr(R, "window_nll", no_evaluation)
+    again = run(setup, max_evaluations=9, out=tmp_path / "s", resume=True)
+    assert again.history == first.history and again.long_factor == first.long_factor
+    assert json.loads((tmp_path / "s" / R.RESULT).read_text())["evaluations"] == 9
+    assert rope_extend.patched(setup[0]) is None
+
+
 def test_a_time_budget_stops_after_the_seeds_and_resumes(setup, tmp_path):
     short = run(setup, max_evaluations=None, max_seconds=1e-9, out=tmp_path / "s")
     assert short.evaluations == 3 and set(short.seeds) == {"linear", "ntk", "yarn"}  # the seeds, then the clock
