@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -31,6 +32,12 @@ def tiny_overrides(suite_path, tiny_dir, data_file):
             sets += [f"{task}.data={data_file}"] if task != "passkey" else []
     if "ruler" in raw:  # RULER's prompts at the suite's lengths (12k) would take minutes on the tiny model
         sets += ["ruler.lengths=[1024]", "ruler.samples=1", "ruler.max_new_tokens=4"]
+    if any(m.get("method") == "longrope" for m in raw["methods"]):  # factors sized for the tiny model's heads
+        config = json.loads((tiny_dir / "config.json").read_text())
+        half = config["hidden_size"] // config["num_attention_heads"] // 2
+        tiny = {"short_factor": [1.0] * half, "long_factor": [2.0] * half}
+        methods = [{**m, "params": tiny} if m.get("method") == "longrope" else m for m in raw["methods"]]
+        sets += [f"methods={json.dumps(methods)}"]
     return sets
 
 
@@ -341,3 +348,14 @@ def test_params_from_reads_a_search_result_beside_the_suite(tiny_dir, tmp_path):
     short = {**result, "long_factor": long[:-1]}
     (tmp_path / "search" / "short.json").write_text(json.dumps(short))
     refused("same length", params_from="short.json")
+
+
+def test_the_shipped_longrope_suite_holds_the_committed_search_result():
+    """smollm2-32k-longrope copies the factors of eval/reports/smollm2-longrope-search/longrope.json."""
+    result = Path(__file__).parents[2] / "eval" / "reports" / "smollm2-longrope-search" / "longrope.json"
+    if not result.is_file():
+        pytest.skip("the search report is in the repository, not in an installed package")
+    searched = json.loads(result.read_text())
+    (method,) = [m for m in load_suite("smollm2-32k-longrope").methods if m.method == "longrope"]
+    assert method.factor == searched["factor"]
+    assert method.params == {k: searched[k] for k in ("short_factor", "long_factor")}
