@@ -69,7 +69,12 @@ class MethodSpec(ScalingSpec):
             if isinstance(data[key], bool) or not isinstance(data[key], (int, float)):
                 raise RopeExtendError(f"{where}: {key} must be a number, got {data[key]!r}")
             mine = getattr(self, key)
-            if key == "factor" and mine is None and self.target_length is None:
+            if key == "factor" and self.target_length is not None:
+                raise RopeExtendError(
+                    f"{where} was made for factor {data[key]:g}: give that factor instead of target_length "
+                    "(the factor a target length means depends on the model's original length)"
+                )
+            if key == "factor" and mine is None:
                 self.factor = float(data[key])
             elif key == "original_max_position_embeddings" and mine is None:
                 self.original_max_position_embeddings = int(data[key])

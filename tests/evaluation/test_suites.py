@@ -334,6 +334,7 @@ def test_params_from_reads_a_search_result_beside_the_suite(tiny_dir, tmp_path):
 
     refused(r"params_from \(.*missing.json\): no such file", params_from="missing.json")
     refused("made for factor 2, but the method asks for 4", factor=4)
+    refused("made for factor 2: give that factor instead of target_length", target_length=512)
     (tmp_path / "search" / "yarn.json").write_text(json.dumps({"rope_type": "yarn", "factor": 2.0, "beta_fast": 16}))
     refused("rope_type 'yarn', not of method 'longrope'", params_from="yarn.json")
     (tmp_path / "search" / "list.json").write_text("[1, 2]")
