@@ -20,6 +20,12 @@ def data_file(tmp_path_factory):
     return path
 
 
+def rotary_pairs(model_dir):
+    """d/2, the number of LongRoPE factors a saved model's heads take."""
+    config = json.loads((model_dir / "config.json").read_text())
+    return config["hidden_size"] // config["num_attention_heads"] // 2
+
+
 def tiny_overrides(suite_path, tiny_dir, data_file):
     raw = yaml.safe_load(suite_path.read_text())
     sets = [f"model={tiny_dir}", "dtype=float32", "device=cpu"]
@@ -33,8 +39,7 @@ def tiny_overrides(suite_path, tiny_dir, data_file):
     if "ruler" in raw:  # RULER's prompts at the suite's lengths (12k) would take minutes on the tiny model
         sets += ["ruler.lengths=[1024]", "ruler.samples=1", "ruler.max_new_tokens=4"]
     if any(m.get("method") == "longrope" for m in raw["methods"]):  # factors sized for the tiny model's heads
-        config = json.loads((tiny_dir / "config.json").read_text())
-        half = config["hidden_size"] // config["num_attention_heads"] // 2
+        half = rotary_pairs(tiny_dir)
         tiny = {"short_factor": [1.0] * half, "long_factor": [2.0] * half}
         methods = [{**m, "params": tiny} if m.get("method") == "longrope" else m for m in raw["methods"]]
         sets += [f"methods={json.dumps(methods)}"]
@@ -298,10 +303,7 @@ def test_cli_compare_trials_at_and_records_from_another_run(tiny_dir, tmp_path, 
 
 
 def test_params_from_reads_a_search_result_beside_the_suite(tiny_dir, tmp_path):
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(tiny_dir)
-    half = config.hidden_size // config.num_attention_heads // 2
+    half = rotary_pairs(tiny_dir)
     long = [1.0 + i / half for i in range(half)]
     result = {  # the shape a LongRoPE search writes: extra keys (fitness, settings) are not parameters
         "rope_type": "longrope",
