@@ -250,8 +250,15 @@ def _open_state(out, settings: dict, run: _Run, *, resume: bool, overwrite: bool
             raise RopeExtendError(f"resume: no search state in {out!r} ({STATE} not found)")
         state = json.loads(state_path.read_text(encoding="utf-8"))
         if state["settings"] != settings:
-            diff = sorted(k for k in settings if state["settings"].get(k) != settings[k])
-            raise RopeExtendError(f"resume: the search in {out} was run with other settings ({', '.join(diff)})")
+            diff = [
+                f"{k}: {state['settings'].get(k)!r} there, {settings[k]!r} now"
+                for k in sorted(settings)
+                if state["settings"].get(k) != settings[k]
+            ]
+            raise RopeExtendError(
+                f"resume: the search in {out} was run with other settings ({'; '.join(diff)}); run it with the "
+                "same ones, or search into a new --out"
+            )
         run.restore(state)
     return state_path
 
