@@ -8,6 +8,7 @@ from rope_extend import RopeExtendError, resources
 from rope_extend.cli import main
 from rope_extend.evaluation.compare import run_suite
 from rope_extend.evaluation.suite import load_suite, parse_suite
+from rope_extend.hf.config import rotary_geometry
 from tests.evaluation.conftest import make_text
 
 SUITES = sorted(resources.SUITES.glob("*.yaml"))
@@ -21,9 +22,10 @@ def data_file(tmp_path_factory):
 
 
 def rotary_pairs(model_dir):
-    """d/2, the number of LongRoPE factors a saved model's heads take."""
-    config = json.loads((model_dir / "config.json").read_text())
-    return config["hidden_size"] // config["num_attention_heads"] // 2
+    """d/2, the number of LongRoPE factors a saved model's heads take (the package's own rotary geometry)."""
+    from transformers import AutoConfig
+
+    return rotary_geometry(AutoConfig.from_pretrained(model_dir))[0] // 2
 
 
 def tiny_overrides(suite_path, tiny_dir, data_file):
