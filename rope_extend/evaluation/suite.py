@@ -74,7 +74,7 @@ class MethodSpec(ScalingSpec):
                     f"{where} was made for factor {data[key]:g}: give that factor instead of target_length "
                     "(the factor a target length means depends on the model's original length)"
                 )
-            if key == "factor" and mine is None:
+            elif key == "factor" and mine is None:
                 self.factor = float(data[key])
             elif key == "original_max_position_embeddings" and mine is None:
                 self.original_max_position_embeddings = int(data[key])
