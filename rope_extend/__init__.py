@@ -28,6 +28,7 @@ from .version import __version__
 
 if TYPE_CHECKING:  # the names for type checkers; at run time lazy_exports imports them on first use
     from . import bundled
+    from .hf.cache_arg import cache_kwargs
     from .hf.config import configure, rope_parameters
     from .methods import get as get_method
     from .methods import inv_freq
@@ -42,6 +43,7 @@ lazy_exports(
     __name__,
     {
         "bundled": (".bundled", None),
+        "cache_kwargs": (".hf.cache_arg", "cache_kwargs"),
         "configure": (".hf.config", "configure"),
         "rope_parameters": (".hf.config", "rope_parameters"),
         "get_method": (".methods", "get"),
@@ -92,6 +94,7 @@ __all__ = [
     "UnsupportedModelError",
     "__version__",
     "bundled",
+    "cache_kwargs",
     "configure",
     "get_method",
     "inv_freq",

@@ -100,11 +100,11 @@ def worker(
 
         cache = DynamicCache(config=model.config)
         with torch.no_grad():
-            model(input_ids=ids[:, : length - 1], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            model(input_ids=ids[:, : length - 1], **rope_extend.cache_kwargs(cache), use_cache=True, logits_to_keep=1)
 
         def step() -> torch.Tensor:
             with torch.no_grad():
-                out = model(input_ids=ids[:, length - 1 :], past_key_values=cache, use_cache=True).logits
+                out = model(input_ids=ids[:, length - 1 :], **rope_extend.cache_kwargs(cache), use_cache=True).logits
             cache.crop(-1)  # the step's token out again
             return out
 

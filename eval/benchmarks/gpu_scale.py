@@ -90,7 +90,7 @@ def worker(variant: str, length: int, args) -> dict:
     def prefill(n: int):
         cache = DynamicCache(config=config)
         with torch.no_grad():
-            out = model(input_ids=ids[:, :n], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            out = model(input_ids=ids[:, :n], **rope_extend.cache_kwargs(cache), use_cache=True, logits_to_keep=1)
         return cache, out.logits
 
     prefill(min(length, 256))  # warm-up: kernels, allocator pools
@@ -107,7 +107,7 @@ def worker(variant: str, length: int, args) -> dict:
                 torch.cuda.synchronize()
             start = time.perf_counter()
             with torch.no_grad():
-                model(input_ids=token, past_key_values=cache, use_cache=True)
+                model(input_ids=token, **rope_extend.cache_kwargs(cache), use_cache=True)
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
             steps.append(time.perf_counter() - start)

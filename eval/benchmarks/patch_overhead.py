@@ -28,6 +28,7 @@ import torch
 import transformers as T
 
 import rope_extend
+from rope_extend.hf import cache_arg
 
 
 def build(args):
@@ -60,12 +61,12 @@ def run(model, ids, decode_steps, device):
     out = model(ids, use_cache=True)
     sync(device)
     prefill = time.perf_counter() - start
-    cache = out.past_key_values
+    cache = cache_arg.returned(out)
     token = out.logits[:, -1:].argmax(-1)
     start = time.perf_counter()
     for _ in range(decode_steps):
-        out = model(token, past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
+        out = model(token, **cache_arg.cache_kwargs(cache), use_cache=True)
+        cache = cache_arg.returned(out)
         token = out.logits[:, -1:].argmax(-1)
     sync(device)
     return prefill, time.perf_counter() - start
@@ -75,15 +76,15 @@ def run(model, ids, decode_steps, device):
 def decode_steps(model, ids, steps, device) -> list[float]:
     """Per-step times of ``steps`` cached greedy decode steps after a prefill of ``ids``."""
     out = model(ids, use_cache=True)
-    cache, token, times = out.past_key_values, out.logits[:, -1:].argmax(-1), []
+    cache, token, times = cache_arg.returned(out), out.logits[:, -1:].argmax(-1), []
     for _ in range(steps):
         sync(device)
         start = time.perf_counter()
-        out = model(token, past_key_values=cache, use_cache=True)
+        out = model(token, **cache_arg.cache_kwargs(cache), use_cache=True)
         token = out.logits[:, -1:].argmax(-1)
         sync(device)
         times.append(time.perf_counter() - start)
-        cache = out.past_key_values
+        cache = cache_arg.returned(out)
     return times
 
 

@@ -35,18 +35,18 @@ def worker(variant: str, tokens: int, every: int, sinks: int, window: int) -> di
     ids = torch.randint(3, 1000, (1, 64))
     points = []
     with torch.inference_mode():
-        out = model(ids, past_key_values=cache, use_cache=True)
+        out = model(ids, **rope_extend.cache_kwargs(cache), use_cache=True)
         start = last = time.perf_counter()
         for step in range(1, tokens + 1):
             token = out.logits[:, -1:].argmax(-1)
-            out = model(token, past_key_values=cache, use_cache=True)
+            out = model(token, **rope_extend.cache_kwargs(cache), use_cache=True)
             if step % every == 0 or step == tokens:
                 now = time.perf_counter()
                 held = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
                 points.append(
                     {
                         "tokens": step,
-                        "cached_tokens": cache.get_seq_length(),
+                        "cached_tokens": cache.held if variant == "sinks" else cache.get_seq_length(),
                         "cache_mb": round(held / 2**20, 3),
                         "rss_mb": round(rss_mb(), 1),
                         "tokens_per_s": round(every / (now - last), 1) if step % every == 0 else None,

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from . import rotary
+from . import cache_arg, rotary
 
 PROBE_NAME = "rope_extend_probe"
 PROBE_TOKENS = 12
@@ -60,11 +60,7 @@ KNOWN_KWARGS = frozenset(
 )
 
 
-def cache_argument(kwargs: dict):
-    """The KV cache a decoder's forward was called with: ``cache`` since transformers 5.24, before that
-    ``past_key_values`` (still accepted by 5.24's forwards, which rename it; hooks see the caller's name)."""
-    cache = kwargs.get("cache")
-    return cache if cache is not None else kwargs.get("past_key_values")
+cache_argument = cache_arg.passed  # the cache a decoder's forward was called with, under either name
 
 
 @dataclass
