@@ -194,6 +194,17 @@ def patch(
     ``target_length`` asks for exactly that. A new patch replaces the previous one and never compounds. Gemma 3
     style models scale their global layers only; local sliding-window layers keep their rotary. Every argument
     is checked before the model is touched.
+
+    ``keep_shipped=True`` (the attention methods, with or without ``logn``) keeps the shipped scaling instead:
+    the rotary keeps its frequencies (``llama3``, ``yarn``, ``longrope`` switching at its ``L``, ``linear``) and
+    its attention scale, times the method's own (STRING's factor, Dual Chunk's temperature), and the method
+    re-rotates with them. Everything the method counts from ``L`` counts from the shipped context ``C``: its
+    default parameters, reach, factor (``target / C``), log-n's ``ln L`` and Dual Chunk's temperature. That is the
+    STRING authors' rule (HKUNLP/STRING, ``string_for_llama.py`` and its test scripts: Llama 3.1 keeps its llama3
+    frequencies, ``L = max_position_embeddings = 131072``, ``shifted_offset = 0.33 L = 43253``), applied to every
+    attention method. A frequency method with it is refused (it replaces the frequencies by definition); on a
+    model that ships plain RoPE it changes nothing. The kept scaling is written into ``rope_parameters``
+    (``shipped``), so a saved and reloaded model runs the same.
     """
     state: PatchState | None = model.__dict__.get(STATE_ATTR)
 

@@ -210,23 +210,46 @@ def test_bad_requests_raise_before_touching(method, params, error, message):
     assert model.config.to_dict() == before and rope_extend.patched(model) is None
 
 
-@pytest.mark.parametrize(
-    "rope, message",
-    [
-        # transformers' per-length dynamic NTK: rope-extend's own dynamic follows a grid, so it is not kept
-        ({"rope_type": "dynamic", "factor": 2.0}, r"ships rope_type 'dynamic', which rope-extend does not compute"),
-        # DeepSeek's yarn: the MLA attention builds its softmax scale from factor and mscale_all_dim
-        (
-            {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 1.0},
-            "mscale_all_dim is read by the family's attention",
-        ),
-    ],
-)
-def test_shipped_scalings_that_cannot_be_kept_are_refused(rope, message):
-    model = model_for("llama", rope_parameters={**rope, "original_max_position_embeddings": L, "rope_theta": 1e4})
-    with pytest.raises(UnsupportedModelError, match=message):
+def test_transformers_dynamic_ntk_is_not_kept():
+    """transformers' ``dynamic`` recomputes its base at every length; rope-extend's own dynamic follows a grid."""
+    rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}
+    model = model_for("llama", rope_parameters=rope)
+    with pytest.raises(UnsupportedModelError, match=r"ships rope_type 'dynamic', which rope-extend does not compute"):
         rope_extend.patch(model, "string", keep_shipped=True)
     assert rope_extend.patched(model) is None
+
+
+@pytest.mark.parametrize(
+    "family, message",
+    [
+        # queries times 1 + beta ln(1 + floor(p / original_max_position_embeddings)), read from rope_parameters
+        ("ministral3", r"scales its queries by llama_4_scaling_beta over rope_parameters' original_max_position"),
+        # MLA: softmax scale times mscale(factor, mscale_all_dim)^2, read from rope_parameters at build
+        ("mistral4", r"Mistral4Config's attention \(MLA\) builds its softmax scale from rope_parameters' factor"),
+    ],
+)
+def test_families_that_read_the_shipped_keys_themselves_are_refused(family, message):
+    from tests.families.tiny import build
+
+    model = build(family)
+    with pytest.raises(UnsupportedModelError, match=rf"{family}: cannot apply 'string': keep_shipped keeps the .*"):
+        rope_extend.patch(model, "string", keep_shipped=True, shifted_offset=32, local_window=8)
+    with pytest.raises(UnsupportedModelError, match=message):
+        rope_extend.patch(model, "string", keep_shipped=True, shifted_offset=32, local_window=8)
+    assert rope_extend.patched(model) is None
+
+
+def test_an_mscale_all_dim_no_attention_reads_is_kept():
+    """Outside the MLA families YaRN's mscale / mscale_all_dim is the rotary's attention factor only: kept."""
+    rope = {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 0.5}
+    model = model_for("llama", rope_parameters={**rope, "original_max_position_embeddings": L, "rope_theta": 1e4})
+    x = ids(n=60)
+    scale = model.model.rotary_emb.attention_scaling
+    assert scale == pytest.approx((1 + 0.1 * math.log(4)) / (1 + 0.05 * math.log(4)))
+    want = reference_logits(model, "rerope", METHODS["rerope"], x)
+    rope_extend.patch(model, "rerope", keep_shipped=True, **METHODS["rerope"])
+    assert model.model.rotary_emb.attention_scaling == scale
+    assert (run(model, x) - want).abs().max().item() < TOLERANCE
 
 
 def test_a_config_rope_extend_rewrote_has_no_shipped_scaling_to_keep(tmp_path):
@@ -236,3 +259,46 @@ def test_a_config_rope_extend_rewrote_has_no_shipped_scaling_to_keep(tmp_path):
     again = type(model).from_pretrained(tmp_path, attn_implementation="sdpa")
     with pytest.raises(UnsupportedModelError, match=r"written by rope-extend \(yarn.*load the model's own config"):
         rope_extend.patch(again, "string", keep_shipped=True)
+
+
+def test_gpt_oss_keeps_its_yarn_under_string():
+    """GPT-OSS as transformers builds it (yarn x32 from 4096, attention sinks, sliding layers kept): the yarn
+    frequencies stay bit for bit, cos and sin carry YaRN's factor times STRING's, and the logits equal the families'
+    explicit reference (which turns keys with the rotary's frequencies, now the shipped ones)."""
+    from tests.families.test_attention_families import METHODS as FAMILY_METHODS
+    from tests.families.test_attention_families import N as FAMILY_N
+    from tests.families.test_attention_families import _reference_logits
+    from tests.families.tiny import build
+
+    model = build("gpt_oss")
+    rotary = model.model.rotary_emb
+    yarn, mscale = rotary.inv_freq.clone(), rotary.attention_scaling
+    params = FAMILY_METHODS["string"]
+    rope_extend.patch(model, "string", keep_shipped=True, **params)
+    assert rope_extend.patched(model).original_max_position_embeddings == 32 * 4096  # C: yarn x32 from 4096
+    assert torch.equal(rotary.inv_freq, yarn) and mscale == pytest.approx(1 + 0.1 * math.log(32))
+    assert rotary.attention_scaling == pytest.approx(mscale * STRING_FACTOR)
+    x = torch.randint(3, 200, (1, FAMILY_N), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got = model(input_ids=x).logits.float()
+    want = _reference_logits(model, "string", params, x, False)
+    assert (got - want).abs().max().item() < 2e-4 * want.abs().max().item()
+
+
+def test_the_command_line_and_suites_take_it(tmp_path):
+    """``--param keep_shipped=true`` writes the kept scaling into a saved model's config; a suite's or recipe's
+    request with it on a frequency method is refused before any model loads."""
+    import json
+
+    from rope_extend.cli import main
+    from rope_extend.scaling import ScalingSpec
+
+    shipped_model().save_pretrained(tmp_path / "src")
+    argv = ["configure", str(tmp_path / "src"), "--method", "string", "--param", "keep_shipped=true"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 0
+    rope = json.loads((tmp_path / "out" / "config.json").read_text())["rope_parameters"]
+    assert rope["rope_type"] == "string" and rope["shipped"]["rope_type"] == "llama3"
+    assert rope["original_max_position_embeddings"] == C  # STRING's defaults count from it when the model loads
+    ScalingSpec(method="string", params={"keep_shipped": True}).check()
+    with pytest.raises(RopeExtendError, match=r"rope.params.keep_shipped keeps the model's shipped rope scaling"):
+        ScalingSpec(method="yarn", factor=2, params={"keep_shipped": True}).check(spell=lambda key: f"rope.{key}")

@@ -30,6 +30,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import importlib
 import logging
 import math
 from types import SimpleNamespace
@@ -445,11 +446,10 @@ def _kept_reads(config, params: dict[str, Any]) -> str | None:
             f"{type(config).__name__}'s rotary reads its attention scale from rope_parameters "
             f"({' and '.join(SCALE_KEYS[family(config)])}) on each side of L at every forward"
         )
-    if params.get("mscale_all_dim"):
+    if params.get("mscale_all_dim") and _builds_softmax_scale(config):
         return (
-            "its mscale_all_dim is read by the family's attention (the MLA families: DeepSeek, Kimi, GLM-4 MoE Lite, "
-            "...), which builds its softmax scale from rope_parameters' factor and mscale_all_dim, and the "
-            "method's own factor takes that key"
+            f"{type(config).__name__}'s attention (MLA) builds its softmax scale from rope_parameters' factor and "
+            "mscale_all_dim, and the method's own factor takes that key"
         )
     if params.get("llama_4_scaling_beta") is not None:
         return (
@@ -457,6 +457,16 @@ def _kept_reads(config, params: dict[str, Any]) -> str | None:
             "original_max_position_embeddings, which keep_shipped sets to the shipped context"
         )
     return None
+
+
+def _builds_softmax_scale(config) -> bool:
+    """Whether the family's modeling code scales its softmax by the rope dict when it builds its attention
+    (transformers' ``yarn_apply_mscale``: DeepSeek V2/V3, Kimi, GLM-4 MoE Lite, MiniCPM3, Mistral 4, ...)."""
+    name = type(config).__module__.replace(".configuration_", ".modeling_")
+    try:
+        return hasattr(importlib.import_module(name), "yarn_apply_mscale")
+    except ImportError:
+        return False
 
 
 def snapshot(config) -> dict[str, Any]:
@@ -613,7 +623,8 @@ def configure(config, method: str, *, factor=None, target_length=None, original_
     ``factor`` counts from the context the model ships with (``shipped_context``: ``L``, or the context a
     shipped scaling gives); ``target_length`` is the alternative
     (``factor = target_length / L``). Configuring again replaces the scaling and never compounds. Then
-    ``AutoModelForCausalLM.from_pretrained(name, config=config)`` builds the scaled model.
+    ``AutoModelForCausalLM.from_pretrained(name, config=config)`` builds the scaled model. A shipped scaling is
+    replaced, or kept under an attention method with ``keep_shipped=True`` (as ``rope_extend.patch`` says).
     """
     cfg = text_config(config)
     with naming(config, method):
