@@ -302,3 +302,22 @@ def test_the_command_line_and_suites_take_it(tmp_path):
     ScalingSpec(method="string", params={"keep_shipped": True}).check()
     with pytest.raises(RopeExtendError, match=r"rope.params.keep_shipped keeps the model's shipped rope scaling"):
         ScalingSpec(method="yarn", factor=2, params={"keep_shipped": True}).check(spell=lambda key: f"rope.{key}")
+
+
+def test_gemma3_keeps_the_linear_scaling_of_its_global_layers():
+    """Gemma 3 ships linear scaling on its full-attention layers only; the sliding layers keep their own rotary and
+    window, the global ones keep the interpolated frequencies under the method."""
+    rope = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
+    }
+    model = model_for("gemma3", rope_parameters=rope)
+    rotary = model.model.rotary_emb
+    x = ids(n=100)
+    linear = rotary.full_attention_inv_freq.clone()
+    want = reference_logits(model, "self_extend", METHODS["self_extend"], x)
+    rope_extend.patch(model, "self_extend", keep_shipped=True, **METHODS["self_extend"])
+    assert rope_extend.patched(model).original_max_position_embeddings == 4 * L  # C from the shipped factor
+    assert torch.equal(rotary.full_attention_inv_freq, linear)
+    assert model.config.rope_parameters["sliding_attention"] == rope["sliding_attention"]
+    assert (run(model, x) - want).abs().max().item() < TOLERANCE

@@ -18,6 +18,11 @@ Rewriting a rope dict keeps every key that is not a scaling parameter of the old
 ``llama_4_scaling_beta``, M-RoPE's ``mrope_section``); the old type's own keys are taken from transformers'
 validator for that type (``rope_type_keys``), or from the rope-extend method.
 
+A scaling the model ships with (Llama 3.1's ``llama3``, GPT-OSS's ``yarn``, Phi-3's ``longrope``) is replaced, the
+factor counting from the context it gives (``shipped_context``), or, with ``keep_shipped=True`` under an attention
+method, kept (``kept_scaling``): the method's rope dict then records it under ``shipped`` and its own ``factor``
+and ``original_max_position_embeddings`` count from that context.
+
 Where ``L`` lives: transformers keeps it in ``rope_parameters["original_max_position_embeddings"]`` for
 yarn/llama3/longrope, and Phi-3 also as a top-level config attribute. ``configure`` writes the top-level
 attribute for every method (transformers keeps unknown config attributes through save and reload), so a
