@@ -45,6 +45,10 @@ def _cmd_methods(args: argparse.Namespace) -> int:
     for row in [header] + rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     print("\nlogn=true (log-n attention temperature, Qwen-1 use_logn_attn; Su 2023) composes with every method.")
+    print(
+        "keep_shipped=true (attention methods): keep the rope scaling the model ships with (Llama 3.1's llama3) and "
+        "count from its context, as STRING's authors do; by default a method replaces it."
+    )
     return 0
 
 

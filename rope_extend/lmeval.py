@@ -60,13 +60,14 @@ HFLM_ARGUMENTS = (
 
 
 def method_parameters() -> list[str]:
-    """Every parameter name some registered method takes, plus ``logn`` (any method takes it)."""
+    """Every parameter name some registered method takes, plus ``logn`` (any method takes it) and
+    ``keep_shipped`` (any attention method)."""
     names: list[str] = []
     for name in _methods.names():
         for f in dataclasses.fields(_methods.get(name).params):
             if f.name not in names:
                 names.append(f.name)
-    return [*names, "logn"]
+    return [*names, "logn", "keep_shipped"]
 
 
 def allowed_arguments() -> list[str]:

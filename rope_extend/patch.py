@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,9 +139,11 @@ def _plan(model, modules, state, method, factor, target_length, original_max_pos
                     f"implies a rotary dimension of {dim} ({dim // 2} frequencies): unsupported rotary layout"
                 )
             old = hf.rope_dict(pristine, lt)
-            if hf.split_rope_type(hf.rope_type_of(old))[1] != "default":
+            if scaling.shipped is None and hf.split_rope_type(hf.rope_type_of(old))[1] != "default":
                 shipped.add(f"{hf.rope_type_of(old)} ({old.get('factor')})")
             entries[lt] = rotary.Entry(scaling, dim, base, hf.rotating(pristine, lt))
+            if scaling.shipped is not None and not hf.own_rope_type(hf.rope_type_of(old)):  # transformers built it
+                _check_kept(module, lt, entries[lt], state)
         if not entries:
             raise UnsupportedModelError(f"{type(module).__name__} has no global rotary frequencies to scale")
         scaled = copy.deepcopy(pristine)
@@ -148,6 +151,32 @@ def _plan(model, modules, state, method, factor, target_length, original_max_pos
         rotary.check_rebuilds(module, scaled)
         plans.append((module, config, entries))
     return plans, scaling, shipped
+
+
+def _check_kept(module: nn.Module, layer_type, entry: rotary.Entry, state: PatchState | None) -> None:
+    """``keep_shipped`` keeps the frequencies and attention scale the model's rotary holds (as transformers built
+    them, before any patch: ``original_inv_freq`` for a dynamic type, which starts there); rope-extend's reading of
+    the shipped scaling must give them, within 4 units in the last place of the buffer's dtype, or the model is
+    refused rather than run on other frequencies."""
+    snap = next((s for m, s in state.modules if m is module), None) if state is not None else None
+    buffers, attrs = (snap.buffers, snap.attrs) if snap is not None else (rotary.buffers(module), module.__dict__)
+    name = rotary.buffer_name(layer_type)
+    held = buffers.get(name.replace("inv_freq", "original_inv_freq"), buffers.get(name))
+    if held is None or held.device.type == "meta":
+        return  # built from the config on meta: the frequencies come from the same reading of it
+    kept = entry.scaling.shipped
+    freqs, scale = hf.frequencies(kept, entry.dim, entry.base, entry.rotating)
+    held_scale = float(attrs.get(rotary.scale_name(layer_type), 1.0))
+    tolerance = 4 * torch.finfo(held.dtype).eps
+    if not torch.allclose(freqs, held.detach().float().cpu(), rtol=tolerance, atol=0) or not math.isclose(
+        scale, held_scale, rel_tol=tolerance
+    ):
+        off = (freqs - held.detach().float().cpu()).abs().max().item()
+        raise UnsupportedModelError(
+            f"keep_shipped: rope-extend's {kept.describe()} does not reproduce {type(module).__name__}'s own "
+            f"frequencies (off by up to {off:.3g}) and attention scale ({scale:.6g} against {held_scale:.6g}), so it "
+            "cannot keep them exactly; leave keep_shipped out to replace them"
+        )
 
 
 # ------------------------------------------------------------------------------------------ public
@@ -165,6 +194,17 @@ def patch(
     ``target_length`` asks for exactly that. A new patch replaces the previous one and never compounds. Gemma 3
     style models scale their global layers only; local sliding-window layers keep their rotary. Every argument
     is checked before the model is touched.
+
+    ``keep_shipped=True`` (the attention methods, with or without ``logn``) keeps the shipped scaling instead:
+    the rotary keeps its frequencies (``llama3``, ``yarn``, ``longrope`` switching at its ``L``, ``linear``) and
+    its attention scale, times the method's own (STRING's factor, Dual Chunk's temperature), and the method
+    re-rotates with them. Everything the method counts from ``L`` counts from the shipped context ``C``: its
+    default parameters, reach, factor (``target / C``), log-n's ``ln L`` and Dual Chunk's temperature. That is the
+    STRING authors' rule (HKUNLP/STRING, ``string_for_llama.py`` and its test scripts: Llama 3.1 keeps its llama3
+    frequencies, ``L = max_position_embeddings = 131072``, ``shifted_offset = 0.33 L = 43253``), applied to every
+    attention method. A frequency method with it is refused (it replaces the frequencies by definition); on a
+    model that ships plain RoPE it changes nothing. The kept scaling is written into ``rope_parameters``
+    (``shipped``), so a saved and reloaded model runs the same.
     """
     state: PatchState | None = model.__dict__.get(STATE_ATTR)
 

@@ -61,10 +61,16 @@ def _rotate_half(x):
 
 
 class Reference:
-    """An attention function with the method's explicit position matrix (eager, O(n^2) memory)."""
+    """An attention function with the method's explicit position matrix (eager, O(n^2) memory).
 
-    def __init__(self, model, method, params, logn=False):
+    It turns keys with the frequencies the model's rotary holds when attention runs: registered on an unpatched
+    model, the ones transformers computes from the config (a shipped ``llama3``, ``yarn``, or ``longrope`` at
+    the current length). ``logit_scale`` multiplies the scores (a method's attention factor m on cos and sin:
+    m squared); ``length`` is the L of log-n."""
+
+    def __init__(self, model, method, params, logn=False, logit_scale=1.0, length=L):
         self.method, self.params, self.logn = method, params, logn
+        self.logit_scale, self.length = logit_scale, length
         self.rotary = model.get_decoder().rotary_emb
         self.calls = 0
 
@@ -88,8 +94,8 @@ class Reference:
         k = torch.cat([k[..., :rot] * cos + _rotate_half(k[..., :rot]) * sin, k[..., rot:]], -1)
         q = query
         if self.logn:
-            q = q * torch.tensor([max(1.0, math.log(p + 1) / math.log(L)) for p in range(n)])[:, None]
-        scores = torch.einsum("bhid,bhijd->bhij", q, k) * scaling
+            q = q * torch.tensor([max(1.0, math.log(p + 1) / math.log(self.length)) for p in range(n)])[:, None]
+        scores = torch.einsum("bhid,bhijd->bhij", q, k) * scaling * self.logit_scale
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
         scores = scores.masked_fill(j > i, float("-inf"))
@@ -122,8 +128,8 @@ def run(model, x):
         return model(x).logits
 
 
-def reference_logits(model, method, params, x, logn=False):
-    reference = Reference(model, method, params, logn)
+def reference_logits(model, method, params, x, logn=False, **kw):
+    reference = Reference(model, method, params, logn, **kw)
     AttentionInterface.register("rope_extend_test_reference", reference)
     AttentionMaskInterface.register("rope_extend_test_reference", sdpa_mask)
     config = model.config

@@ -152,11 +152,7 @@ def plans(
                 "height, width) and the attention methods' position rules are one-dimensional; use a frequency "
                 "method (yarn, linear, ...)",
             )
-    probed = (
-        None
-        if defer or _on_meta(model)
-        else rope_layout.probe(model, config, rotary, scaling.original_max_position_embeddings)
-    )
+    probed = None if defer or _on_meta(model) else rope_layout.probe(model, config, rotary, scaling.pretraining_length)
     return _plan_modules(model, config, scaling, inner, probed)
 
 
@@ -241,7 +237,7 @@ def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
             config._attn_implementation = inner
             try:
                 with naming(config, scaling.method.name):
-                    probed = rope_layout.probe(model, config, list(rotary), scaling.original_max_position_embeddings)
+                    probed = rope_layout.probe(model, config, list(rotary), scaling.pretraining_length)
                     final = _plan_modules(model, config, scaling, inner, probed)
             finally:
                 config._attn_implementation = name

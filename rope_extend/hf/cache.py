@@ -70,7 +70,7 @@ class CacheKeeper:
         """Find each layer's rotation once (``hf.layout.probe``), leaving the runtimes' lengths as they were."""
         runtimes = [r for r in (m.__dict__.get("forward") for m in self.modules) if isinstance(r, RotaryRuntime)]
         saved = [(r, lt, e.seen) for r in runtimes for lt, e in r.entries.items()]
-        length = next(e.scaling.original_max_position_embeddings for r in runtimes for e in r.entries.values())
+        length = next(e.scaling.pretraining_length for r in runtimes for e in r.entries.values())
         self.probing = True
         try:
             self.layouts = rope_layout.layer_probes(self.model, self.config, list(self.modules), length)

@@ -18,6 +18,11 @@ Rewriting a rope dict keeps every key that is not a scaling parameter of the old
 ``llama_4_scaling_beta``, M-RoPE's ``mrope_section``); the old type's own keys are taken from transformers'
 validator for that type (``rope_type_keys``), or from the rope-extend method.
 
+A scaling the model ships with (Llama 3.1's ``llama3``, GPT-OSS's ``yarn``, Phi-3's ``longrope``) is replaced, the
+factor counting from the context it gives (``shipped_context``), or, with ``keep_shipped=True`` under an attention
+method, kept (``kept_scaling``): the method's rope dict then records it under ``shipped`` and its own ``factor``
+and ``original_max_position_embeddings`` count from that context.
+
 Where ``L`` lives: transformers keeps it in ``rope_parameters["original_max_position_embeddings"]`` for
 yarn/llama3/longrope, and Phi-3 also as a top-level config attribute. ``configure`` writes the top-level
 attribute for every method (transformers keeps unknown config attributes through save and reload), so a
@@ -30,6 +35,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import importlib
 import logging
 import math
 from types import SimpleNamespace
@@ -39,6 +45,7 @@ import torch
 
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..methods import registry
+from ..methods._scaling import check_keep_shipped
 
 logger = logging.getLogger("rope_extend")
 
@@ -227,12 +234,32 @@ def scaling_from_dict(params: dict[str, Any], default_length: int, ignore_keys=(
     fields = {
         k: v
         for k, v in params.items()
-        if k not in BASE_KEYS + SCALING_KEYS + ("type",) and k not in set(ignore_keys or ())
+        if k not in BASE_KEYS + SCALING_KEYS + ("type", SHIPPED_KEY) and k not in set(ignore_keys or ())
     }
     length = params.get("original_max_position_embeddings") or default_length
     if params.get("factor") is None:
         raise RopeExtendError(f"rope_parameters with rope_type {rope_type!r} needs a factor (a number >= 1)")
-    return registry.resolve(method, factor=params["factor"], original_max_position_embeddings=length, params=fields)
+    scaling = registry.resolve(method, factor=params["factor"], original_max_position_embeddings=length, params=fields)
+    if params.get(SHIPPED_KEY) is None:
+        return scaling
+    return dataclasses.replace(scaling, shipped=_kept_from_dict(params[SHIPPED_KEY], method, ignore_keys))
+
+
+def _kept_from_dict(kept: Any, method: registry.Method, ignore_keys) -> registry.Scaling:
+    """The shipped scaling a ``keep_shipped`` rope dict records under ``SHIPPED_KEY`` (``scaled_rope_dict``)."""
+    if not method.attention:
+        raise RopeExtendError(
+            f"rope_parameters.{SHIPPED_KEY} (a shipped scaling kept by keep_shipped) goes with an attention method, "
+            f"not {method.name}"
+        )
+    rope_type = rope_type_of(kept) if isinstance(kept, dict) else None
+    inner = registry.by_rope_type(rope_type) if isinstance(rope_type, str) else None
+    if inner is None or not inner.in_transformers or not kept.get("original_max_position_embeddings"):
+        raise RopeExtendError(
+            f"rope_parameters.{SHIPPED_KEY} must be a rope dict of one of transformers' types "
+            f"({', '.join(keepable())}) with its factor and original_max_position_embeddings, got {kept!r}"
+        )
+    return scaling_from_dict(kept, kept["original_max_position_embeddings"], ignore_keys)
 
 
 def config_scaling(config, layer_type: str | None = None) -> registry.Scaling | None:
@@ -299,7 +326,7 @@ def rope_type_keys(rope_type: Any) -> frozenset[str]:
         keys = {f.name for f in dataclasses.fields(method.params)} | set(SCALING_KEYS)
     else:
         keys = set(transformers_rope_type_keys(layout or base) or ()) | set(SCALING_KEYS)
-    return frozenset((keys | EXTRA_KEYS | {"type"}) - set(BASE_KEYS))
+    return frozenset((keys | EXTRA_KEYS | {"type", SHIPPED_KEY}) - set(BASE_KEYS))
 
 
 def scaled_rope_dict(old: dict[str, Any], scaling: registry.Scaling) -> dict[str, Any]:
@@ -318,10 +345,20 @@ def scaled_rope_dict(old: dict[str, Any], scaling: registry.Scaling) -> dict[str
     out.update(scaling.method.param_dict(scaling.params))
     if scaling.logn:
         out["logn"] = True
+    if scaling.shipped is not None:  # keep_shipped: the kept scaling in full, with its own factor and L
+        kept = scaling.shipped
+        out[SHIPPED_KEY] = {
+            "rope_type": kept.method.rope_type,
+            "factor": kept.factor,
+            "original_max_position_embeddings": kept.original_max_position_embeddings,
+            **kept.method.param_dict(kept.params),
+        }
     return out
 
 
 SHIPPED_ATTR = "rope_extend_shipped_context"
+# In an attention method's rope dict written with keep_shipped: the shipped scaling it keeps (scaled_rope_dict).
+SHIPPED_KEY = "shipped"
 
 
 def shipped_context(config) -> int:
@@ -341,6 +378,100 @@ def shipped_context(config) -> int:
         factor = params.get("factor") or 1.0
         context = max(context, int(getattr(config, "max_position_embeddings", None) or 0), math.ceil(factor * length))
     return context
+
+
+def keepable() -> list[str]:
+    """The shipped rope types ``keep_shipped`` keeps: transformers' own types that rope-extend computes with the
+    same numbers (``linear``, ``yarn``, ``llama3``, ``longrope``)."""
+    return [m.rope_type for m in map(registry.get, registry.names()) if m.in_transformers]
+
+
+def kept_scaling(config) -> registry.Scaling | None:
+    """The scaling the model ships with, as ``keep_shipped`` keeps it under an attention method; None when its
+    global layers ship plain RoPE (``keep_shipped`` then changes nothing, as the authors' STRING code runs plain
+    RoPE on a model without ``rope_scaling``).
+
+    Read from the global rope dicts (one of ``keepable()``), or from the record of a config written with
+    ``keep_shipped`` (``SHIPPED_KEY``). The factor is made explicit by transformers' own rule for a dict
+    without one (``max_position_embeddings / L``: Phi-3's longrope), so raising ``max_position_embeddings``
+    to the method's target does not change it. Refused, each with the reason: a rope type rope-extend does
+    not compute as transformers does; a config in which a rope-extend write replaced the shipped scaling
+    without recording it; a different scaling per layer type; a family whose own code reads the scaling's
+    keys from ``rope_parameters`` (``_kept_reads``)."""
+    found = []
+    for lt in scaled_layer_types(config):
+        params = rope_dict(config, lt)
+        kept = _kept_one(config, params)
+        if kept is not None:
+            why = _kept_reads(config, {**params, **(params.get(SHIPPED_KEY) or {})})
+            if why:
+                raise UnsupportedModelError(
+                    f"keep_shipped keeps the shipped {kept.method.rope_type} scaling, but {why}"
+                )
+        found.append(kept)
+    if any(kept != found[0] for kept in found[1:]):
+        raise UnsupportedModelError(
+            "keep_shipped: the global layer types ship different scalings "
+            f"({', '.join(str(k.describe() if k else 'plain RoPE') for k in found)}); rope-extend keeps one"
+        )
+    return found[0] if found else None
+
+
+def _kept_one(config, params: dict[str, Any]) -> registry.Scaling | None:
+    if params.get(SHIPPED_KEY) is not None:  # a config written with keep_shipped, reloaded
+        return scaling_from_dict(params, original_length(config), ignore_keys=family_keys(config)).shipped
+    rope_type = split_rope_type(rope_type_of(params))[1]
+    if rope_type in ("default", None):
+        return None
+    recorded = config.__dict__.get(SHIPPED_ATTR)
+    if recorded:  # rope-extend wrote this rope dict: it names rope-extend's scaling, not the shipped one
+        if int(recorded) == original_length(config):
+            return None  # the model shipped plain RoPE (its shipped context is L)
+        raise UnsupportedModelError(
+            f"keep_shipped: this config was written by rope-extend ({rope_type}, replacing the scaling the model "
+            "shipped with), so the shipped scaling is not in it; load the model's own config"
+        )
+    method = registry.by_rope_type(rope_type)
+    if method is None or not method.in_transformers:
+        raise UnsupportedModelError(
+            f"keep_shipped: the model ships rope_type {rope_type!r}, which rope-extend does not compute as "
+            f"transformers does (it keeps {', '.join(keepable())}); leave keep_shipped out to replace it"
+        )
+    length = int(params.get("original_max_position_embeddings") or original_length(config))
+    factor = params.get("factor") or config.max_position_embeddings / length  # transformers' rule without one
+    kept = {**params, "factor": factor, "original_max_position_embeddings": length}
+    return scaling_from_dict(kept, length, ignore_keys=family_keys(config))
+
+
+def _kept_reads(config, params: dict[str, Any]) -> str | None:
+    """Why a family's own code would not keep the shipped scaling once its keys are rewritten, or None: code that
+    reads the scaling's keys from ``rope_parameters`` besides the rope init function."""
+    if family(config) in SCALE_KEYS:
+        return (
+            f"{type(config).__name__}'s rotary reads its attention scale from rope_parameters "
+            f"({' and '.join(SCALE_KEYS[family(config)])}) on each side of L at every forward"
+        )
+    if params.get("mscale_all_dim") and _builds_softmax_scale(config):
+        return (
+            f"{type(config).__name__}'s attention (MLA) builds its softmax scale from rope_parameters' factor and "
+            "mscale_all_dim, and the method's own factor takes that key"
+        )
+    if params.get("llama_4_scaling_beta") is not None:
+        return (
+            "the family's attention scales its queries by llama_4_scaling_beta over rope_parameters' "
+            "original_max_position_embeddings, which keep_shipped sets to the shipped context"
+        )
+    return None
+
+
+def _builds_softmax_scale(config) -> bool:
+    """Whether the family's modeling code scales its softmax by the rope dict when it builds its attention
+    (transformers' ``yarn_apply_mscale``: DeepSeek V2/V3, Kimi, GLM-4 MoE Lite, MiniCPM3, Mistral 4, ...)."""
+    name = type(config).__module__.replace(".configuration_", ".modeling_")
+    try:
+        return hasattr(importlib.import_module(name), "yarn_apply_mscale")
+    except ImportError:
+        return False
 
 
 def snapshot(config) -> dict[str, Any]:
@@ -372,8 +503,12 @@ def restore(config, snap: dict[str, Any]) -> None:
 def plan(
     config, method: str, *, factor=None, target_length=None, original_max_position_embeddings=None, **params
 ) -> registry.Scaling:
-    """Validate a configure/patch request against ``config`` and return the scaling; touches nothing."""
+    """Validate a configure/patch request against ``config`` and return the scaling; touches nothing.
+
+    ``keep_shipped=True`` (attention methods): the scaling the model ships with (``kept_scaling``) stays, and the
+    method counts from the shipped context ``C`` (``Scaling.shipped``); nothing to keep is a no-op."""
     m = registry.get(method)
+    kept = kept_scaling(config) if check_keep_shipped(m, params.pop("keep_shipped", False)) else None
     if getattr(config, "max_position_embeddings", None) is None:
         window = getattr(config, "sliding_window", None)
         raise UnsupportedModelError(
@@ -381,6 +516,8 @@ def plan(
             + (f" (its attention is local, a {window}-token window)" if window else "")
         )
     length = original_length(config) if original_max_position_embeddings is None else original_max_position_embeddings
+    if kept is not None and original_max_position_embeddings is None:
+        length = shipped_context(config)  # the shipped frequencies stay: the method counts from C, as STRING's authors
     shipped = shipped_context(config) if original_max_position_embeddings is None else length
     if shipped > length and factor is not None and target_length is None:
         # the factor counts from the context the model ships with, never from its pretraining length alone
@@ -388,6 +525,8 @@ def plan(
     scaling = registry.resolve(
         m, factor=factor, target_length=target_length, original_max_position_embeddings=length, params=params
     )
+    if kept is not None:
+        scaling = dataclasses.replace(scaling, shipped=kept)
     if scaling.target_length < shipped:
         if target_length is None:
             raise RopeExtendError(
@@ -463,7 +602,8 @@ def write(config, scaling: registry.Scaling) -> None:
     for lt in scaled_layer_types(config):
         old = params if lt is None else params[lt]
         if old.get("rope_type", "default") != "default":
-            logger.info("replacing rope_type %r with %s", old.get("rope_type"), scaling.describe())
+            how = "keeping the frequencies of" if scaling.shipped is not None else "replacing"
+            logger.info("%s rope_type %r with %s", how, old.get("rope_type"), scaling.describe())
         new = scaled_rope_dict(old, scaling)
         if family(config) in SCALE_KEYS:  # it also reads L there, for linear too
             new["original_max_position_embeddings"] = scaling.original_max_position_embeddings
@@ -476,7 +616,7 @@ def write(config, scaling: registry.Scaling) -> None:
     if config.__dict__.get("head_dim", _MISSING) is None and not own_rope_type(scaling.method.rope_type):
         # transformers' yarn and longrope read getattr(config, "head_dim", default), which is None here (Mixtral)
         config.head_dim = head_dim(config)
-    config.original_max_position_embeddings = scaling.original_max_position_embeddings
+    config.original_max_position_embeddings = scaling.pretraining_length
     config.max_position_embeddings = scaling.target_length
     config.rope_parameters = params
     setattr(config, SHIPPED_ATTR, shipped)  # what a later configure counts from (never this write's target)
@@ -488,7 +628,8 @@ def configure(config, method: str, *, factor=None, target_length=None, original_
     ``factor`` counts from the context the model ships with (``shipped_context``: ``L``, or the context a
     shipped scaling gives); ``target_length`` is the alternative
     (``factor = target_length / L``). Configuring again replaces the scaling and never compounds. Then
-    ``AutoModelForCausalLM.from_pretrained(name, config=config)`` builds the scaled model.
+    ``AutoModelForCausalLM.from_pretrained(name, config=config)`` builds the scaled model. A shipped scaling is
+    replaced, or kept under an attention method with ``keep_shipped=True`` (as ``rope_extend.patch`` says).
     """
     cfg = text_config(config)
     with naming(config, method):

@@ -199,7 +199,7 @@ class Entry:
     static: tuple[torch.Tensor, float] | None = None  # static methods: computed once
 
     def __post_init__(self):
-        if not self.scaling.method.dynamic:
+        if not self.scaling.dynamic:
             self.static = self.compute()
 
     @property

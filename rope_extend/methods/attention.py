@@ -21,6 +21,13 @@ log-sum-exp (``hf.attention``).
   slope ``1/k``: ``w + (i - j - w) / k`` (query ``w + (i - w) / k``, key ``j / k``).
 - log-n temperature (``logn=True`` with any method; Qwen-1 ``use_logn_attn``, also in ReRoPE): the query
   at position ``p`` is multiplied by ``max(1, ln(p + 1) / ln L)``.
+
+A model that ships a rope scaling (Llama 3.1's ``llama3``): the methods replace it with plain RoPE by default.
+With ``keep_shipped=True`` they re-rotate with the shipped frequencies and ``L`` here is the shipped context
+``C``: STRING's authors' rule (``methods.string``). The other authors' code differs: Self-Extend's
+(datamllab/LongLM) re-rotates with the model's own rotary module, so whatever it ships, with ``L`` the
+pretraining window in its reach ``(L - W) G + W``; ChunkLlama computes plain frequencies itself and takes
+``chunk_size`` from the pretraining length it is given (its vLLM config for Llama 3.1: 8192).
 """
 
 from __future__ import annotations

@@ -18,6 +18,11 @@ The authors also multiply RoPE's cos and sin by ``attention_factor = 1 + 0.1 ln 
 smooths the attention map, and the factor restores its sharpness, as YaRN's does), so every logit is scaled by
 its square; it is this method's attention scale, and ``attention_factor=1`` turns it off.
 
+On a model that ships a rope scaling the authors keep it: their Llama 3.1 rotary computes the llama3 frequencies
+from ``rope_scaling`` (plain RoPE without one), ``L`` is ``config.max_position_embeddings`` (131072) and ``S`` is
+``0.33 L`` = 43253, their 128k headline setting. ``keep_shipped=True`` does the same (the method's ``L`` is the
+shipped context ``C``); by default rope-extend replaces a shipped scaling and ``L`` is the pretraining length.
+
 One difference from the authors' prefill kernel: its neighbour pass (FlashAttention, ``window_size=[S, 0]``)
 includes the key at distance exactly ``S``, which its shifted pass includes too, so that one key is counted
 twice in prefill but once in their decoding. Here every pair belongs to exactly one kind, as in their decoding.
