@@ -23,11 +23,20 @@ term): memory is linear in the length (a block of queries times the keys of one 
 matrix.
 
 Positions: the query at row ``t`` of ``n`` is at ``position_ids[b, -1] - (n - 1 - t)``; the key in slot
-``u`` of ``m`` at ``position_ids[b, -1] - (m - 1 - u)`` (keys end at the last query, as in a dynamic cache,
-full or sliding; left padding gives negative positions, which the padding mask hides). Rows of a batch with
-different offsets are computed apart. A ``StaticCache`` (keys not ending at the last query) is not supported.
-Position ids that disagree with this on a token a real token sees (packed documents, PoSE jumps, right
-padding with cumulative ids) are refused (``_check_positions``), never computed at the wrong positions.
+``u`` at ``position_ids[b, -1] - (e - 1 - u)``, where ``e`` counts the slots up to the newest query's key
+(``hf.slots``): all ``m`` of a dynamic cache (full or sliding, offloaded, quantized: keys end at the last query),
+the filled length of a static cache layer (``StaticCache``: ``max_cache_len`` slots filled from 0; the slots
+after ``e`` are cut off before anything else). Left padding gives negative positions, which the padding mask
+hides. Rows of a batch with different offsets are computed apart. Position ids that disagree with this on a
+token a real token sees (packed documents, PoSE jumps, right padding with cumulative ids) are refused
+(``_check_positions``), never computed at the wrong positions. A method layer over a cache layer of a class
+``hf.slots`` does not know is refused.
+
+torch.compile: a method layer's attention runs outside the graph (``hf.compiled``: its passes are laid out by
+position ids and the cache length, read on the host), exactly as without compile; ``fullgraph=True`` is refused
+by dynamo with that reason. log-n alone scales the queries by tensors and stays in the graph. A layer that keeps
+transformers' FlexAttention (log-n alone, NoPE layers) over a full static cache layer is refused: that mask reads
+the cache length after the layer's own update, so its queries see empty slots, with or without rope-extend.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from torch import nn
 
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..methods.attention import Rules, logn_scale
+from . import compiled, slots
 from . import layout as rope_layout
 from .config import LOCAL_LAYER_TYPES, family, naming, nested_layer_types, rope_dict, text_config
 
@@ -69,6 +79,9 @@ class AttentionPlan:
     logn: bool
     original_max_position_embeddings: int
     layout: rope_layout.Layout | None = None  # how the layer rotates (``hf.layout``); None until the model is probed
+    method: str = ""  # the method's name, for messages
+    runner: Any = None  # ``_method_attention`` kept out of torch.compile graphs, named for the method (``_runner``)
+    watch: slots.Watch | None = None  # the decoder's record of the cache of the running forward (``hf.slots``)
 
     @property
     def active(self) -> bool:
@@ -183,7 +196,7 @@ def _plan_modules(model, config, scaling, inner: str, probed) -> list[tuple[nn.M
     for module in modules:
         idx = getattr(module, "layer_idx", None)
         layer_type = types[idx] if isinstance(idx, int) and idx < len(types) else None
-        plan = AttentionPlan(inner, None, False, scaling.original_max_position_embeddings)
+        plan = AttentionPlan(inner, None, False, scaling.original_max_position_embeddings, method=scaling.method.name)
         seen = probed.get(module) if probed is not None else None
         local = mixed and layer_type in LOCAL_LAYER_TYPES
         if not local and (seen is None or seen.kind != "nope"):  # NoPE layers have no position to change
@@ -203,7 +216,13 @@ def _plan_modules(model, config, scaling, inner: str, probed) -> list[tuple[nn.M
                     "rope-extend's attention does not implement",
                 )
             plan = AttentionPlan(
-                inner, rules, scaling.logn, scaling.original_max_position_embeddings, seen.layout if seen else None
+                inner,
+                rules,
+                scaling.logn,
+                scaling.original_max_position_embeddings,
+                seen.layout if seen else None,
+                scaling.method.name,
+                _runner(scaling.method.name) if rules is not None else None,
             )
         out.append((module, plan))
     if probed is not None and not any(plan.active for _, plan in out):
@@ -224,11 +243,13 @@ def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
     config = text_config(config)
     if not is_registered_name(config._attn_implementation):
         config._rope_extend_inner = config._attn_implementation
+    decoder = rope_layout.decoder_of(model)
+    watch = slots.install(decoder)
     for module, plan in planned:
+        plan.watch = watch
         module.__dict__[PLAN_ATTR] = plan
     name = config._attn_implementation = registered_name(config._rope_extend_inner)
     pending = any(plan.active and plan.layout is None for _, plan in planned)
-    decoder = rope_layout.decoder_of(model)
     if pending and PROBE_HOOK not in decoder.__dict__:
         inner = config._rope_extend_inner
 
@@ -242,6 +263,7 @@ def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
             finally:
                 config._attn_implementation = name
             for module, plan in final:
+                plan.watch = watch
                 module.__dict__[PLAN_ATTR] = plan
 
         decoder.__dict__[PROBE_HOOK] = decoder.register_forward_pre_hook(complete)
@@ -276,9 +298,11 @@ def remove(model: nn.Module, config, inner: str, modules) -> None:
         if plan is not None and plan.layout is not None:  # its frequency set's cos/sin tables and work space
             plan.layout.rotary.__dict__.pop(rope_layout.TABLES_ATTR, None)
             plan.layout.rotary.__dict__.pop(WORKSPACE_ATTR, None)
-    hook = rope_layout.decoder_of(model).__dict__.pop(PROBE_HOOK, None)
+    decoder = rope_layout.decoder_of(model)
+    hook = decoder.__dict__.pop(PROBE_HOOK, None)
     if hook is not None:
         hook.remove()
+    slots.remove(decoder)
     config._attn_implementation = inner
     config.__dict__.pop("_rope_extend_inner", None)
 
@@ -323,28 +347,85 @@ def attention_forward(
     """transformers' attention-function signature; ``query`` ``[b, h, n, d]``, ``key``/``value`` ``[b, h_kv, m, d]``."""
     plan: AttentionPlan | None = module.__dict__.get(PLAN_ATTR)
     inner = plan.inner if plan is not None else "sdpa"
-    position_ids = kwargs.get("position_ids")
     if plan is None or plan.rules is None:
+        if inner == "flex_attention" and plan is not None:
+            _check_flex(plan, module)
+        position_ids = kwargs.get("position_ids")
         if plan is not None and plan.logn:
-            query = _logn(query, _query_positions(position_ids, query, key), plan)
+            if position_ids is None:  # the queries end at the newest key
+                position_ids = _query_slots(plan, module, query, key)[None]
+            query = _logn(query, position_ids.expand(query.shape[0], -1), plan)
         if inner == "eager":  # the SDPA mask leaves a plain causal mask out (None); eager needs it
             if attention_mask is None and getattr(module, "is_causal", True):
-                n, m = query.shape[2], key.shape[2]
-                rows = torch.arange(m - n, m, device=query.device)[:, None]
-                attention_mask = (torch.arange(m, device=query.device)[None, :] <= rows)[None, None]
+                rows = _query_slots(plan, module, query, key)[:, None]
+                attention_mask = (torch.arange(key.shape[2], device=query.device)[None, :] <= rows)[None, None]
             attention_mask = _additive(attention_mask, query.dtype)
         extra = {"softcap": softcap} if softcap is not None else {}
         return _inner(module, inner)(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **extra, **kwargs
         )
+    return plan.runner(module, plan, query, key, value, attention_mask, dropout, scaling, softcap, kwargs)
+
+
+def _method_attention(module, plan, query, key, value, attention_mask, dropout, scaling, softcap, kwargs):
+    """A layer with a method's rules. Keys past the newest query's (a static cache's empty slots) are cut off
+    first, so that the key in the last slot is the newest (``hf.slots``)."""
     if dropout and module.training:
         raise UnsupportedModelError(f"{NAME} attention has no dropout; call model.eval() or set attention_dropout=0")
     if scaling is None:
         scaling = module.head_dim**-0.5
+    end = slots.filled(plan.watch, module, key)
+    if end is not None:
+        end = int(end)  # one host sync: a static layer's length is a tensor
+        key, value = key[:, :, :end], value[:, :, :end]
+        # a 4D mask [b, 1, n, slots] or FlashAttention's padding mask [b, slots]; FlexAttention's BlockMask is
+        # evaluated on slot indices (``Mask.block``), all below ``end``
+        if isinstance(attention_mask, torch.Tensor):
+            attention_mask = attention_mask[..., :end]
     sinks = kwargs.get("s_aux")  # GPT-OSS, Granite-SWA: one more logit per head, with value 0
-    mask = Mask.of(attention_mask, query, key, inner, kwargs.get("sliding_window"))
-    out = _attend(module, plan, query, key, value, mask, scaling, softcap, position_ids, sinks)
+    mask = Mask.of(attention_mask, query, key, plan.inner, kwargs.get("sliding_window"))
+    out = _attend(module, plan, query, key, value, mask, scaling, softcap, kwargs.get("position_ids"), sinks)
     return out, None
+
+
+def _check_flex(plan: AttentionPlan, module) -> None:
+    """Refuse a layer that keeps transformers' FlexAttention over a full static cache layer: the ``BlockMask``
+    transformers builds evaluates its causal rule inside the kernel with the cache's length as a tensor, which the
+    layer's own cache update has already advanced, so every query also sees the empty slots after it (decode steps
+    off by about 1e-2 on a tiny Llama, with or without rope-extend). The method's own layers are exact there: they
+    cut the keys at the newest one first."""
+    if slots.static_full(plan.watch, module):
+        raise UnsupportedModelError(
+            f"{plan.method}{' (log-n)' if plan.logn else ''} with flex_attention and a static cache: layer {module.layer_idx} keeps transformers' "
+            "FlexAttention, whose mask reads the static cache's length after the layer has advanced it, so its "
+            "queries see empty slots (wrong even without rope-extend); use attn_implementation='sdpa' or 'eager', "
+            "or a DynamicCache"
+        )
+
+
+def _runner(method: str):
+    """``_method_attention`` wrapped so that torch.compile runs it eagerly (a graph break): its passes are laid out
+    by position ids and a cache length read on the host. Under ``fullgraph=True`` dynamo refuses it with this
+    reason. One wrapper per method name, so the reason names it."""
+    if method not in _RUNNERS:
+        reason = (
+            f"rope-extend's {method} attention splits each layer into passes by position ids and the cache length "
+            "read on the host, so torch.compile runs it outside the graph; compile with fullgraph=False (the "
+            "default, and generate's)"
+        )
+        _RUNNERS[method] = compiled.eager(_method_attention, reason)
+    return _RUNNERS[method]
+
+
+_RUNNERS: dict[str, Any] = {}
+
+
+def _query_slots(plan: AttentionPlan | None, module, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """The key slots of the query rows ``[n]``: the last ``n`` of the keys, or of a static layer's filled slots
+    (a tensor offset: no host sync, so that torch.compile keeps it in the graph)."""
+    n, m = query.shape[2], key.shape[2]
+    end = slots.filled(plan.watch if plan is not None else None, module, key)
+    return torch.arange(n, device=query.device) + ((m if end is None else end) - n)
 
 
 class Mask:
@@ -374,7 +455,7 @@ class Mask:
             if attention_mask is not None and attention_mask.shape[-1] != m:
                 raise UnsupportedModelError(
                     f"{NAME} attention got a FlashAttention padding mask of {attention_mask.shape[-1]} keys for "
-                    f"{m} keys (a static cache?); use a DynamicCache"
+                    f"{m} keys, so it cannot tell which keys it masks; use a DynamicCache"
                 )
             pad = None if attention_mask is None else attention_mask.bool()
             return cls("padding", pad, n, m, device, window)
@@ -410,13 +491,6 @@ class Mask:
                 inside = (self.m - self.n + r) - c < self.window
                 allow = inside if allow is None else allow & inside
         return None if bool(allow.all()) else allow
-
-
-def _query_positions(position_ids, query, key) -> torch.Tensor:
-    if position_ids is not None:
-        return position_ids.expand(query.shape[0], -1)
-    n, m = query.shape[2], key.shape[2]
-    return torch.arange(m - n, m, device=query.device).expand(query.shape[0], -1)
 
 
 def _logn(query: torch.Tensor, positions: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:

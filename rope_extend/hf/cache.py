@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
+from . import compiled
 from . import layout as rope_layout
 from .config import nested_layer_types, text_config
 from .rotary import RotaryRuntime, buffer_name, next_seen, scale_name
@@ -96,6 +97,11 @@ class CacheKeeper:
     def _set_of(self, index: int):
         return self.layer_sets[index] if self.layer_sets is not None and index < len(self.layer_sets) else None
 
+    @compiled.run_eagerly(
+        "rope-extend's dynamic methods (dynamic, dynamic_yarn, longrope) read the sequence length on the host before "
+        "each forward to re-rotate the cached keys when their frequencies change, so torch.compile runs this hook "
+        "outside the graph; compile with fullgraph=False (the default, and generate's)"
+    )
     def __call__(self, module, args, kwargs):
         if self.probing:  # the probe's own forward
             return

@@ -1,0 +1,117 @@
+"""Where the newest key sits in the key tensor a layer's attention function receives.
+
+transformers hands attention two layouts of cached keys:
+
+- a dynamic cache (``DynamicCache``, full or sliding-window layers, ``offloaded``, quantized) returns the keys
+  up to the newest token: the last query's own key is the last slot;
+- a static cache (``StaticCache``: ``cache_implementation="static"`` / ``"offloaded_static"``, and the deprecated
+  ``"sliding_window"`` / ``"hybrid_chunked"``) returns its whole preallocated tensor of ``max_cache_len`` slots,
+  filled from slot 0 up to its cumulative length; the slots after it hold zeros or stale keys, which the mask
+  hides. Its sliding-window layers (``StaticSlidingWindowLayer``) return their window tensor filled the same way
+  until it is full, and keys ending at the newest token from then on.
+
+The attention methods place each key by its distance from the last query, so they need the filled length. The
+attention function never sees the cache (transformers 5.24 passes no ``cache_position``; 5.17 neither), so
+``Watch``, a forward pre-hook on the decoder, records the cache each forward receives, and ``filled`` reads the
+layer's length after its update: ``StaticLayer.cumulative_length``, a tensor (the cache keeps it on the device
+so that compiled decoding does not recompile), which the caller reads on the host. One forward at a time per
+model: like the cache keepers (``hf.cache``), the watch holds the cache of the forward running now.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedModelError
+from .layout import cache_argument
+
+WATCH_ATTR = "_rope_extend_watch"  # on the decoder: (Watch, pre-hook handle, hook handle)
+
+
+class Watch:
+    """Records the cache of the decoder's forward (``cache``, ``past_key_values`` before 5.24, or a positional
+    ``Cache``) while it runs; cleared when it returns, so that no cache is kept alive after it."""
+
+    def __init__(self):
+        self.cache = None
+
+    def __call__(self, module, args, kwargs):
+        from transformers.cache_utils import Cache
+
+        cache = cache_argument(kwargs)
+        if cache is None:
+            cache = next((a for a in args if isinstance(a, Cache)), None)
+        self.cache = cache
+
+    def clear(self, *_):
+        self.cache = None
+
+
+def install(decoder: nn.Module) -> Watch:
+    """The decoder's ``Watch``, registered once."""
+    found = decoder.__dict__.get(WATCH_ATTR)
+    if found is not None:
+        return found[0]
+    watch = Watch()
+    pre = decoder.register_forward_pre_hook(watch, with_kwargs=True)
+    post = decoder.register_forward_hook(watch.clear, always_call=True)
+    decoder.__dict__[WATCH_ATTR] = (watch, pre, post)
+    return watch
+
+
+def remove(decoder: nn.Module) -> None:
+    found = decoder.__dict__.pop(WATCH_ATTR, None)
+    if found is not None:
+        found[1].remove()
+        found[2].remove()
+
+
+def filled(watch: Watch | None, module: nn.Module, key: torch.Tensor) -> int | torch.Tensor | None:
+    """How many slots of ``key`` (``[b, h, m, d]``, what ``module``'s attention function received) hold keys, the
+    newest query's last: None when all ``m`` do (a dynamic cache, or no cache); an int or a 0-d tensor (a static
+    layer's cumulative length, read on the host by the caller) when the keys are a static layer's slots.
+    Raises for a cache layer whose slots rope-extend does not know."""
+    from transformers import cache_utils as cu
+
+    layer = _layer(watch, module)
+    if layer is None:
+        return None
+    index = module.layer_idx
+    if isinstance(layer, cu.StaticSlidingWindowLayer):
+        # not yet full: the window tensor, filled up to the length; from full on: keys ending at the newest token
+        length = layer.cumulative_length_int
+        return length if length < key.shape[-2] else None
+    if isinstance(layer, cu.StaticLayer):
+        if key.shape[-2] != layer.max_cache_len:
+            raise UnsupportedModelError(
+                f"layer {index} attends over {key.shape[-2]} keys from a {type(layer).__name__} of "
+                f"{layer.max_cache_len} slots, so rope-extend cannot tell which slot holds the newest key; "
+                "use a DynamicCache (generate's default)"
+            )
+        return layer.cumulative_length
+    if isinstance(layer, cu.DynamicLayer):  # full, sliding, offloaded, quantized: keys end at the newest token
+        return None
+    raise UnsupportedModelError(
+        f"cache layers of type {type(layer).__name__} (layer {index}) keep their keys in slots rope-extend does not "
+        "know, so it cannot place them; use a DynamicCache (generate's default) or a StaticCache"
+    )
+
+
+def static_full(watch: Watch | None, module: nn.Module) -> bool:
+    """Whether ``module``'s keys come from a full-attention static cache layer (not a sliding one)."""
+    from transformers import cache_utils as cu
+
+    layer = _layer(watch, module)
+    return isinstance(layer, cu.StaticLayer) and not isinstance(layer, cu.StaticSlidingWindowLayer)
+
+
+def _layer(watch: Watch | None, module: nn.Module):
+    """The cache layer of ``module`` in the running forward's cache, or None (no cache, or not a layered one)."""
+    cache = watch.cache if watch is not None else None
+    cache = getattr(cache, "self_attention_cache", cache)  # an encoder-decoder cache: the decoder's own
+    layers = getattr(cache, "layers", None)
+    index = getattr(module, "layer_idx", None)
+    if layers is None or not isinstance(index, int) or index >= len(layers):
+        return None
+    return layers[index]
