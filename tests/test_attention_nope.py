@@ -83,7 +83,7 @@ def _without_temperature(model):
 
 
 def _layers(model):
-    """``(local RoPE layers, NoPE layers)`` by the probe and ``config.layer_types``."""
+    """``(local RoPE layers, NoPE layers, every probed layer)``: indices, by the probe and ``config.layer_types``."""
     config = text_config(model.config)
     found = Lo.layer_probes(model, config, [m for _, m in R.rotary_modules(model)], 128)
     types = config.layer_types
@@ -99,7 +99,9 @@ def test_attention_methods_are_refused_on_nope_hybrids(model_type):
     config = text_config(model.config)
     local, nope, found = _layers(model)
     assert local and nope and local | nope == set(found)  # the family is what this test is about
-    reach = config.attention_chunk_size if "chunked_attention" in config.layer_types else config.sliding_window
+    chunked = "chunked_attention" in config.layer_types
+    reach = f"{config.attention_chunk_size}-token chunks" if chunked else f"a {config.sliding_window}-token window"
+    reach = f"within {reach}"
     x = _ids()
     before, implementation = _logits(model, input_ids=x), config._attn_implementation
     for method, params in ATTENTION.items():
@@ -113,9 +115,7 @@ def test_attention_methods_are_refused_on_nope_hybrids(model_type):
                 assert "attn_temperature_tuning" in message
                 continue
             assert f"{method} has nothing to change" in message
-            assert f"attend within {'a ' if 'chunked_attention' not in config.layer_types else ''}{reach}-token" in (
-                message
-            )
+            assert f"its RoPE layers attend {reach}" in message
             assert f"its {len(nope)} global layer{'s have' if len(nope) > 1 else ' has'} no RoPE" in message
             assert "log-n scales the NoPE layers" in message
     assert rope_extend.patched(model) is None

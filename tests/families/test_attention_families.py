@@ -4,8 +4,9 @@ For each family that ``tiny.build`` makes, and each attention method (Self-Exten
 ``patch`` either raises an rope-extend error naming the family and the method, or its logits equal a reference
 (atol 2e-4 relative to the logits' scale) that computes every layer's attention explicitly, O(n^2):
 
-- layers that keep plain attention (local sliding / chunked layers by ``config.layer_types``, NoPE layers)
-  attend with true positions, under the model's own mask;
+- layers that keep plain attention (local sliding / chunked layers by ``config.layer_types``, NoPE layers, and
+  every layer under a frequency method) attend with true positions, under the model's own mask and its own
+  causality (sdpa's convention: causal when no mask is given and the module is ``is_causal``);
 - every other layer rotates key ``j`` further for query ``i`` so that the pair's relative position is the
   method's ``rel(i, j)`` written out from methods.md (tests/test_attention.py's ``relative``), in the layer's
   rotation convention as ``hf.layout.probe`` measured it on the family's own code; ``test_probe_*`` below
@@ -79,7 +80,8 @@ class Reference:
         scores = scores * (scaling if scaling is not None else module.head_dim**-0.5)
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
-        scores = scores.masked_fill(j > i, float("-inf"))
+        if layout is not None or (attention_mask is None and getattr(module, "is_causal", True)):
+            scores = scores.masked_fill(j > i, float("-inf"))  # plain layers: the model's own convention, as sdpa's
         if attention_mask is not None:
             mask = attention_mask[..., :n, :n]
             scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
@@ -100,7 +102,9 @@ def _reference_logits(model, method, params, x, logn):
         plan = module.__dict__.get(A.PLAN_ATTR)
         idx = getattr(module, "layer_idx", None)
         local = mixed and isinstance(idx, int) and idx < len(types) and types[idx] in LOCAL_LAYER_TYPES
-        layouts[module] = None if local or plan is None else plan.layout
+        # a frequency method (the logn column) moves no position: every layer attends as the model's own does
+        moved = plan is not None and plan.rules is not None
+        layouts[module] = None if local or not moved else plan.layout
         if logn and not local:  # RoPE and NoPE layers alike
             scaled.add(module)
     length = rope_extend.patched(model).original_max_position_embeddings
