@@ -193,7 +193,10 @@ def patch(
     whose reach is shorter than the shipped context (an attention method without a factor) is refused unless
     ``target_length`` asks for exactly that. A new patch replaces the previous one and never compounds. Gemma 3
     style models scale their global layers only; local sliding-window layers keep their rotary. Every argument
-    is checked before the model is touched.
+    is checked before the model is touched, and so is that the patch changes something: an attention method on
+    a NoPE hybrid whose RoPE layers are all local (Cohere 2, EXAONE 4, Llama 4) has no layer to change and is
+    refused; ``logn=True`` scales the NoPE layers' queries (alone: ``"linear"`` at ``factor=1``), and is
+    refused on a model that applies its own temperature there (Llama 4's ``attn_temperature_tuning``).
 
     ``keep_shipped=True`` (the attention methods, with or without ``logn``) keeps the shipped scaling instead:
     the rotary keeps its frequencies (``llama3``, ``yarn``, ``longrope`` switching at its ``L``, ``linear``) and
@@ -282,8 +285,9 @@ def unpatch(model: nn.Module) -> nn.Module:
 def patched(model: nn.Module) -> registry.Scaling | None:
     """The scaling ``patch`` applied to ``model``, or None; its ``kernel`` names the attention that runs now (on
     the model's device): the model's own implementation for a frequency method (``'sdpa'``), and for an
-    attention method or log-n the kernel of rope-extend's passes and what the layers it leaves alone keep
-    (``'cpu_flash; other layers: sdpa'``; ``hf.attention.kernel``)."""
+    attention method the kernel of rope-extend's passes and what the layers it leaves alone keep
+    (``'cpu_flash; other layers: sdpa'``; ``hf.attention.kernel``); for log-n alone the model's implementation,
+    since it only scales the queries (of NoPE layers too) before it."""
     state = model.__dict__.get(STATE_ATTR)
     if state is None:
         return None

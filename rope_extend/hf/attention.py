@@ -9,6 +9,14 @@ set of the layer, and the implementation the model used before, which layers wit
 sliding layers) keep, with the mask that implementation expects. A method layer reads the same mask as booleans
 (``Mask``).
 
+Which layers change: a method's position rules apply to every layer that rotates and is not local (a sliding
+window or chunks, by ``config.layer_types``, in a model that also has global layers); local layers never see a
+distance beyond their window, and NoPE layers have no rotation to move. log-n scales the queries of every layer
+that is not local, NoPE layers included (the log-length temperature they need at long context; Llama 4 ships
+one, ``attn_temperature_tuning``, and log-n on top of it is refused: ``hf.config.own_temperature``). A patch
+that would change no layer is refused before anything is touched (``_check_changes``): an attention method on a
+NoPE hybrid whose RoPE layers are all local (Cohere 2, EXAONE 4, Llama 4, AFMoE), with the layers named.
+
 Kernels (``kernel``): on the CPU each pass runs aten's CPU flash attention, which returns the log-sum-exp; with
 logit softcapping (Gemma 2) or on another device, a plain-torch loop over key tiles. ``patched(model).kernel``
 names them.
@@ -16,7 +24,7 @@ names them.
 The function receives queries and keys already rotated at their true positions (cached keys too). RoPE
 rotations compose, so a key rotated at ``j`` is moved to ``kpos`` by one more rotation by ``kpos - j``, in the
 layer's own convention as ``hf.layout.probe`` measured it on the model (pairing, which dimensions, which
-frequency set; NoPE layers are left alone, and a layer rope-extend cannot reproduce is refused). For each block
+frequency set; NoPE layers are not turned, and a layer rope-extend cannot reproduce is refused). For each block
 of queries and each kind of pair the method defines, one attention pass runs on re-rotated queries and keys
 over a range of keys, and the passes are merged by their log-sum-exp (attention sinks, ``s_aux``, as one more
 term): memory is linear in the length (a block of queries times the keys of one pass), never a full score
@@ -55,7 +63,7 @@ from ..errors import RopeExtendError, UnsupportedModelError
 from ..methods.attention import Rules, logn_scale
 from . import compiled, slots
 from . import layout as rope_layout
-from .config import LOCAL_LAYER_TYPES, family, naming, nested_layer_types, rope_dict, text_config
+from .config import LOCAL_LAYER_TYPES, naming, nested_layer_types, own_temperature, rope_dict, text_config
 
 logger = logging.getLogger("rope_extend")
 
@@ -82,6 +90,8 @@ class AttentionPlan:
     method: str = ""  # the method's name, for messages
     runner: Any = None  # ``_method_attention`` kept out of torch.compile graphs, named for the method (``_runner``)
     watch: slots.Watch | None = None  # the decoder's record of the cache of the running forward (``hf.slots``)
+    keep_positions: bool = False  # log-n on a layer whose attention function is given no position ids
+    positions: PositionKeeper | None = None  # where it reads them then (``install`` sets it)
 
     @property
     def active(self) -> bool:
@@ -199,7 +209,13 @@ def _plan_modules(model, config, scaling, inner: str, probed) -> list[tuple[nn.M
         plan = AttentionPlan(inner, None, False, scaling.original_max_position_embeddings, method=scaling.method.name)
         seen = probed.get(module) if probed is not None else None
         local = mixed and layer_type in LOCAL_LAYER_TYPES
-        if not local and (seen is None or seen.kind != "nope"):  # NoPE layers have no position to change
+        if not local and seen is not None and seen.kind == "nope":  # no position to change; log-n scales its queries
+            if scaling.logn and own_temperature(module):
+                raise _refuse(config, scaling, own_temperature(module))
+            plan = AttentionPlan(
+                inner, None, scaling.logn, scaling.original_max_position_embeddings, method=scaling.method.name
+            )
+        elif not local:
             if seen is not None and seen.kind == "unknown":
                 how = seen.why or f"best known layout off by {seen.error:.2g} relative"
                 raise _refuse(
@@ -224,14 +240,61 @@ def _plan_modules(model, config, scaling, inner: str, probed) -> list[tuple[nn.M
                 scaling.method.name,
                 _runner(scaling.method.name) if rules is not None else None,
             )
+        # log-n reads the query positions; a layer whose attention function is not given them (Llama 4's) gets
+        # the decoder's (``PositionKeeper``)
+        plan.keep_positions = plan.logn and seen is not None and "position_ids" not in seen.kwargs
         out.append((module, plan))
-    if probed is not None and not any(plan.active for _, plan in out):
-        logger.warning(
-            "%s changes no layer of %s: its global layers do not rotate (NoPE) and its local layers keep their window",
-            scaling.method.name,
-            family(config),
-        )
+    if probed is not None:
+        _check_changes(config, scaling, out, probed, types if mixed else [])
     return out
+
+
+def _check_changes(config, scaling, planned, probed, types: list) -> None:
+    """Refuse a patch that would change nothing: an attention method none of whose layers takes its position
+    rules (every RoPE layer local, every other layer NoPE: Cohere 2, EXAONE 4, Llama 4, AFMoE), or log-n with
+    no layer to scale. A patch that changes some layers and leaves others (SmolLM3's NoPE layers, Gemma 3's
+    local ones) is accepted."""
+    if scaling.rules() is None and (not scaling.logn or any(plan.logn for _, plan in planned)):
+        return
+    if scaling.rules() is not None and any(plan.rules is not None for _, plan in planned):
+        return
+    local: dict[str, int] = {}
+    nope = rope = 0
+    for module, _ in planned:
+        idx, kind = getattr(module, "layer_idx", None), probed[module].kind
+        layer_type = types[idx] if isinstance(idx, int) and idx < len(types) else None
+        if layer_type in LOCAL_LAYER_TYPES:
+            local[layer_type] = local.get(layer_type, 0) + 1
+            rope += kind == "rope"
+        else:
+            nope += 1
+    parts = []
+    if local:
+        which = "RoPE" if rope == sum(local.values()) else "local"
+        reach = " and ".join(f"{_reach(config, lt)} ({_count(n, lt + ' layer')})" for lt, n in local.items())
+        parts.append(f"its {which} layers attend {reach}")
+    if nope:
+        layers = _count(nope, "global layer" if local else "attention layer")
+        parts.append(f"its {layers} {'has' if nope == 1 else 'have'} no RoPE")
+    layers = " and ".join(parts)
+    if scaling.rules() is None:
+        raise _refuse(config, scaling, f"{layers}: log-n has no layer to scale")
+    alone = " (alone: patch(model, 'linear', factor=1, logn=True))" if nope else ""
+    logn = f"; log-n scales the NoPE layers{alone}" if nope else ""
+    raise _refuse(config, scaling, f"{layers}: {scaling.method.name} has nothing to change{logn}")
+
+
+def _reach(config, layer_type: str) -> str:
+    """How far a local layer type attends, in words."""
+    chunk = getattr(config, "attention_chunk_size", None)
+    if layer_type == "chunked_attention" and chunk:
+        return f"within {chunk}-token chunks"
+    window = getattr(config, "sliding_window", None)
+    return f"within a {window}-token window" if window else "locally"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 PROBE_HOOK = "_rope_extend_probe_hook"
@@ -250,10 +313,15 @@ def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
         module.__dict__[PLAN_ATTR] = plan
     name = config._attn_implementation = registered_name(config._rope_extend_inner)
     pending = any(plan.active and plan.layout is None for _, plan in planned)
+    _keep_positions(decoder, planned)
     if pending and PROBE_HOOK not in decoder.__dict__:
         inner = config._rope_extend_inner
+        for module in decoder.modules():  # an inner model's own (its post_init ran first: Llama 4's text model)
+            earlier = module.__dict__.pop(PROBE_HOOK, None)  # is superseded: its probe would run inside this one's
+            if earlier is not None:
+                earlier.remove()
 
-        def complete(_module, _args):
+        def complete(_module, _args, kwargs):
             decoder.__dict__.pop(PROBE_HOOK).remove()
             config._attn_implementation = inner
             try:
@@ -265,8 +333,58 @@ def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
             for module, plan in final:
                 plan.watch = watch
                 module.__dict__[PLAN_ATTR] = plan
+            _keep_positions(decoder, final)
+            keeper = decoder.__dict__.get(POSITIONS_HOOK)
+            if keeper is not None:  # this forward's own position ids: its pre-hooks ran before this one's probe
+                keeper[0](decoder, _args, kwargs)
 
-        decoder.__dict__[PROBE_HOOK] = decoder.register_forward_pre_hook(complete)
+        decoder.__dict__[PROBE_HOOK] = decoder.register_forward_pre_hook(complete, with_kwargs=True)
+
+
+POSITIONS_HOOK = "_rope_extend_positions_hook"
+
+
+class PositionKeeper:
+    """The decoder's forward pre-hook that keeps the position ids of the forward under way, per thread, for
+    log-n on layers whose attention function is not given them (Llama 4's decoder layers keep ``position_ids``
+    to themselves). The ids the decoder was called with (``generate`` gives left-padded rows their true
+    positions); without them, what the decoder computes itself: ``cache_position``, else the cache's length
+    onwards."""
+
+    def __init__(self):
+        self.local = threading.local()
+
+    def __call__(self, module, args, kwargs):
+        ids = kwargs.get("position_ids")
+        if ids is None:
+            tokens = kwargs.get("input_ids", args[0] if args else None)
+            tokens = tokens if tokens is not None else kwargs.get("inputs_embeds")
+            ids = kwargs.get("cache_position")
+            if ids is None and tokens is not None:
+                cache = rope_layout.cache_argument(kwargs)
+                past = int(cache.get_seq_length()) if cache is not None else 0
+                ids = torch.arange(past, past + tokens.shape[1], device=tokens.device)
+        self.local.ids = ids
+
+    def of(self, query: torch.Tensor) -> torch.Tensor | None:
+        """``[b, n]`` position ids of ``query``'s rows, or None when the forward under way gave none that fit."""
+        ids = getattr(self.local, "ids", None)
+        b, n = query.shape[0], query.shape[2]
+        if ids is None or ids.dim() > 2 or ids.shape[-1] != n or (ids.dim() == 2 and ids.shape[0] not in (1, b)):
+            return None
+        return ids.reshape(-1, n).expand(b, -1)
+
+
+def _keep_positions(decoder: nn.Module, planned) -> None:
+    """Give the plans that need it (``keep_positions``) the decoder's ``PositionKeeper``, registered once."""
+    wanting = [plan for _, plan in planned if plan.keep_positions]
+    if not wanting:
+        return
+    if POSITIONS_HOOK not in decoder.__dict__:
+        keeper = PositionKeeper()
+        decoder.__dict__[POSITIONS_HOOK] = (keeper, decoder.register_forward_pre_hook(keeper, with_kwargs=True))
+    for plan in wanting:
+        plan.positions = decoder.__dict__[POSITIONS_HOOK][0]
 
 
 def kernel(model: nn.Module, config, inner: str, modules) -> str:
@@ -303,6 +421,9 @@ def remove(model: nn.Module, config, inner: str, modules) -> None:
     if hook is not None:
         hook.remove()
     slots.remove(decoder)
+    keeper = decoder.__dict__.pop(POSITIONS_HOOK, None)
+    if keeper is not None:
+        keeper[1].remove()
     config._attn_implementation = inner
     config.__dict__.pop("_rope_extend_inner", None)
 
@@ -352,9 +473,7 @@ def attention_forward(
             _check_flex(plan, module)
         position_ids = kwargs.get("position_ids")
         if plan is not None and plan.logn:
-            if position_ids is None:  # the queries end at the newest key
-                position_ids = _query_slots(plan, module, query, key)[None]
-            query = _logn(query, position_ids.expand(query.shape[0], -1), plan)
+            query = _logn(query, _query_positions(position_ids, module, query, key, plan), plan)
         if inner == "eager":  # the SDPA mask leaves a plain causal mask out (None); eager needs it
             if attention_mask is None and getattr(module, "is_causal", True):
                 rows = _query_slots(plan, module, query, key)[:, None]
@@ -491,6 +610,17 @@ class Mask:
                 inside = (self.m - self.n + r) - c < self.window
                 allow = inside if allow is None else allow & inside
         return None if bool(allow.all()) else allow
+
+
+def _query_positions(position_ids, module, query, key, plan: AttentionPlan | None = None) -> torch.Tensor:
+    """``[b, n]`` positions of the query rows: the layer's ``position_ids``, else the decoder's (``PositionKeeper``),
+    else the query rows' key slots (``_query_slots``: the last ``n`` keys, or a static layer's filled slots)."""
+    if position_ids is not None:
+        return position_ids.expand(query.shape[0], -1)
+    kept = plan.positions.of(query) if plan is not None and plan.positions is not None else None
+    if kept is not None:
+        return kept
+    return _query_slots(plan, module, query, key)[None].expand(query.shape[0], -1)
 
 
 def _logn(query: torch.Tensor, positions: torch.Tensor, plan: AttentionPlan) -> torch.Tensor:

@@ -83,6 +83,21 @@ def naming(config, method: Any):
 
 
 # ----------------------------------------------------------------------------------------------- reading
+def own_temperature(holder) -> str | None:
+    """Why log-n would compound on a model (a config or an attention module) that scales its NoPE layers'
+    queries itself, or None. Llama 4's ``attn_temperature_tuning`` multiplies the query at position ``p`` by
+    ``1 + attn_scale ln(1 + floor((p + 1) / floor_scale))`` (the config's values, copied onto each attention
+    module); log-n would multiply it once more, so it is refused rather than stacked or silently swapped."""
+    if not getattr(holder, "attn_temperature_tuning", False):
+        return None
+    scale, floor = getattr(holder, "attn_scale", None), getattr(holder, "floor_scale", None)
+    return (
+        f"its NoPE layers already scale their queries by Llama 4's temperature (attn_temperature_tuning: "
+        f"1 + {scale} ln(1 + floor((p + 1) / {floor}))), and log-n would compound with it; load the model with "
+        "attn_temperature_tuning=False to have log-n instead, or leave logn out to keep it"
+    )
+
+
 def text_config(config):
     """The decoder's config of a composite model (e.g. Gemma 3 with vision), else ``config`` itself."""
     get = getattr(config, "get_text_config", None)
@@ -527,6 +542,8 @@ def plan(
     )
     if kept is not None:
         scaling = dataclasses.replace(scaling, shipped=kept)
+    if scaling.logn and own_temperature(config):
+        raise UnsupportedModelError(own_temperature(config))
     if scaling.target_length < shipped:
         if target_length is None:
             raise RopeExtendError(

@@ -17,7 +17,8 @@ function registered for the probe records the queries and keys every layer passe
 for both rows, so every layer sees the same hidden states in both rows and row 1's queries and keys are row
 0's rotated by the positions, in the family's own convention. Each layer is then matched against the
 candidate layouts (pairing x first/last dimensions x the model's frequency sets), computed by rope-extend
-from ``inv_freq``: a layer whose keys do not move is NoPE; a layer that matches no candidate, or that never
+from ``inv_freq``: a layer whose keys do not move is NoPE (its queries decide where its keys are all zero, as
+in a randomly initialised ZAYA); a layer that matches no candidate, or that never
 reaches transformers' attention interface, is reported, and the attention methods refuse the model.
 """
 
@@ -298,28 +299,35 @@ def probe(model: nn.Module, config, rotary: list[nn.Module], length: int) -> dic
         decoder.train(was_training)
     delta = positions[1].to(torch.float64)
     tolerance = max(2e-3, 16 * torch.finfo(param.dtype).eps) if param.is_floating_point() else 2e-3
-    out = {}
-    for module, (query, key, extra) in recorder.seen.items():
-        q0, q1, k0, k1 = query[:1], query[1:], key[:1], key[1:]
-        if query.shape[-2] != PROBE_TOKENS or key.shape[-2] != PROBE_TOKENS:
-            why = f"its attention sees {key.shape[-2]} keys for {query.shape[-2]} queries: compressed or extra keys"
-            out[module] = LayerProbe("unknown", None, extra, why=why, width=key.shape[-1])
+    return {
+        module: _classify(query, key, extra, rotary, delta, tolerance)
+        for module, (query, key, extra) in recorder.seen.items()
+    }
+
+
+def _classify(query, key, extra, rotary, delta, tolerance) -> LayerProbe:
+    """One layer's probe: row 1's queries and keys against row 0's, rotated by every candidate layout."""
+    q0, q1, k0, k1 = query[:1], query[1:], key[:1], key[1:]
+    width = key.shape[-1]
+    if query.shape[-2] != PROBE_TOKENS or key.shape[-2] != PROBE_TOKENS:
+        why = f"its attention sees {key.shape[-2]} keys for {query.shape[-2]} queries: compressed or extra keys"
+        return LayerProbe("unknown", None, extra, why=why, width=width)
+    if not (k1.any() or q1.any()):
+        why = "its queries and keys are zero on the probe's tokens, so how it rotates cannot be seen"
+        return LayerProbe("unknown", None, extra, why=why, width=width)
+    # keys that do not move: NoPE (by the queries where the keys are all zero: a layer's weights may zero them)
+    if _relative_error(*((k0, k1) if k1.any() else (q0, q1))) <= tolerance:
+        return LayerProbe("nope", None, extra, width=width)
+    best, best_error = None, float("inf")
+    for layout in candidates(rotary, width):
+        if layout.dim > query.shape[-1]:
             continue
-        if _relative_error(k0, k1) <= tolerance:
-            out[module] = LayerProbe("nope", None, extra, width=key.shape[-1])
-            continue
-        best, best_error = None, float("inf")
-        for layout in candidates(rotary, key.shape[-1]):
-            if layout.dim > query.shape[-1]:
-                continue
-            error = max(_relative_error(layout.rotate(k0, delta), k1), _relative_error(layout.rotate(q0, delta), q1))
-            if error < best_error:
-                best, best_error = layout, error
-        if best is not None and best_error <= tolerance:
-            out[module] = LayerProbe("rope", best, extra, width=key.shape[-1])
-        else:
-            out[module] = LayerProbe("unknown", None, extra, best_error, width=key.shape[-1])
-    return out
+        error = max(_relative_error(layout.rotate(k0, delta), k1), _relative_error(layout.rotate(q0, delta), q1))
+        if error < best_error:
+            best, best_error = layout, error
+    if best is not None and best_error <= tolerance:
+        return LayerProbe("rope", best, extra, width=width)
+    return LayerProbe("unknown", None, extra, best_error, width=width)
 
 
 def layer_probes(model: nn.Module, config, rotary: list[nn.Module], length: int) -> dict[int, LayerProbe]:

@@ -18,6 +18,7 @@ import warnings
 import transformers
 
 import rope_extend
+from tests.families.test_attention_families import LOGN
 from tests.families.test_attention_families import METHODS as ATTENTION
 from tests.families.test_attention_families import _outcome as attention_outcome
 from tests.families.test_frequency_families import FACTOR, L, _params
@@ -86,7 +87,7 @@ def main() -> None:
             kind, message = row[method]
             if kind == "refused":
                 counts["refused"] += 1
-                label = "rerope" if method == "logn" else method
+                label = LOGN if method == "logn" else method
                 number = reasons.setdefault(_reason(message, model_type, label), len(reasons) + 1)
                 cells.append(f"refused [{number}]")
             else:

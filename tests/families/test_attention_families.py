@@ -4,12 +4,20 @@ For each family that ``tiny.build`` makes, and each attention method (Self-Exten
 ``patch`` either raises an rope-extend error naming the family and the method, or its logits equal a reference
 (atol 2e-4 relative to the logits' scale) that computes every layer's attention explicitly, O(n^2):
 
-- layers that keep plain attention (local sliding / chunked layers by ``config.layer_types``, NoPE layers)
-  attend with true positions, under the model's own mask;
+- layers that keep plain attention (local sliding / chunked layers by ``config.layer_types``, NoPE layers, and
+  every layer under a frequency method) attend with true positions, under the model's own mask and its own
+  causality (sdpa's convention: causal when no mask is given and the module is ``is_causal``);
 - every other layer rotates key ``j`` further for query ``i`` so that the pair's relative position is the
   method's ``rel(i, j)`` written out from methods.md (tests/test_attention.py's ``relative``), in the layer's
   rotation convention as ``hf.layout.probe`` measured it on the family's own code; ``test_probe_*`` below
-  pins the probe against conventions read from the families' source.
+  pins the probe against conventions read from the families' source;
+- log-n (the ``logn`` column: linear x4 from ``L`` = 32, so that the temperature reaches ``ln 100 / ln 32``
+  within the ``N`` tokens) multiplies the query at ``p`` by ``max(1, ln(p + 1) / ln L)`` on every layer but
+  the local ones, RoPE and NoPE layers alike.
+
+A method that would change no layer of a family (every RoPE layer local, every other one NoPE: Cohere 2,
+EXAONE 4, Llama 4, ...) is refused, and log-n where the family scales its NoPE queries itself (Llama 4's
+``attn_temperature_tuning``).
 
 Anything else (a crash in transformers or torch, a mismatch) fails. ``families.md`` in this folder's parent
 families table is generated from the same outcomes (``python -m tests.families.table``).
@@ -39,15 +47,17 @@ METHODS = {
     "dual_chunk": dict(chunk_size=48, local_window=8),
     "rerope": dict(window=16),
     "string": dict(shifted_offset=32, local_window=8),
-    "logn": {},
+    "logn": dict(factor=4, original_max_position_embeddings=32, logn=True),
 }
+LOGN = "linear"  # the method the logn column patches with (log-n over a frequency method)
 
 
 class Reference:
-    """Explicit attention: ``layouts[module]`` is the layer's rotation, None for plain attention."""
+    """Explicit attention: ``layouts[module]`` is the layer's rotation, None for plain attention; log-n scales the
+    queries of the modules in ``scaled``."""
 
-    def __init__(self, method, params, layouts, logn, length):
-        self.method, self.params, self.layouts, self.logn, self.length = method, params, layouts, logn, length
+    def __init__(self, method, params, layouts, scaled, length):
+        self.method, self.params, self.layouts, self.scaled, self.length = method, params, layouts, scaled, length
 
     def __call__(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, softcap=None, **kw):
         layout = self.layouts.get(module)
@@ -55,6 +65,9 @@ class Reference:
         groups = h // key.shape[1]
         key, value = key.float().repeat_interleave(groups, 1), value.float().repeat_interleave(groups, 1)
         q = query.float()
+        if module in self.scaled:
+            factor = [max(1.0, math.log(p + 1) / math.log(self.length)) for p in range(n)]
+            q = q * torch.tensor(factor)[:, None]
         i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
         if layout is None:
             scores = torch.einsum("bhid,bhjd->bhij", q, key)
@@ -63,14 +76,12 @@ class Reference:
             delta = (i - rel - j).to(torch.float64)  # move key j to i - rel[i, j]
             k = key[:, :, None].expand(-1, -1, n, -1, -1).reshape(b, h, n * n, -1)
             k = layout.rotate(k, delta.reshape(-1)).reshape(b, h, n, n, -1)
-            if self.logn:
-                factor = [max(1.0, math.log(p + 1) / math.log(self.length)) for p in range(n)]
-                q = q * torch.tensor(factor)[:, None]
             scores = torch.einsum("bhid,bhijd->bhij", q, k)
         scores = scores * (scaling if scaling is not None else module.head_dim**-0.5)
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
-        scores = scores.masked_fill(j > i, float("-inf"))
+        if layout is not None or (attention_mask is None and getattr(module, "is_causal", True)):
+            scores = scores.masked_fill(j > i, float("-inf"))  # plain layers: the model's own convention, as sdpa's
         if attention_mask is not None:
             mask = attention_mask[..., :n, :n]
             scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
@@ -86,15 +97,19 @@ def _reference_logits(model, method, params, x, logn):
     config = text_config(model.config)
     types = list(getattr(config, "layer_types", None) or ())
     mixed = bool(types) and not all(t in LOCAL_LAYER_TYPES for t in types)
-    layouts = {}
+    layouts, scaled = {}, set()
     for module in A.attention_modules(model, config) + [m for m in model.modules() if A.PLAN_ATTR in m.__dict__]:
         plan = module.__dict__.get(A.PLAN_ATTR)
         idx = getattr(module, "layer_idx", None)
         local = mixed and isinstance(idx, int) and idx < len(types) and types[idx] in LOCAL_LAYER_TYPES
-        layouts[module] = None if local or plan is None else plan.layout
+        # a frequency method (the logn column) moves no position: every layer attends as the model's own does
+        moved = plan is not None and plan.rules is not None
+        layouts[module] = None if local or not moved else plan.layout
+        if logn and not local:  # RoPE and NoPE layers alike
+            scaled.add(module)
     length = rope_extend.patched(model).original_max_position_embeddings
     name = "rope_extend_test_families_reference"
-    AttentionInterface.register(name, Reference(method, params, layouts, logn, length))
+    AttentionInterface.register(name, Reference(method, params, layouts, scaled, length))
     AttentionMaskInterface.register(name, sdpa_mask)
     # the reference runs on the patched model's rotary (plain RoPE: a shipped scaling is replaced), with the
     # model's own masks, and in place of rope-extend's attention function
@@ -119,9 +134,7 @@ def _outcome(model_type, method):
     except Exception as exc:  # noqa: BLE001 - reported as a skip by the caller
         return "unbuilt", f"{type(exc).__name__}: {exc}"
     params = dict(METHODS[method])
-    name, logn = (method, False) if method != "logn" else ("rerope", True)
-    if method == "logn":  # log-n over plain RoPE: ReRoPE with a window past every pair
-        params = dict(window=N + 1, logn=True)
+    name, logn = (method, False) if method != "logn" else (LOGN, True)
     try:
         rope_extend.patch(model, name, **params)
     except RopeExtendException as exc:
@@ -138,7 +151,7 @@ def _outcome(model_type, method):
         kind = "exact"
     with torch.no_grad():
         patched = model(input_ids=x).logits.float()
-    rel_params = {k: v for k, v in params.items() if k != "logn"}
+    rel_params = {k: v for k, v in params.items() if k not in ("logn", "factor", "original_max_position_embeddings")}
     reference = _reference_logits(model, name, rel_params, x, logn)
     scale = float(reference.abs().max()) or 1.0
     return kind, float((patched - reference).abs().max()) / scale
@@ -155,7 +168,7 @@ def test_attention_method_exact_or_refused(model_type, method):
     if kind == "unbuilt":
         pytest.skip(f"no tiny model: {detail}")
     if kind == "refused":
-        label = "rerope" if method == "logn" else method
+        label = LOGN if method == "logn" else method
         assert model_type in detail and label in detail, detail
         assert "\n" not in detail
         return
