@@ -45,7 +45,8 @@ from torch import nn
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..methods.attention import Rules, logn_scale
 from . import layout as rope_layout
-from .config import LOCAL_LAYER_TYPES, family, naming, nested_layer_types, rope_dict, text_config
+from . import mrope
+from .config import LOCAL_LAYER_TYPES, family, naming, text_config
 
 logger = logging.getLogger("rope_extend")
 
@@ -142,16 +143,8 @@ def plans(
             f"it changes attention and runs on top of the model's implementation, one of {', '.join(INNER)}; "
             f"this model uses {inner!r} (load it with attn_implementation='sdpa')",
         )
-    for lt in nested_layer_types(config) or [None]:
-        params = rope_dict(config, lt) or {}
-        if params.get("mrope_section") is not None:
-            raise _refuse(
-                config,
-                scaling,
-                "its M-RoPE (rope_parameters.mrope_section) gives each token three positions (time, "
-                "height, width) and the attention methods' position rules are one-dimensional; use a frequency "
-                "method (yarn, linear, ...)",
-            )
+    # M-RoPE (mrope_section) is planned like 1-D RoPE: text tokens are at one position on every axis, and
+    # hf.mrope refuses image tokens at the forward
     probed = (
         None
         if defer or _on_meta(model)
@@ -230,6 +223,8 @@ def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
         config._rope_extend_inner = config._attn_implementation
     for module, plan in planned:
         module.__dict__[PLAN_ATTR] = plan
+    mrope.install(model, config, scaling, list(rotary))
+    mrope.attach(model, [module for module, _ in planned])
     name = config._attn_implementation = registered_name(config._rope_extend_inner)
     pending = any(plan.active and plan.layout is None for _, plan in planned)
     decoder = rope_layout.decoder_of(model)
@@ -247,6 +242,7 @@ def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
                 config._attn_implementation = name
             for module, plan in final:
                 module.__dict__[PLAN_ATTR] = plan
+            mrope.attach(model, [module for module, _ in final])
 
         decoder.__dict__[PROBE_HOOK] = decoder.register_forward_pre_hook(complete)
 
@@ -283,6 +279,7 @@ def remove(model: nn.Module, config, inner: str, modules) -> None:
     hook = rope_layout.decoder_of(model).__dict__.pop(PROBE_HOOK, None)
     if hook is not None:
         hook.remove()
+    mrope.remove(model, modules)
     config._attn_implementation = inner
     config.__dict__.pop("_rope_extend_inner", None)
 
@@ -327,7 +324,7 @@ def attention_forward(
     """transformers' attention-function signature; ``query`` ``[b, h, n, d]``, ``key``/``value`` ``[b, h_kv, m, d]``."""
     plan: AttentionPlan | None = module.__dict__.get(PLAN_ATTR)
     inner = plan.inner if plan is not None else "sdpa"
-    position_ids = kwargs.get("position_ids")
+    position_ids = mrope.positions(module, kwargs.get("position_ids"), query.shape[2])
     if plan is None or plan.rules is None:
         if plan is not None and plan.logn:
             query = _logn(query, _query_positions(position_ids, query, key), plan)
