@@ -20,13 +20,17 @@ import rope_extend
 from rope_extend import UnsupportedModelError
 from rope_extend.hf import mrope
 from rope_extend.hf.layout import decoder_of
-from tests.families.test_attention_families import METHODS as FAMILY_METHODS
-from tests.families.test_attention_families import _reference_logits
 from tests.families.tiny import build, tiny_config
 
 N = 100  # tokens: past every method's window (16), Dual Chunk's chunks (40 positions each)
 L = 32  # the original length for log-n (the tiny configs say 128, past N)
-METHODS = {**{m: p for m, p in FAMILY_METHODS.items() if m != "logn"}, "leaky_rerope": dict(window=16, k=4.0)}
+METHODS = {  # the families test's parameters, and Leaky ReRoPE's
+    "self_extend": dict(group_size=4, window=16),
+    "dual_chunk": dict(chunk_size=48, local_window=8),
+    "rerope": dict(window=16),
+    "leaky_rerope": dict(window=16, k=4.0),
+    "string": dict(shifted_offset=32, local_window=8),
+}
 TOLERANCE = 1e-5  # of the largest logit; float32 measures 1e-7 to 6e-7
 GENERATE = dict(max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
 # what forwards, generate and their outputs call the KV cache: ``cache`` since transformers 5.24
@@ -59,6 +63,9 @@ def _image_inputs(model_type: str) -> dict:
 def test_text_logits_equal_the_explicit_reference(model_type):
     """Text-only input: every axis at the token's index, so each method is exact against its 1-D rule, and
     changes the logits (the method acts)."""
+    # imported here: importing the families test lists every family of the registry (seconds), for its parameters
+    from tests.families.test_attention_families import _reference_logits
+
     model, x = build(model_type), _ids(N)
     plain = _logits(model, input_ids=x)
     for method, params in METHODS.items():
@@ -125,8 +132,8 @@ def test_qwen3_5_cached_generation_equals_uncached():
     rope_extend.patch(model, "self_extend", **METHODS["self_extend"])
     kw = dict(GENERATE, output_logits=True, return_dict_in_generate=True)
     with torch.no_grad():
-        cached = model.generate(input_ids=_ids(40, seed=3), **kw)
-        uncached = model.generate(input_ids=_ids(40, seed=3), use_cache=False, **kw)
+        cached = model.generate(input_ids=_ids(24, seed=3), **kw)
+        uncached = model.generate(input_ids=_ids(24, seed=3), use_cache=False, **kw)
     assert torch.equal(cached.sequences, uncached.sequences)
     scale = float(_scores(uncached).abs().max())
     assert float((_scores(cached) - _scores(uncached)).abs().max()) / scale < TOLERANCE
@@ -143,6 +150,19 @@ def test_continuing_from_a_returned_cache_equals_one_uncached_run():
         uncached = model.generate(input_ids=more, use_cache=False, **GENERATE)
     assert cached.shape[1] == 60 > 16 + 4 * 4  # past self_extend's window and groups
     assert torch.equal(cached, uncached)
+
+
+def test_forwards_on_the_cache_the_decoder_made_equal_one_forward():
+    """The cache a forward made itself (``use_cache=True``, none given) is recorded too: the next forward on it
+    runs, and equals one forward over both parts."""
+    model = build("qwen2_5_vl")
+    rope_extend.patch(model, "self_extend", **METHODS["self_extend"])
+    x = _ids(50)
+    with torch.no_grad():
+        first = model(input_ids=x[:, :40], use_cache=True)
+        second = model(input_ids=x[:, 40:], **{CACHE: getattr(first, CACHE)}, use_cache=True).logits
+    whole = _logits(model, input_ids=x)
+    assert float((second - whole[:, 40:]).abs().max()) / float(whole.abs().max()) < TOLERANCE
 
 
 @pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl"])
@@ -177,6 +197,12 @@ def test_a_cache_filled_by_the_unpatched_model_is_refused():
     with torch.no_grad(), pytest.raises(UnsupportedModelError, match="the KV cache holds 20 tokens that this patched"):
         model(input_ids=step, **{CACHE: cache}, use_cache=True)
     assert cache.get_seq_length() == 20
+    with torch.no_grad():  # a text cache the patch filled, then unpatched and patched again: not seen by this patch
+        out = model(input_ids=_ids(30), use_cache=True)
+        rope_extend.unpatch(model)
+        rope_extend.patch(model, "dual_chunk", **METHODS["dual_chunk"])
+        with pytest.raises(UnsupportedModelError, match="the KV cache holds 30 tokens"):
+            model(input_ids=step, **{CACHE: getattr(out, CACHE)}, use_cache=True)
 
 
 def test_positions_below_zero_are_refused():

@@ -26,6 +26,8 @@ Positions: the query at row ``t`` of ``n`` is at ``position_ids[b, -1] - (n - 1 
 ``u`` of ``m`` at ``position_ids[b, -1] - (m - 1 - u)`` (keys end at the last query, as in a dynamic cache,
 full or sliding; left padding gives negative positions, which the padding mask hides). Rows of a batch with
 different offsets are computed apart. A ``StaticCache`` (keys not ending at the last query) is not supported.
+On an M-RoPE model the position ids are the ones its rotary module turned the tokens by (``hf.mrope``: text
+tokens only, one position on every axis), not the ones the layer passes.
 Position ids that disagree with this on a token a real token sees (packed documents, PoSE jumps, right
 padding with cumulative ids) are refused (``_check_positions``), never computed at the wrong positions.
 """

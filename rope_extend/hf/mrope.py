@@ -20,9 +20,9 @@ positions that grow along the sequence (a key no later than its query, distances
 diagonal); inside an image no axis does (the width restarts at every row, the height at every frame). So a
 forward whose rotary positions differ between axes is refused before the layers run (one host sync a forward,
 folded with the check for positions below 0, which the methods would take for padding). A KV cache must have
-been filled by forwards this check saw: ``Guard.decoder`` refuses a cache whose length is not the one the
-last checked forward left (filled before the patch, by an image prompt run unpatched, then decoded with the
-shifted ``rope_deltas``), and ``Guard.decoded`` records it after each forward.
+been filled by forwards this check saw: ``Guard.decoded`` records on the cache, after each forward, its length
+and the Guard, and ``Guard.decoder`` refuses a cache recorded by no Guard or another one, or longer than recorded
+(filled before the patch: an image prompt run unpatched, say, then decoded at the shifted ``rope_deltas``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from . import layout as rope_layout
 from .config import family, nested_layer_types, rope_dict
 
 GUARD_ATTR = "rope_extend_mrope"  # on the text decoder and its attention modules: the model's Guard
-LENGTH_ATTR = "_rope_extend_mrope_length"  # on a KV cache: its length after the last forward a Guard checked
+LENGTH_ATTR = "_rope_extend_mrope_length"  # on a KV cache: (Guard, its length after the last forward it saw)
 AXES = {3: "temporal, height and width", 4: "four XD-RoPE"}
 
 
@@ -86,10 +86,14 @@ class Guard:
         self.positions[threading.get_ident()] = axes[0]
 
     def decoder(self, module: nn.Module, args, kwargs) -> None:
-        """Forward pre-hook of the text decoder: refuse a KV cache this Guard did not see filled."""
+        """Forward pre-hook of the text decoder: refuse a KV cache this Guard did not see filled. Under one Guard
+        every forward of the model is seen, so a cache may be shorter than recorded (cropped by assisted or
+        prompt-lookup decoding), never longer; a cache recorded by an earlier patch may have been extended
+        unpatched since."""
         cache = rope_layout.cache_argument(kwargs)
         past = _length(cache)
-        if past and cache.__dict__.get(LENGTH_ATTR) != past:
+        seen, length = cache.__dict__.get(LENGTH_ATTR, (None, 0)) if past else (None, 0)
+        if past and (seen is not self or past > length):
             raise self._refuse(
                 f"the KV cache holds {past} tokens that this patched model did not compute (filled before the "
                 "patch, or by an unpatched forward), so whether they are text (one M-RoPE position) or image "
@@ -104,7 +108,7 @@ class Guard:
             cache = rope_layout.cache_argument(output)
         past = _length(cache)
         if past:
-            cache.__dict__[LENGTH_ATTR] = past
+            cache.__dict__[LENGTH_ATTR] = (self, past)
 
 
 def _length(cache) -> int:
