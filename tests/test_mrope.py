@@ -152,6 +152,22 @@ def test_continuing_from_a_returned_cache_equals_one_uncached_run():
     assert torch.equal(cached, uncached)
 
 
+def test_prompt_lookup_decoding_crops_the_cache_and_equals_greedy(monkeypatch):
+    """Prompt-lookup decoding crops the cache when a guess is rejected: shorter than recorded, under the same
+    patch, so accepted; its tokens equal uncached greedy decoding."""
+    crops = []
+    real = DynamicCache.crop
+    monkeypatch.setattr(DynamicCache, "crop", lambda self, length: crops.append(length) or real(self, length))
+    model = build("qwen2_5_vl")
+    rope_extend.patch(model, "self_extend", **METHODS["self_extend"])
+    x = torch.randint(3, 30, (1, 40), generator=torch.Generator().manual_seed(0))  # 27 ids: the prompt repeats
+    with torch.no_grad():
+        guessed = model.generate(input_ids=x, prompt_lookup_num_tokens=3, **GENERATE)
+        uncached = model.generate(input_ids=x, use_cache=False, **GENERATE)
+    assert crops
+    assert torch.equal(guessed, uncached)
+
+
 def test_forwards_on_the_cache_the_decoder_made_equal_one_forward():
     """The cache a forward made itself (``use_cache=True``, none given) is recorded too: the next forward on it
     runs, and equals one forward over both parts."""
@@ -249,3 +265,26 @@ def test_eager_and_flex_models_equal_the_sdpa_model(implementation):
     got, want = out[implementation], out["sdpa"]
     assert float((got[0] - want[0]).abs().max()) < 1e-5
     assert float((got[1, 7:] - want[1, 7:]).abs().max()) < 1e-5
+
+
+def test_dynamic_frequencies_with_the_cache_exact_on_text_refused_on_images():
+    """A frequency method, for comparison: dynamic frequencies re-rotate the cached keys when they change, by one
+    position per key. Text: cached greedy past L equals uncached. An image prompt with a cache is refused before
+    a layer runs (its tokens' positions differ per axis); without the cache it runs."""
+    model = build("qwen2_5_vl")
+    rope_extend.patch(model, "dynamic", factor=4)
+    kw = dict(GENERATE, max_new_tokens=40, min_new_tokens=40, output_logits=True, return_dict_in_generate=True)
+    x = _ids(100)  # the tiny config's L is 128
+    with torch.no_grad():
+        cached = model.generate(input_ids=x, **kw)
+        uncached = model.generate(input_ids=x, use_cache=False, **kw)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    scale = float(_scores(uncached).abs().max())
+    assert float((_scores(cached) - _scores(uncached)).abs().max()) / scale < 1e-4  # keys turned in float32
+    inputs = _image_inputs("qwen2_5_vl")
+    cache = DynamicCache()
+    why = "^dynamic on qwen2_5_vl must re-rotate cached keys .* distinct M-RoPE positions per axis"
+    with torch.no_grad(), pytest.raises(UnsupportedModelError, match=why):
+        model.generate(**inputs, **{CACHE: cache}, **GENERATE)
+    assert cache.get_seq_length() == 0
+    assert torch.isfinite(_logits(model, **inputs)).all()

@@ -50,6 +50,14 @@ def sections(config) -> list[int] | None:
     return None
 
 
+def axes(position_ids: torch.Tensor, config) -> torch.Tensor:
+    """The per-axis positions ``[axes, b | 1, n]`` of the ``[rows, b | 1, n]`` position ids an M-RoPE decoder
+    receives: ``generate`` puts a text-only row before the axes (one row more than ``mrope_section`` has
+    sections), which the decoder strips before its rotary."""
+    found = sections(config)
+    return position_ids[1:] if found is not None and position_ids.shape[0] == len(found) + 1 else position_ids
+
+
 class Guard:
     """The hooks and the positions of one patched M-RoPE model (see the module docstring)."""
 
