@@ -37,7 +37,9 @@ the filled length of a static cache layer (``StaticCache``: ``max_cache_len`` sl
 after ``e`` are cut off before anything else). Left padding gives negative positions, which the padding mask
 hides. Rows of a batch with different offsets are computed apart. Position ids that disagree with this on a
 token a real token sees (packed documents, PoSE jumps, right padding with cumulative ids) are refused
-(``_check_positions``), never computed at the wrong positions. A method layer over a cache layer of a class
+(``_check_positions``), never computed at the wrong positions. On an M-RoPE model the position ids are the
+ones its rotary module turned the tokens by (``hf.mrope``: text tokens only, one position on every axis), not
+the ones the layer passes. A method layer over a cache layer of a class
 ``hf.slots`` does not know is refused.
 
 torch.compile: a method layer's attention runs outside the graph (``hf.compiled``: its passes are laid out by
@@ -61,9 +63,9 @@ from torch import nn
 
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..methods.attention import Rules, logn_scale
-from . import compiled, slots
+from . import compiled, mrope, slots
 from . import layout as rope_layout
-from .config import LOCAL_LAYER_TYPES, naming, nested_layer_types, own_temperature, rope_dict, text_config
+from .config import LOCAL_LAYER_TYPES, naming, own_temperature, text_config
 
 logger = logging.getLogger("rope_extend")
 
@@ -165,16 +167,8 @@ def plans(
             f"it changes attention and runs on top of the model's implementation, one of {', '.join(INNER)}; "
             f"this model uses {inner!r} (load it with attn_implementation='sdpa')",
         )
-    for lt in nested_layer_types(config) or [None]:
-        params = rope_dict(config, lt) or {}
-        if params.get("mrope_section") is not None:
-            raise _refuse(
-                config,
-                scaling,
-                "its M-RoPE (rope_parameters.mrope_section) gives each token three positions (time, "
-                "height, width) and the attention methods' position rules are one-dimensional; use a frequency "
-                "method (yarn, linear, ...)",
-            )
+    # M-RoPE (mrope_section) is planned like 1-D RoPE: text tokens are at one position on every axis, and
+    # hf.mrope refuses image tokens at the forward
     probed = None if defer or _on_meta(model) else rope_layout.probe(model, config, rotary, scaling.pretraining_length)
     return _plan_modules(model, config, scaling, inner, probed)
 
@@ -311,6 +305,8 @@ def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
     for module, plan in planned:
         plan.watch = watch
         module.__dict__[PLAN_ATTR] = plan
+    mrope.install(model, config, scaling, list(rotary))
+    mrope.attach(model, [module for module, _ in planned])
     name = config._attn_implementation = registered_name(config._rope_extend_inner)
     pending = any(plan.active and plan.layout is None for _, plan in planned)
     _keep_positions(decoder, planned)
@@ -333,6 +329,7 @@ def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
             for module, plan in final:
                 plan.watch = watch
                 module.__dict__[PLAN_ATTR] = plan
+            mrope.attach(model, [module for module, _ in final])
             _keep_positions(decoder, final)
             keeper = decoder.__dict__.get(POSITIONS_HOOK)
             if keeper is not None:  # this forward's own position ids: its pre-hooks ran before this one's probe
@@ -424,6 +421,7 @@ def remove(model: nn.Module, config, inner: str, modules) -> None:
     keeper = decoder.__dict__.pop(POSITIONS_HOOK, None)
     if keeper is not None:
         keeper[1].remove()
+    mrope.remove(model, modules)
     config._attn_implementation = inner
     config.__dict__.pop("_rope_extend_inner", None)
 
@@ -468,10 +466,11 @@ def attention_forward(
     """transformers' attention-function signature; ``query`` ``[b, h, n, d]``, ``key``/``value`` ``[b, h_kv, m, d]``."""
     plan: AttentionPlan | None = module.__dict__.get(PLAN_ATTR)
     inner = plan.inner if plan is not None else "sdpa"
+    # on an M-RoPE model the positions its rotary turned the tokens by (``hf.mrope``), else the layer's
+    position_ids = mrope.positions(module, kwargs.get("position_ids"), query.shape[2])
     if plan is None or plan.rules is None:
         if inner == "flex_attention" and plan is not None:
             _check_flex(plan, module)
-        position_ids = kwargs.get("position_ids")
         if plan is not None and plan.logn:
             query = _logn(query, _query_positions(position_ids, module, query, key, plan), plan)
         if inner == "eager":  # the SDPA mask leaves a plain causal mask out (None); eager needs it
@@ -483,6 +482,8 @@ def attention_forward(
         return _inner(module, inner)(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **extra, **kwargs
         )
+    if position_ids is not kwargs.get("position_ids"):
+        kwargs = {**kwargs, "position_ids": position_ids}
     return plan.runner(module, plan, query, key, value, attention_mask, dropout, scaling, softcap, kwargs)
 
 

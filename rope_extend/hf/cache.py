@@ -34,7 +34,8 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from . import compiled
 from . import layout as rope_layout
-from .config import nested_layer_types, text_config
+from . import mrope
+from .config import family, nested_layer_types, text_config
 from .rotary import RotaryRuntime, buffer_name, next_seen, scale_name
 
 
@@ -62,6 +63,7 @@ class CacheKeeper:
         # which frequency set each decoder layer's keys were rotated with
         self.layer_sets = list(config.layer_types) if nested else None
         self.history: torch.Tensor | None = None  # position ids of the cached slots, [batch, slots]
+        self.mixed = False  # whether they hold M-RoPE tokens with distinct positions per axis (images, video)
         # how each decoder layer rotates (layer index -> hf.layout.LayerProbe), or why that is unknown
         self.layouts: dict[int, rope_layout.LayerProbe] | None = None
         self.unprobed: str | None = None
@@ -119,8 +121,9 @@ class CacheKeeper:
             if cache_position is None:
                 cache_position = torch.arange(past, past + n, device=tokens.device)
             positions = cache_position.view(1, -1)
-        positions = positions.expand(batch, -1)
-        low, high = (int(v) for v in torch.stack([positions.min(), positions.max()]).tolist())
+        axes = mrope.axes(positions, self.config) if positions.dim() == 3 else positions[None]
+        positions = axes[0].expand(batch, -1)  # an M-RoPE text token is at one position on every axis
+        low, high, mixed = (int(v) for v in torch.stack([axes.min(), axes.max(), (axes != axes[:1]).any()]).tolist())
         cached = self._cached_positions(cache, past, batch, kwargs.get("attention_mask"), positions.device)
         runtimes = [m.__dict__.get("forward") for m in self.modules]
         for runtime in (r for r in runtimes if isinstance(r, RotaryRuntime)):
@@ -128,6 +131,14 @@ class CacheKeeper:
                 if not entry.dynamic:
                     continue
                 layers = self._layers(cache, layer_type)
+                if cache is not None and (mixed or (self.mixed and cached is not None and low != 0)):
+                    raise UnsupportedModelError(
+                        f"{entry.scaling.method.name} on {family(self.model.config)} must re-rotate cached keys when "
+                        "its frequencies change, and image or video tokens, which the cache would hold, have distinct "
+                        "M-RoPE positions per axis "
+                        "(rope-extend turns each key by one position); use a static method (yarn, ntk, linear), or "
+                        "generate without the cache (use_cache=False)"
+                    )
                 seen = next_seen(entry, low, high)
                 runtime.ready.add(layer_type)
                 if not layers or cached is None or entry.length(seen) == entry.length(entry.seen):
@@ -146,6 +157,7 @@ class CacheKeeper:
                     if layout is not None:
                         _turn(layer, layout, angles, ratio)
         self.history = positions if cached is None or low == 0 else torch.cat([cached, positions], dim=1)
+        self.mixed = bool(mixed) or (self.mixed and cached is not None and low != 0)
         return
 
     def _cached_positions(self, cache, past: int, batch: int, mask, device) -> torch.Tensor | None:
