@@ -32,9 +32,8 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from . import compiled
+from . import compiled, mrope
 from . import layout as rope_layout
-from . import mrope
 from .config import family, nested_layer_types, text_config
 from .rotary import RotaryRuntime, buffer_name, next_seen, scale_name
 
