@@ -1,8 +1,10 @@
 """Every RoPE family in transformers' registry x every attention method: exact, or refused clearly.
 
-For each family that ``tiny.build`` makes, and each attention method (Self-Extend, Dual Chunk, ReRoPE, log-n),
-``patch`` either raises an rope-extend error naming the family and the method, or its logits equal a reference
-(atol 2e-4 relative to the logits' scale) that computes every layer's attention explicitly, O(n^2):
+``attention_cell`` is one cell of the sweep (``test_families.py`` runs it on every family and checks the outcome
+against the committed snapshot). For each family that ``tiny.build`` makes, and each attention method (Self-Extend,
+Dual Chunk, ReRoPE, STRING, log-n), ``patch`` either raises a rope-extend error naming the family and the method
+and leaves the model as it was, or its logits equal a reference (atol 2e-4 relative to the logits' scale) that
+computes every layer's attention explicitly, O(n^2):
 
 - layers that keep plain attention (local sliding / chunked layers by ``config.layer_types``, NoPE layers, and
   every layer under a frequency method) attend with true positions, under the model's own mask and its own
@@ -19,8 +21,8 @@ A method that would change no layer of a family (every RoPE layer local, every o
 EXAONE 4, Llama 4, ...) is refused, and log-n where the family scales its NoPE queries itself (Llama 4's
 ``attn_temperature_tuning``).
 
-Anything else (a crash in transformers or torch, a mismatch) fails. ``families.md`` in this folder's parent
-families table is generated from the same outcomes (``python -m tests.families.table``).
+Anything else (a crash in transformers or torch, a mismatch) fails. The docs' families table (``docs/families.md``)
+is rendered from the snapshot of the same outcomes (``python -m tests.families.table --update``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from rope_extend import RopeExtendException
 from rope_extend.hf import attention as A
 from rope_extend.hf import layout as Lo
 from rope_extend.hf.config import LOCAL_LAYER_TYPES, text_config
-from tests.families.tiny import build, rope_families
+from tests.families import snapshot
+from tests.families.tiny import build, text_inputs
 from tests.test_attention import relative
 
 N = 100  # tokens: Self-Extend's and ReRoPE's far pairs, Dual Chunk's three kinds of chunk (s = 40)
@@ -116,63 +119,63 @@ def _reference_logits(model, method, params, x, logn):
     patched_impl = config._attn_implementation
     config._attn_implementation = name
     try:
-        with torch.no_grad():
-            return model(input_ids=x).logits.float()
+        return _logits(model, x)
     finally:
         config._attn_implementation = patched_impl
 
 
-def _outcome(model_type, method):
-    """("exact", max relative error), ("exact at its reach", error) for a family that ships a scaling (patched
-    with ``target_length`` at the method's reach, which replaces that scaling), or ("refused", message); raises
-    on anything else."""
-    x = torch.randint(3, 200, (1, N), generator=torch.Generator().manual_seed(1))
-    try:
-        model = build(model_type)
-        with torch.no_grad():  # the family runs unpatched (transformers 5.24's Llama 4 text-only forward does not)
-            model(input_ids=x)
-    except Exception as exc:  # noqa: BLE001 - reported as a skip by the caller
-        return "unbuilt", f"{type(exc).__name__}: {exc}"
+def inputs() -> torch.Tensor:
+    """The ``N`` token ids every attention cell runs on."""
+    return torch.randint(3, 200, (1, N), generator=torch.Generator().manual_seed(1))
+
+
+def attention_cell(family, method) -> str:
+    """The cell of an attention method on ``family`` (``tests.families.sweep.Family``: its built ``model``, whose
+    logits on ``inputs()`` are ``attention_ref``): ``exact`` (logits within 2e-4 of the explicit reference, relative
+    to their scale), ``exact at its reach`` for a family that ships a scaling (patched with ``target_length`` at the
+    method's reach, which replaces that scaling), or the refusal, which names the family and the method and leaves
+    the model as it was; an AssertionError on anything else. The model is unpatched after, bit-identical."""
+    model_type, model, x = family.name, family.built, inputs()
     params = dict(METHODS[method])
     name, logn = (method, False) if method != "logn" else (LOGN, True)
     try:
         rope_extend.patch(model, name, **params)
+        kind = snapshot.EXACT
     except RopeExtendException as exc:
         shorter = re.search(r"target_length=(\d+) to accept the shorter context", str(exc))
-        if shorter is None:
-            return "refused", str(exc)
-        # a family whose config ships a scaling (GPT-OSS's yarn): the method at its own reach, over plain RoPE
         try:
+            if shorter is None:
+                raise
+            # a family whose config ships a scaling (GPT-OSS's yarn): the method at its own reach, over plain RoPE
             rope_extend.patch(model, name, target_length=int(shorter.group(1)), **params)
-        except RopeExtendException as again:
-            return "refused", str(again)
-        kind = "exact at its reach"
-    else:
-        kind = "exact"
-    with torch.no_grad():
-        patched = model(input_ids=x).logits.float()
-    rel_params = {k: v for k, v in params.items() if k not in ("logn", "factor", "original_max_position_embeddings")}
-    reference = _reference_logits(model, name, rel_params, x, logn)
+            kind = snapshot.REACH
+        except RopeExtendException as refused:
+            message = str(refused)
+            assert model_type in message and name in message and "\n" not in message, message
+            assert rope_extend.patched(model) is None, f"{model_type} {method}: refused, yet the model is patched"
+            assert torch.equal(_logits(model, x), family.attention_ref), f"{model_type} {method}: refused, yet changed"
+            return snapshot.refused(message, model_type, name)
+    try:
+        patched = _logits(model, x)
+        rel_params = {
+            k: v for k, v in params.items() if k not in ("logn", "factor", "original_max_position_embeddings")
+        }
+        reference = _reference_logits(model, name, rel_params, x, logn)
+    finally:
+        rope_extend.unpatch(model)
     scale = float(reference.abs().max()) or 1.0
-    return kind, float((patched - reference).abs().max()) / scale
+    error = float((patched - reference).abs().max()) / scale
+    assert error < 2e-4, f"{model_type} {method}: patched logits off the explicit reference by {error:.3g}"
+    assert torch.equal(_logits(model, x), family.attention_ref), f"{model_type} {method}: unpatch is not bit-identical"
+    return kind
 
 
-FAMILIES = rope_families()
-
-
-@pytest.mark.families
-@pytest.mark.parametrize("method", list(METHODS))
-@pytest.mark.parametrize("model_type", FAMILIES)
-def test_attention_method_exact_or_refused(model_type, method):
-    kind, detail = _outcome(model_type, method)
-    if kind == "unbuilt":
-        pytest.skip(f"no tiny model: {detail}")
-    if kind == "refused":
-        label = LOGN if method == "logn" else method
-        assert model_type in detail and label in detail, detail
-        assert "\n" not in detail
-        return
-    assert detail < 2e-4, f"{model_type} {method}: patched logits off the explicit reference by {detail:.3g}"
+def _logits(model, x):
+    """The logits of a text-only forward on ``x`` (``tiny.text_inputs``: with what the family cannot do without),
+    with the same random numbers each time for a family whose forward draws some (Diffusion Gemma's noise)."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        return model(**text_inputs(model.config.model_type, x)).logits.float()
 
 
 # ------------------------------------------------------------------------------------------ the probe itself

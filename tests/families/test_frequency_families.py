@@ -1,7 +1,9 @@
 """Frequency methods on every RoPE family of transformers' registry (``tests.families``: tiny random models).
 
-For each family ``build`` makes and each method, either the patch is refused before the model is touched,
-with a message that names the family and the method (and the family is listed in ``REFUSED``), or:
+``frequency_cell`` is one cell of the sweep (``test_families.py`` runs it on every family and checks the outcome
+against the committed snapshot). For each family ``build`` makes and each method, either the patch is refused
+before the model is touched, with a message that names the family and the method (and the family is listed in
+``REFUSED``), or:
 
 (a) every scaled frequency buffer equals the method's pure math (``rope_extend.inv_freq``) for its rotary dim
     and base, with proportional RoPE's zero frequencies still zero, and every other buffer (local layers,
@@ -17,8 +19,6 @@ with a message that names the family and the method (and the family is listed in
 from __future__ import annotations
 
 import copy
-import shutil
-import warnings
 
 import pytest
 import torch
@@ -28,7 +28,8 @@ from rope_extend import RopeExtendError, UnsupportedModelError
 from rope_extend.hf import config as C
 from rope_extend.hf import rotary as R
 from rope_extend.hf.rotary import bucket, rotary_modules
-from tests.families.tiny import build, rope_families, text_inputs
+from tests.families import snapshot
+from tests.families.tiny import text_inputs
 
 L, FACTOR, LENGTH = 16, 2.0, 24
 METHODS = ("linear", "yarn", "dynamic", "llama3", "longrope")
@@ -67,27 +68,6 @@ def _buffers(model) -> dict[str, torch.Tensor]:
         for key, value in module._buffers.items()
         if value is not None and key.endswith("inv_freq") and not key.endswith("original_inv_freq")
     }
-
-
-@pytest.fixture(scope="module", params=rope_families())
-def family(request, tmp_path_factory):
-    """``(family, model loaded from disk, weights dir, its logits, whether the reload reproduces the built model)``."""
-    name = request.param
-    warnings.filterwarnings("ignore")
-    try:
-        built = build(name)
-        with torch.no_grad():
-            built(**text_inputs(name, _ids()))
-    except Exception as exc:  # noqa: BLE001 - a family tests.families cannot build or run is not rope-extend's
-        pytest.skip(f"{name}: the tiny model does not build or run ({type(exc).__name__}: {str(exc)[:80]})")
-    path = tmp_path_factory.mktemp(name)
-    built.save_pretrained(path)
-    # with the built model's own config class: transformers 5.24 saves some families (EXAONE 3) under their
-    # checkpoints' weight names and maps them back only for that config class, not for the class's default one
-    model = type(built).from_pretrained(path, config=type(built.config).from_pretrained(path)).eval()
-    ref = _logits(model, name)
-    yield name, model, path, ref, torch.equal(_logits(built, name), ref)
-    shutil.rmtree(path, ignore_errors=True)  # a family's weights can be large (Gemma 4's per-layer embeddings)
 
 
 def _params(method, model) -> dict:
@@ -136,10 +116,11 @@ def _expected(method, params, config, key, before, seq_len=None):
     return torch.where(zero, 0.0, freqs), scale
 
 
-@pytest.mark.families
-@pytest.mark.parametrize("method", METHODS)
-def test_frequency_method(family, method):
-    name, model, path, ref, reproducible = family
+def frequency_cell(family, method) -> str:
+    """The cell of a frequency method on ``family`` (``tests.families.sweep.Family``: its reloaded ``model``, whose
+    logits are ``ref``): ``exact`` once (a)-(d) hold, (d) only where a plain reload reproduces the built model
+    (``family.reproducible``), or the refusal; an AssertionError on anything else."""
+    name, model, path, ref = family.name, family.model, family.path, family.ref
     before = _buffers(model)
     params = _params(method, model)
     methods, why = REFUSED.get(name, ((), ""))
@@ -151,7 +132,7 @@ def test_frequency_method(family, method):
         message = str(refused.value)
         assert name in message and repr(method) in message and why in message, message
         assert rope_extend.patched(model) is None and torch.equal(_logits(model, name), ref)
-        return
+        return snapshot.refused(message, name, method)
 
     configs = {n: copy.deepcopy(m.config) for n, m in rotary_modules(model)}  # each module's, unpatched
     rope_extend.patch(model, method, factor=FACTOR, original_max_position_embeddings=L, **params)
@@ -182,15 +163,15 @@ def test_frequency_method(family, method):
     assert all(torch.equal(v, before[k]) for k, v in _buffers(model).items())
 
     # (d)
-    if not reproducible:
-        pytest.skip(f"{name}: a plain save and reload of the tiny model changes its logits (weights it does not save)")
-    config = rope_extend.configure(
-        copy.deepcopy(model.config), method, factor=FACTOR, original_max_position_embeddings=L, **params
-    )
-    config.save_pretrained(path / method)
-    config = type(config).from_pretrained(path / method)
-    reloaded = type(model).from_pretrained(path, config=config).eval()
-    torch.testing.assert_close(_logits(reloaded, name), out, atol=1e-5, rtol=0)
+    if family.reproducible:
+        config = rope_extend.configure(
+            copy.deepcopy(model.config), method, factor=FACTOR, original_max_position_embeddings=L, **params
+        )
+        config.save_pretrained(path / method)
+        config = type(config).from_pretrained(path / method)
+        reloaded = type(model).from_pretrained(path, config=config).eval()
+        torch.testing.assert_close(_logits(reloaded, name), out, atol=1e-5, rtol=0)
+    return snapshot.EXACT
 
 
 # ------------------------------------------------------------------------------------------ family rules
