@@ -11,6 +11,8 @@ one model per task in ``run.workers()`` processes.
 from __future__ import annotations
 
 import fnmatch
+import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -92,7 +94,19 @@ def outcomes(request):
             wanted.update(dict.fromkeys(c for c in CELLS if (c.shape, c.implementation, c.variant) == params["row"]))
         elif params and "cell" in params:
             wanted[params["cell"]] = None
-    return run_all(list(wanted))
+    started = time.perf_counter()
+    found = run_all(list(wanted))
+    counts = Counter(o.status for o in found.values())
+    compiled = [o for c, o in found.items() if c.mode == "compile" and o.status in ("exact", "failed", "refused")]
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:  # the CI log says what the matrix cost
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(
+                f"\nmatrix: {len(found)} cells in {time.perf_counter() - started:.0f} s ({dict(counts)}); the "
+                f"{len(compiled)} compiled cells took {sum(o.seconds for o in compiled):.0f} s"
+            )
+    return found
 
 
 def problems(cells: list[C.Cell], outcomes: dict) -> list[str]:
@@ -119,13 +133,18 @@ def test_compiled(cell, outcomes):
     assert not found, "\n".join(found)
 
 
-def test_docs_page_is_current(outcomes):
+def test_docs_page_is_current(outcomes, tmp_path_factory):
     page = DOCS.read_text()
     if table.version_line() not in page:
         pytest.skip(f"docs/combinations.md was generated with another version than {table.version_line()}")
-    assert table.render({c: outcomes[c] for c in CELLS}) == page, (
-        "docs/combinations.md is not what the matrix gives: python -m tests.matrix.table > docs/combinations.md"
-    )
+    rendered = table.render({c: outcomes[c] for c in CELLS})
+    if rendered != page:
+        new = tmp_path_factory.mktemp("matrix") / "combinations.md"
+        new.write_text(rendered)
+        pytest.fail(
+            f"docs/combinations.md is not what the matrix gives ({new}): python -m tests.matrix.table > "
+            "docs/combinations.md"
+        )
 
 
 def test_every_known_failure_names_cells():
