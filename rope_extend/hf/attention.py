@@ -63,7 +63,7 @@ from torch import nn
 
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..methods.attention import Rules, logn_scale
-from . import compiled, mrope, slots
+from . import causal, compiled, mrope, slots
 from . import layout as rope_layout
 from .config import LOCAL_LAYER_TYPES, naming, own_temperature, text_config
 
@@ -216,6 +216,14 @@ def _plan_modules(model, config, scaling, inner: str, probed) -> list[tuple[nn.M
                     config,
                     scaling,
                     f"layer {idx} rotates its queries and keys in a way rope-extend cannot reproduce ({how})",
+                )
+            noncausal = causal.flag(module, None) or (seen.noncausal if seen is not None else None)
+            if noncausal is not None and rules is not None:
+                raise _refuse(
+                    config,
+                    scaling,
+                    f"layer {idx} {noncausal}; {scaling.method.name}'s position rules are defined for causal "
+                    "attention, where every key is at or before its query",
                 )
             unknown = sorted(seen.kwargs - rope_layout.KNOWN_KWARGS) if seen is not None else []
             if unknown:
@@ -502,6 +510,13 @@ def _method_attention(module, plan, query, key, value, attention_mask, dropout, 
         # evaluated on slot indices (``Mask.block``), all below ``end``
         if isinstance(attention_mask, torch.Tensor):
             attention_mask = attention_mask[..., :end]
+    noncausal = causal.check(module, attention_mask, query.shape[2], key.shape[2], kwargs.get("is_causal"))
+    if noncausal is not None:
+        raise UnsupportedModelError(
+            f"{plan.method} on {type(module).__name__} (layer {getattr(module, 'layer_idx', '?')}): this input's "
+            f"attention {noncausal}, and the method's position rules are defined for causal attention, where every "
+            "key is at or before its query"
+        )
     sinks = kwargs.get("s_aux")  # GPT-OSS, Granite-SWA: one more logit per head, with value 0
     mask = Mask.of(attention_mask, query, key, plan.inner, kwargs.get("sliding_window"))
     out = _attend(module, plan, query, key, value, mask, scaling, softcap, kwargs.get("position_ids"), sinks)

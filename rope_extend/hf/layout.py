@@ -25,13 +25,13 @@ reaches transformers' attention interface, is reported, and the attention method
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from . import cache_arg, rotary
+from . import cache_arg, causal, rotary
 
 PROBE_NAME = "rope_extend_probe"
 PROBE_TOKENS = 12
@@ -207,15 +207,20 @@ class LayerProbe:
     error: float | None = None  # the best candidate's relative error, for an "unknown" layer
     why: str | None = None  # for an "unknown" layer that could not be matched at all
     width: int | None = None  # the key head size its attention function received
+    noncausal: str | None = None  # why its attention is not plain causal attention (``hf.causal``), or None
 
 
 class _Recorder:
     def __init__(self):
-        self.seen: dict[nn.Module, tuple[torch.Tensor, torch.Tensor, frozenset]] = {}
+        self.seen: dict[nn.Module, tuple[torch.Tensor, torch.Tensor, frozenset, str | None]] = {}
 
     def __call__(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         extra = frozenset(k for k, v in kwargs.items() if v is not None)
-        self.seen.setdefault(module, (query.detach().float(), key.detach().float(), extra))
+        if module not in self.seen:
+            noncausal = causal.flag(module, kwargs.get("is_causal"))
+            if noncausal is None and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
+                noncausal = causal.dense(attention_mask, query.shape[-2], key.shape[-2])
+            self.seen[module] = (query.detach().float(), key.detach().float(), extra, noncausal)
         b, _, n, _ = query.shape
         return torch.zeros(b, n, query.shape[1], value.shape[-1], dtype=query.dtype, device=query.device), None
 
@@ -300,8 +305,8 @@ def probe(model: nn.Module, config, rotary: list[nn.Module], length: int) -> dic
     delta = positions[1].to(torch.float64)
     tolerance = max(2e-3, 16 * torch.finfo(param.dtype).eps) if param.is_floating_point() else 2e-3
     return {
-        module: _classify(query, key, extra, rotary, delta, tolerance)
-        for module, (query, key, extra) in recorder.seen.items()
+        module: replace(_classify(query, key, extra, rotary, delta, tolerance), noncausal=noncausal)
+        for module, (query, key, extra, noncausal) in recorder.seen.items()
     }
 
 
