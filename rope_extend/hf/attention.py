@@ -63,7 +63,8 @@ from torch import nn
 
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..methods.attention import Rules, logn_scale
-from . import causal, compiled, mrope, slots
+from . import causal as causality
+from . import compiled, mrope, slots
 from . import layout as rope_layout
 from .config import LOCAL_LAYER_TYPES, naming, own_temperature, text_config
 
@@ -217,7 +218,7 @@ def _plan_modules(model, config, scaling, inner: str, probed) -> list[tuple[nn.M
                     scaling,
                     f"layer {idx} rotates its queries and keys in a way rope-extend cannot reproduce ({how})",
                 )
-            noncausal = causal.flag(module, None) or (seen.noncausal if seen is not None else None)
+            noncausal = causality.flag(module, None) or (seen.noncausal if seen is not None else None)
             if noncausal is not None and rules is not None:
                 raise _refuse(
                     config,
@@ -510,7 +511,7 @@ def _method_attention(module, plan, query, key, value, attention_mask, dropout, 
         # evaluated on slot indices (``Mask.block``), all below ``end``
         if isinstance(attention_mask, torch.Tensor):
             attention_mask = attention_mask[..., :end]
-    noncausal = causal.check(module, attention_mask, query.shape[2], key.shape[2], kwargs.get("is_causal"))
+    noncausal = causality.check(module, attention_mask, query.shape[2], key.shape[2], kwargs.get("is_causal"))
     if noncausal is not None:
         raise UnsupportedModelError(
             f"{plan.method} on {type(module).__name__} (layer {getattr(module, 'layer_idx', '?')}): this input's "
