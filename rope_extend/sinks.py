@@ -151,13 +151,17 @@ class SinkKeeper:
             )
 
     def probe(self) -> None:
-        """How each layer rotates (``hf.layout.probe``), found once."""
+        """How each layer rotates and what it caches (``hf.layout.probe`` with a cache), found once, at the first
+        forward with a ``SinkCache``; a layer whose cached keys could not be turned is refused then, before any
+        forward runs, not at the first eviction."""
         if self.layouts is None:
             config = text_config(self.model.config)
-            self.layouts = rope_layout.layer_probes(self.model, config, self.rotary, original_length(config))
+            self.layouts = rope_layout.layer_probes(self.model, config, self.rotary, original_length(config), True)
+        for index, seen in self.layouts.items():
+            self._layout(index, seen.cached_width or seen.width)
 
-    def _layout(self, index: int, layer) -> rope_layout.Layout | None:
-        layout, why = rope_layout.cached_layout(self.layouts, index, layer.keys.shape[-1])
+    def _layout(self, index: int, width: int) -> rope_layout.Layout | None:
+        layout, why = rope_layout.cached_layout(self.layouts, index, width)
         if why is not None:
             raise UnsupportedModelError(f"attention sinks turn the cached keys they keep, and {why}")
         return layout
@@ -172,6 +176,7 @@ class SinkKeeper:
                 "would run without it; pass past_key_values=cache, or **rope_extend.cache_kwargs(cache)"
             )
         self.check()
+        self.probe()
         tokens = kwargs.get("input_ids", args[0] if args else None)
         if tokens is None:
             tokens = kwargs.get("inputs_embeds")
@@ -240,7 +245,7 @@ class SinkKeeper:
         s = cache.sink_tokens
         layers = [(i, layer) for i, layer in enumerate(cache.layers) if getattr(layer, "keys", None) is not None]
         layouts = [
-            (layer, self._layout(i, layer) if layer.keys.numel() else None) for i, layer in layers
+            (layer, self._layout(i, layer.keys.shape[-1]) if layer.keys.numel() else None) for i, layer in layers
         ]  # refuse first
         for layer, layout in layouts:
             keys, values = layer.keys, layer.values

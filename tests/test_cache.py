@@ -145,7 +145,7 @@ def test_static_cache_works_and_sliding_static_layers_are_refused():
     windowed = patch(tiny_model("mistral", max_position_embeddings=L, sliding_window=32), "dynamic")
     cache = T.StaticCache(config=windowed.config, max_cache_len=128)
     assert any(type(layer).__name__ == "StaticSlidingWindowLayer" for layer in cache.layers)
-    with pytest.raises(rope_extend.UnsupportedModelError, match="StaticSlidingWindowLayer cannot be re-rotated"):
+    with pytest.raises(rope_extend.UnsupportedModelError, match="dynamic on mistral .*StaticSlidingWindowLayer cannot be re-rotated"):
         windowed(prompt, past_key_values=cache, use_cache=True)
 
 
@@ -216,3 +216,12 @@ def test_a_compressed_cache_is_refused_not_turned_wrong():
     ids = torch.randint(3, 200, (1, 60), generator=torch.Generator().manual_seed(0))
     with pytest.raises(rope_extend.UnsupportedModelError, match="layer 0 caches keys of size .*compressed cache"):
         cached_keys(model, ids, DECODE[:49])
+    # refused at the first forward with a cache, before it runs (not when the frequencies first change, after
+    # forwards have filled the cache): the cache is left empty
+    cache = T.DynamicCache(config=model.config)
+    with pytest.raises(rope_extend.UnsupportedModelError, match="dynamic on deepseek_v3 .*compressed cache"):
+        model(input_ids=ids[:, :8], use_cache=True, **rope_extend.cache_kwargs(cache))
+    assert cache.get_seq_length() == 0
+    with torch.no_grad():  # without a cache, the method runs
+        assert model(input_ids=ids, use_cache=False).logits.isfinite().all()
+

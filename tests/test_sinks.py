@@ -366,3 +366,13 @@ def test_the_documented_example_does_not_warn(caplog):
     finally:
         logger.removeHandler(caplog.handler)
     assert not [r for r in caplog.records if "deprecated" in r.getMessage()]
+
+
+def test_a_compressed_cache_is_refused_when_the_sink_cache_is_made():
+    """DeepSeek-V3 (MLA) caches keys of another size than its attention sees, so evicting could not turn them:
+    refused when the SinkCache is made, before any forward (not at the first eviction, after forwards ran)."""
+    from tests.families.tiny import build
+
+    model = build("deepseek_v3")
+    with pytest.raises(rope_extend.UnsupportedModelError, match="attention sinks turn .*layer 0 caches keys of size"):
+        rope_extend.SinkCache(model, sink_tokens=4, window=16)

@@ -75,7 +75,10 @@ class CacheKeeper:
         length = next(e.scaling.pretraining_length for r in runtimes for e in r.entries.values())
         self.probing = True
         try:
-            self.layouts = rope_layout.layer_probes(self.model, self.config, list(self.modules), length)
+            try:  # with a cache, to see what each layer stores in it (a compressed cache cannot be turned)
+                self.layouts = rope_layout.layer_probes(self.model, self.config, list(self.modules), length, True)
+            except UnsupportedModelError:
+                self.layouts = rope_layout.layer_probes(self.model, self.config, list(self.modules), length)
         except UnsupportedModelError as exc:
             self.layouts, self.unprobed = {}, str(exc)
         finally:
@@ -84,16 +87,29 @@ class CacheKeeper:
                 if runtime.entries[layer_type].seen != seen:
                     runtime.advance(layer_type, seen, device)
 
-    def _layout(self, index: int, layer) -> rope_layout.Layout | None:
-        """Layer ``index``'s rotation (None: NoPE, nothing to re-rotate); raises when it is unknown, or when the
-        cache holds keys of another size than its attention sees (a compressed MLA cache)."""
-        layout, why = rope_layout.cached_layout(self.layouts, index, layer.keys.shape[-1], self.unprobed)
+    def _layout(self, name: str, index: int, width: int | None) -> rope_layout.Layout | None:
+        """Layer ``index``'s rotation for cached keys of size ``width`` (None: NoPE, nothing to re-rotate); raises
+        when it is unknown, or when the cache holds keys of another size than its attention sees (a compressed MLA
+        cache)."""
+        layout, why = rope_layout.cached_layout(self.layouts, index, width, self.unprobed)
         if why is not None:
             raise UnsupportedModelError(
-                f"a dynamic rope method must re-rotate cached keys when its frequencies change, and {why}; "
-                "use a static method (yarn, ntk, linear) or generate without the cache"
+                f"{name} on {family(self.model.config)} must re-rotate cached keys when its frequencies change, and "
+                f"{why}; use a static method (yarn, ntk, linear) or generate without the cache (use_cache=False)"
             )
         return layout
+
+    def _check_turnable(self, cache, layer_type, name: str, device) -> None:
+        """Before a forward with ``cache`` runs: refuse when some layer's cached keys of ``layer_type`` could not be
+        turned later (probed once, with a cache: ``hf.layout.probe(cached=True)``), rather than when the
+        frequencies first change, after forwards have run."""
+        if self.layouts is None:
+            self._probe(device)
+        if self.unprobed:
+            self._layout(name, -1, None)  # raises with the probe's reason
+        for index, seen in self.layouts.items():
+            if self._set_of(index) == layer_type:
+                self._layout(name, index, seen.cached_width or seen.width)
 
     def _set_of(self, index: int):
         return self.layer_sets[index] if self.layer_sets is not None and index < len(self.layer_sets) else None
@@ -129,7 +145,10 @@ class CacheKeeper:
             for layer_type, entry in runtime.entries.items():
                 if not entry.dynamic:
                     continue
-                layers = self._layers(cache, layer_type)
+                name = entry.scaling.method.name
+                layers = self._layers(cache, layer_type, name)
+                if cache is not None:
+                    self._check_turnable(cache, layer_type, name, positions.device)
                 if cache is not None and (mixed or (self.mixed and cached is not None and low != 0)):
                     raise UnsupportedModelError(
                         f"{entry.scaling.method.name} on {family(self.model.config)} must re-rotate cached keys when "
@@ -143,9 +162,8 @@ class CacheKeeper:
                 if not layers or cached is None or entry.length(seen) == entry.length(entry.seen):
                     runtime.advance(layer_type, seen, positions.device)
                     continue
-                if self.layouts is None:  # once, when keys first need turning (not for runs without a cache)
-                    self._probe(positions.device)
-                layouts = [(layer, self._layout(index, layer)) for index, layer in layers]  # refuses before any change
+                # refuses before any change
+                layouts = [(layer, self._layout(name, index, layer.keys.shape[-1])) for index, layer in layers]
                 old = _frequencies(runtime, layer_type)
                 scale_old = float(getattr(runtime.module, scale_name(layer_type)))
                 runtime.advance(layer_type, seen, positions.device)
@@ -172,7 +190,7 @@ class CacheKeeper:
             return positions.masked_fill(mask[:, :past] == 0, 1).to(device)
         return torch.arange(past, device=device).expand(batch, -1)
 
-    def _layers(self, cache, layer_type) -> list:
+    def _layers(self, cache, layer_type, name: str) -> list:
         """``(index, cache layer)`` for the layers whose keys use the frequency set ``layer_type``; refuses ones
         that cannot be re-rotated."""
         if cache is None:
@@ -183,9 +201,9 @@ class CacheKeeper:
                 continue
             if not _supported(layer):
                 raise UnsupportedModelError(
-                    f"a dynamic rope method must re-rotate cached keys when its frequencies change, and cache layers "
-                    f"of type {type(layer).__name__} cannot be re-rotated; use a DynamicCache (generate's default) or "
-                    "a StaticCache, or a static method (yarn, ntk, linear)"
+                    f"{name} on {family(self.model.config)} must re-rotate cached keys when its frequencies change, "
+                    f"and cache layers of type {type(layer).__name__} cannot be re-rotated; use a DynamicCache "
+                    "(generate's default) or a StaticCache, or a static method (yarn, ntk, linear)"
                 )
             if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
                 found.append((index, layer))

@@ -208,6 +208,7 @@ class LayerProbe:
     why: str | None = None  # for an "unknown" layer that could not be matched at all
     width: int | None = None  # the key head size its attention function received
     noncausal: str | None = None  # why its attention is not plain causal attention (``hf.causal``), or None
+    cached_width: int | None = None  # the key size its cache layer stores (``probe(cached=True)``), if known
 
 
 class _Recorder:
@@ -267,11 +268,16 @@ def candidates(modules: list[nn.Module], head_dim: int) -> list[Layout]:
     return out
 
 
-def probe(model: nn.Module, config, rotary: list[nn.Module], length: int) -> dict[nn.Module, LayerProbe]:
+def probe(
+    model: nn.Module, config, rotary: list[nn.Module], length: int, cached: bool = False
+) -> dict[nn.Module, LayerProbe]:
     """Run the probe (see the module docstring) and classify every module that called attention.
 
     ``config`` is the text config whose ``_attn_implementation`` the layers read; ``rotary`` the text rotary
-    modules; ``length`` the original length ``L`` (probe positions stay below it)."""
+    modules; ``length`` the original length ``L`` (probe positions stay below it). ``cached``: the probe's forward
+    fills a ``DynamicCache`` too, and each layer's ``cached_width`` is the key size it stored there (a compressed
+    MLA cache stores other keys than its attention sees), so that a cache whose keys cannot be turned is refused
+    before a forward runs, not when its keys first need turning."""
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     from transformers.modeling_utils import AttentionInterface
 
@@ -291,7 +297,9 @@ def probe(model: nn.Module, config, rotary: list[nn.Module], length: int) -> dic
     try:
         decoder.eval()
         with torch.no_grad():
-            decoder(input_ids=ids, position_ids=positions, use_cache=False)
+            store = _probe_cache(config) if cached else None
+            extra = cache_arg.cache_kwargs(store) if store is not None else {}
+            decoder(input_ids=ids, position_ids=positions, use_cache=store is not None, **extra)
     except (TypeError, ValueError, RuntimeError, KeyError, AttributeError, IndexError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise UnsupportedModelError(
@@ -304,10 +312,31 @@ def probe(model: nn.Module, config, rotary: list[nn.Module], length: int) -> dic
         decoder.train(was_training)
     delta = positions[1].to(torch.float64)
     tolerance = max(2e-3, 16 * torch.finfo(param.dtype).eps) if param.is_floating_point() else 2e-3
+    widths = _cached_widths(store) if cached else {}
     return {
-        module: replace(_classify(query, key, extra, rotary, delta, tolerance), noncausal=noncausal)
+        module: replace(
+            _classify(query, key, extra, rotary, delta, tolerance),
+            noncausal=noncausal,
+            cached_width=widths.get(getattr(module, "layer_idx", None)),
+        )
         for module, (query, key, extra, noncausal) in recorder.seen.items()
     }
+
+
+def _probe_cache(config):
+    from transformers import DynamicCache
+
+    return DynamicCache(config=config)
+
+
+def _cached_widths(store) -> dict[int, int]:
+    """Layer index -> the key size of what its cache layer holds after the probe's forward."""
+    out = {}
+    for index, layer in enumerate(getattr(store, "layers", [])):
+        keys = getattr(layer, "keys", None)
+        if isinstance(keys, torch.Tensor) and keys.numel():
+            out[index] = keys.shape[-1]
+    return out
 
 
 def _classify(query, key, extra, rotary, delta, tolerance) -> LayerProbe:
@@ -335,9 +364,11 @@ def _classify(query, key, extra, rotary, delta, tolerance) -> LayerProbe:
     return LayerProbe("unknown", None, extra, best_error, width=width)
 
 
-def layer_probes(model: nn.Module, config, rotary: list[nn.Module], length: int) -> dict[int, LayerProbe]:
+def layer_probes(
+    model: nn.Module, config, rotary: list[nn.Module], length: int, cached: bool = False
+) -> dict[int, LayerProbe]:
     """``probe``'s findings keyed by decoder layer index (the modules with an integer ``layer_idx``)."""
-    found = probe(model, config, rotary, length)
+    found = probe(model, config, rotary, length, cached)
     return {m.layer_idx: p for m, p in found.items() if isinstance(getattr(m, "layer_idx", None), int)}
 
 
