@@ -315,9 +315,41 @@ def test_gemma3_keeps_the_linear_scaling_of_its_global_layers():
     rotary = model.model.rotary_emb
     x = ids(n=100)
     linear = rotary.full_attention_inv_freq.clone()
+    context = model.config.max_position_embeddings
     want = reference_logits(model, "self_extend", METHODS["self_extend"], x)
     rope_extend.patch(model, "self_extend", keep_shipped=True, **METHODS["self_extend"])
-    assert rope_extend.patched(model).original_max_position_embeddings == 4 * L  # C from the shipped factor
+    # Gemma 3's config lists the extended context: C is max_position_embeddings, not the factor times it
+    assert rope_extend.patched(model).original_max_position_embeddings == context
     assert torch.equal(rotary.full_attention_inv_freq, linear)
     assert model.config.rope_parameters["sliding_attention"] == rope["sliding_attention"]
     assert (run(model, x) - want).abs().max().item() < TOLERANCE
+
+
+def test_the_shipped_context_of_a_linear_factor_follows_the_family():
+    """A plain ``linear`` dict does not say which length it extends. Gemma 3 ships linear x8 on its global layers
+    with ``max_position_embeddings`` = 131072, the extended context (so ``L`` = 16384 in linear's terms); a Vicuna-16k
+    style Llama ships linear x4 with 4096, the length before it (``C`` = 16384). A factor counts from ``C``."""
+    import transformers as T
+
+    from rope_extend.hf.config import original_length, shipped_context
+
+    rope = {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    }
+    small = dict(vocab_size=256, hidden_size=64, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1)
+    gemma = T.Gemma3TextConfig(
+        **small, head_dim=32, num_hidden_layers=6, max_position_embeddings=131072, rope_parameters=rope
+    )
+    assert (original_length(gemma), shipped_context(gemma)) == (16384, 131072)
+    model = T.Gemma3ForCausalLM(gemma).eval()
+    rope_extend.patch(model, "yarn", factor=2)
+    scaling = rope_extend.patched(model)
+    assert (scaling.factor, scaling.original_max_position_embeddings) == (16, 16384)  # target 2 x 131072
+    llama = T.LlamaConfig(
+        **small,
+        num_hidden_layers=1,
+        max_position_embeddings=4096,
+        rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4},
+    )
+    assert (original_length(llama), shipped_context(llama)) == (4096, 16384)

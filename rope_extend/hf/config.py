@@ -230,12 +230,34 @@ def original_length(config) -> int:
                 break
     if value is None:
         value = getattr(config, "max_position_embeddings", None)
+        shipped = _linear_within_context(config)
+        if value is not None and shipped:
+            return max(1, round(value / shipped))
     if value is None:
         raise UnsupportedModelError(
             f"cannot tell the pretraining length of {type(config).__name__}: it has neither "
             "original_max_position_embeddings nor max_position_embeddings; pass original_max_position_embeddings="
         )
     return int(value)
+
+
+# Families whose config ships a ``linear`` factor on the global layers with ``max_position_embeddings`` already the
+# extended context (Gemma 3: pretrained at 32k, linear x8 on the global layers, 131072 in the config). A plain
+# ``linear`` dict says nothing of which length it extends (Vicuna-16k ships linear x4 with 4096, the length before
+# it), so the rule is the family's.
+_LINEAR_WITHIN_CONTEXT = ("gemma3_text",)
+
+
+def _linear_within_context(config) -> float | None:
+    """The shipped ``linear`` factor of a family in ``_LINEAR_WITHIN_CONTEXT`` (its ``L`` is
+    ``max_position_embeddings / factor``), else None."""
+    if getattr(config, "model_type", None) not in _LINEAR_WITHIN_CONTEXT:
+        return None
+    for lt in nested_layer_types(config) or [None]:
+        params = config.rope_parameters if lt is None else config.rope_parameters.get(lt)
+        if params and split_rope_type(rope_type_of(params))[1] == "linear" and (params.get("factor") or 1) > 1:
+            return float(params["factor"])
+    return None
 
 
 def scaling_from_dict(params: dict[str, Any], default_length: int, ignore_keys=()) -> registry.Scaling | None:
