@@ -3,7 +3,11 @@
 - A frequency method (and the control): the patched model's own uncached forward over the whole sequence, with
   transformers' eager attention (so the reference does not share the kernel under test). A dynamic method's
   frequencies depend on the length, so step ``t`` of a generation is checked against the uncached forward of the
-  first ``t`` tokens (what ``generate(use_cache=False)`` computes), one forward per step.
+  first ``t`` tokens (what ``generate(use_cache=False)`` computes), one forward per step. With a KV cache, it is
+  checked against what docs/serving.md promises (``References.frozen``): each token's hidden states are those of
+  the forward that fed it, and every cached key carries the frequencies in use. An uncached recompute differs from
+  that in every layer past the first (earlier tokens' hidden states were computed with the frequencies of their
+  length: on the Gemma 3 shape by 0.009-0.029 of the largest logit), so it is no reference for a cache.
 - An attention method, and log-n: the explicit O(n^2) attention of tests/families (``_reference_logits``: every
   pair's relative position from tests/test_attention's ``relative``, each layer in its own rotation convention;
   local sliding layers and NoPE layers plain, under the model's own masks).
@@ -30,6 +34,7 @@ import transformers as T
 
 import rope_extend
 from rope_extend.hf.config import rotary_geometry, scaled_layer_types, text_config
+from rope_extend.hf.layout import decoder_of
 from tests import tiny
 from tests.families import tiny as families
 from tests.families.test_attention_families import _reference_logits
@@ -106,19 +111,44 @@ class References:
 
     def steps(self, m, cell: Cell, ids: torch.Tensor, positions: list[int]) -> torch.Tensor:
         """The logits that predict ``ids[0, p]`` for each ``p``, from the uncached forward of ``ids[:, :p]`` (a
-        dynamic method) or of the whole sequence (the same numbers for the others: attention is causal)."""
+        dynamic method; with a cache, ``frozen``: ``positions`` are then the ends of every forward that ran) or of
+        the whole sequence (the same numbers for the others: attention is causal)."""
+        if kind(cell.variant) == "dynamic" and cell.cache != "none" and cell.mode != "forward":
+            return self.frozen(m, cell, ids, positions)
         if kind(cell.variant) == "dynamic":
             return torch.stack([self.whole(m, cell, ids[:, :p])[-1] for p in positions])
         return self.whole(m, cell, ids)[[p - 1 for p in positions]]
 
+    def frozen(self, m, cell: Cell, ids: torch.Tensor, ends: list[int]) -> torch.Tensor:
+        """A dynamic method with a KV cache, as documented (docs/serving.md): a token's hidden states are those of
+        the forward that fed it (with the frequencies of that forward's length), and every cached key carries the
+        frequencies in use. Written without a cache and without rotating any key: the forward that feeds
+        ``ids[:, a:e]`` (``a`` the previous end, 0 first) is an uncached forward over ``ids[:, :e]`` whose decoder
+        layers get, in rows ``0 .. a-1``, the hidden states recorded when those rows were fed; each layer's own code
+        then computes their keys with the frequencies of length ``e``. Memoized by the tokens and the forwards that
+        fed them (beam hypotheses share their prefixes). Returns the last logits of each forward."""
+        out, held, schedule = [], None, ()
+        for end in ends:
+            schedule += (end,)
+            key = ("frozen", cell.shape, cell.variant, tuple(ids[0, :end].tolist()), schedule)
+            if key not in self.full:
+                self.full[key] = _frozen_forward(m, ids[:, :end], held)
+            held, last = self.full[key]
+            out.append(last)
+        return torch.stack(out)
+
     def beam(self, m, cell: Cell, prompt: torch.Tensor, beams: int, new: int) -> torch.Tensor:
         """The best sequence of a beam search over the reference's log-probabilities."""
-        key = (cell.shape, cell.variant, tuple(prompt[0].tolist()), beams, new)
+        key = (cell.shape, cell.variant, cell.cache != "none", tuple(prompt[0].tolist()), beams, new)
         if key not in self.beams:
             seqs, scores = prompt, torch.zeros(1)
             eos = eos_ids(m)
+            first = prompt.shape[1]
             for _ in range(new):
-                logits = torch.stack([self.steps(m, cell, s[None], [s.numel()])[0] for s in seqs])
+                # every forward's end: the prompt's, then one token at a time (what a cached search feeds)
+                logits = torch.stack(
+                    [self.steps(m, cell, s[None], list(range(first, s.numel() + 1)))[-1] for s in seqs]
+                )
                 logp = torch.log_softmax(logits, -1)
                 logp[:, eos] = float("-inf")  # min_new_tokens
                 top = (scores[:, None] + logp).flatten().topk(beams)
@@ -126,6 +156,38 @@ class References:
                 seqs, scores = torch.cat([seqs[rows], tokens[:, None]], 1), top.values
             self.beams[key] = seqs[0]
         return self.beams[key]
+
+
+def _frozen_forward(m, ids: torch.Tensor, held: list[torch.Tensor] | None):
+    """``References.frozen``'s one forward: ``(inputs, logits)``, the hidden states every decoder layer got (``[1, n,
+    hidden]`` each, rows ``0 .. a-1`` taken from ``held``) and the last row's logits."""
+    layers = list(decoder_of(m).layers)
+    seen: list[torch.Tensor | None] = [None] * len(layers)
+
+    def hook(index):
+        def replace(module, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            if held is not None:
+                hidden = torch.cat([held[index].to(hidden.dtype), hidden[:, held[index].shape[1] :]], 1)
+            seen[index] = hidden
+            if args:
+                return (hidden, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": hidden}
+
+        return replace
+
+    handles = [layer.register_forward_pre_hook(hook(i), with_kwargs=True) for i, layer in enumerate(layers)]
+    config = text_config(m.config)
+    saved = config._attn_implementation
+    config._attn_implementation = "eager"
+    try:
+        with torch.no_grad():
+            logits = m(input_ids=ids, use_cache=False).logits[0, -1].float()
+    finally:
+        config._attn_implementation = saved
+        for handle in handles:
+            handle.remove()
+    return seen, logits
 
 
 def sink_steps(m, ids: torch.Tensor, window: int, chunks: list[int]) -> torch.Tensor:

@@ -24,46 +24,11 @@ from tests.matrix.run import run_all
 
 pytestmark = pytest.mark.matrix
 
-# Cells known to fail today, fixed in parallel (issue 50): {pattern: reason}. A pattern is a cell id
-# (shape-implementation-variant-cache-mode) whose fields may list alternatives with | and use fnmatch wildcards.
-# Strict: every cell a pattern matches must fail, and every failing cell must match a pattern, so the list can only
-# shrink (test_row, test_compiled); the lead empties it as the fixes land.
-_ATTENTION = "self_extend|dual_chunk|rerope|leaky_rerope|string|self_extend+logn"
-_STATIC_LENGTH = "static|sliding_window|hybrid_chunked|StaticCache()"  # a StaticCache (what generate builds for them)
-_CACHES = "none|static|sliding_window|hybrid|hybrid_chunked|dynamic|DynamicCache()|StaticCache()"
-_STATIC_METHODS = "none|linear|ntk|ntk_by_parts|yarn|llama3"
-KNOWN_FAILURES: dict[str, str] = {
-    f"llama|gemma3|deepseek_v3-*-{_ATTENTION}-{_STATIC_LENGTH}-*": (
-        "attention methods with a static-length cache: off the reference from the first decode step (llama greedy "
-        "3-9/12 tokens, logits off by 0.33-0.36; a forward into a StaticCache 27-30/56, off by 0.9)"
-    ),
-    f"*-eager-linear+logn-{_STATIC_LENGTH}-*": (
-        "log-n over a frequency method on eager attention with a static-length cache (llama greedy 10/12, off by "
-        "0.19; exact on sdpa)"
-    ),
-    f"cohere2-eager-string-{_STATIC_LENGTH}-*": "STRING on Cohere 2, eager attention, a static-length cache",
-    f"cohere2-*-self_extend|dual_chunk|rerope|leaky_rerope|self_extend+logn-{_CACHES}-*": (
-        "no-op: on Cohere 2 (sliding RoPE layers, global NoPE layers) the patched logits equal the unpatched model's"
-    ),
-    f"llama|gemma3|cohere2-*-{_STATIC_METHODS}-SinkCache(4+40)-continue": (
-        "SinkCache continuation: generate slices the prompt at the capped get_seq_length() and re-feeds tokens the "
-        "cache holds (llama: 14/16 tokens, logits off by 0.088)"
-    ),
-    f"deepseek_v3-*-dynamic|dynamic_yarn|longrope-{_CACHES.removeprefix('none|')}-greedy|continue|beam": (
-        "late refusal: MLA's compressed cache cannot be re-rotated, refused when the frequencies first change, "
-        "after the prefill ran"
-    ),
-    f"deepseek_v3-*-{_STATIC_METHODS}-SinkCache(4+40)-greedy|continue": (
-        "late refusal: MLA's compressed cache cannot be turned, refused at the first eviction, after forwards ran"
-    ),
-    f"cohere2-*-dynamic_yarn|longrope-{_STATIC_LENGTH}-*": (
-        "the refusal of a static sliding-window layer (StaticSlidingWindowLayer) does not name the method"
-    ),
-    f"gemma3-*-dynamic|dynamic_yarn-{_CACHES.removeprefix('none|')}-greedy|continue|beam": (
-        "dynamic methods with a cache on Gemma 3: tokens equal, logits off by 0.009 (dynamic) and 0.029 "
-        "(dynamic_yarn) of the largest, tolerance 0.002 (Llama: <= 3e-4; without the cache keeper 0.024 / 0.057)"
-    ),
-}
+# Cells that fail, with why: {pattern: reason}. A pattern is a cell id (shape-implementation-variant-cache-mode) whose
+# fields may list alternatives with | and use fnmatch wildcards. Strict: every cell a pattern matches must fail, and
+# every failing cell must match a pattern (test_row, test_compiled). Empty: every cell is exact or refused; a failure
+# found later is fixed, or listed here with its reason while it is, and shown on the docs page.
+KNOWN_FAILURES: dict[str, str] = {}
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "combinations.md"
 CELLS = C.all_cells()
