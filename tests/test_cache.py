@@ -145,7 +145,9 @@ def test_static_cache_works_and_sliding_static_layers_are_refused():
     windowed = patch(tiny_model("mistral", max_position_embeddings=L, sliding_window=32), "dynamic")
     cache = T.StaticCache(config=windowed.config, max_cache_len=128)
     assert any(type(layer).__name__ == "StaticSlidingWindowLayer" for layer in cache.layers)
-    with pytest.raises(rope_extend.UnsupportedModelError, match="dynamic on mistral .*StaticSlidingWindowLayer cannot be re-rotated"):
+    with pytest.raises(
+        rope_extend.UnsupportedModelError, match="dynamic on mistral .*StaticSlidingWindowLayer cannot be re-rotated"
+    ):
         windowed(prompt, past_key_values=cache, use_cache=True)
 
 
@@ -224,4 +226,3 @@ def test_a_compressed_cache_is_refused_not_turned_wrong():
     assert cache.get_seq_length() == 0
     with torch.no_grad():  # without a cache, the method runs
         assert model(input_ids=ids, use_cache=False).logits.isfinite().all()
-
