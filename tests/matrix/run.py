@@ -33,6 +33,7 @@ from transformers import CompileConfig, DynamicCache, StaticCache
 
 import rope_extend
 from rope_extend import RopeExtendException
+from rope_extend.hf.layout import PROBE_NAME
 from tests.matrix import cells as C
 from tests.matrix import reference as R
 
@@ -67,7 +68,10 @@ class Counter:
         m.get_decoder().register_forward_hook(self)
 
     def __call__(self, module, args, output):
-        self.calls += 1
+        # rope-extend's probe (``hf.layout.probe``: 12 tokens, its own attention function, outputs discarded) is
+        # how a refusal finds what the model does; it computes nothing the user asked for
+        if getattr(getattr(module, "config", None), "_attn_implementation", None) != PROBE_NAME:
+            self.calls += 1
 
     def guard(self, fn, *args, **kwargs):
         start = self.calls
