@@ -749,3 +749,24 @@ def test_cpu_pass_cut_at_its_squares_equals_the_masked_kernel(shape, monkeypatch
     assert (lse - want_lse).abs().max().item() < 1e-5
     assert sum(causal for causal, _ in calls) == causal_pieces
     assert not any(causal and masked for causal, masked in calls)
+
+
+@pytest.mark.parametrize("family", ["persimmon", "chameleon"])
+@pytest.mark.parametrize("method", ["self_extend", "dual_chunk"])
+def test_left_padding_on_layers_given_no_position_ids(family, method):
+    """Persimmon's and Chameleon's layers do not pass ``position_ids`` to the attention function: the method takes
+    the decoder's (``PositionKeeper``), so a left-padded row equals the row alone (Self-Extend's groups and Dual
+    Chunk's chunks count from absolute positions, which key slots would shift by the padding)."""
+    from tests.families.tiny import build
+
+    model = build(family)
+    rope_extend.patch(model, method, **METHODS[method])
+    x = torch.randint(3, 200, (1, 40), generator=torch.Generator().manual_seed(0))
+    pad = 5
+    padded = torch.cat([torch.zeros(1, pad, dtype=torch.long), x], 1)
+    mask = torch.cat([torch.zeros(1, pad, dtype=torch.long), torch.ones_like(x)], 1)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        alone = model(input_ids=x).logits[0].float()
+        row = model(input_ids=padded, attention_mask=mask, position_ids=positions).logits[0, pad:].float()
+    assert (row - alone).abs().max().item() < 1e-4 * alone.abs().max().item()

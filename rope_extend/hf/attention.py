@@ -93,7 +93,7 @@ class AttentionPlan:
     method: str = ""  # the method's name, for messages
     runner: Any = None  # ``_method_attention`` kept out of torch.compile graphs, named for the method (``_runner``)
     watch: slots.Watch | None = None  # the decoder's record of the cache of the running forward (``hf.slots``)
-    keep_positions: bool = False  # log-n on a layer whose attention function is given no position ids
+    keep_positions: bool = False  # a method or log-n on a layer whose attention function is given no position ids
     positions: PositionKeeper | None = None  # where it reads them then (``install`` sets it)
 
     @property
@@ -243,9 +243,10 @@ def _plan_modules(model, config, scaling, inner: str, probed) -> list[tuple[nn.M
                 scaling.method.name,
                 _runner(scaling.method.name) if rules is not None else None,
             )
-        # log-n reads the query positions; a layer whose attention function is not given them (Llama 4's) gets
+        # the methods and log-n read the query positions; a layer whose attention function is not given them gets
         # the decoder's (``PositionKeeper``)
-        plan.keep_positions = plan.logn and seen is not None and "position_ids" not in seen.kwargs
+        moved = plan.logn or plan.rules is not None
+        plan.keep_positions = moved and seen is not None and "position_ids" not in seen.kwargs
         out.append((module, plan))
     if probed is not None:
         _check_changes(config, scaling, out, probed, types if mixed else [])
@@ -352,8 +353,8 @@ POSITIONS_HOOK = "_rope_extend_positions_hook"
 
 class PositionKeeper:
     """The decoder's forward pre-hook that keeps the position ids of the forward under way, per thread, for
-    log-n on layers whose attention function is not given them (Llama 4's decoder layers keep ``position_ids``
-    to themselves). The ids the decoder was called with (``generate`` gives left-padded rows their true
+    the methods and log-n on layers whose attention function is not given them (Llama 4's decoder layers keep
+    ``position_ids`` to themselves). The ids the decoder was called with (``generate`` gives left-padded rows their true
     positions); without them, what the decoder computes itself: ``cache_position``, else the cache's length
     onwards."""
 
@@ -520,7 +521,10 @@ def _method_attention(module, plan, query, key, value, attention_mask, dropout, 
         )
     sinks = kwargs.get("s_aux")  # GPT-OSS, Granite-SWA: one more logit per head, with value 0
     mask = Mask.of(attention_mask, query, key, plan.inner, kwargs.get("sliding_window"))
-    out = _attend(module, plan, query, key, value, mask, scaling, softcap, kwargs.get("position_ids"), sinks)
+    position_ids = kwargs.get("position_ids")
+    if position_ids is None and plan.positions is not None:  # the decoder's (``PositionKeeper``): left padding
+        position_ids = plan.positions.of(query)
+    out = _attend(module, plan, query, key, value, mask, scaling, softcap, position_ids, sinks)
     return out, None
 
 
