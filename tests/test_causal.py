@@ -53,8 +53,10 @@ def test_flex_masks_are_evaluated_on_later_pairs():
     def block(mask_mod):
         return SimpleNamespace(mask_mod=mask_mod, kv_indices=torch.zeros(2, 1, 1, 1, dtype=torch.long))
 
+    # mask_mod takes the query row and the key slot; a mask over a cache adds the offset itself (6 here)
     assert causal.flex(block(lambda b, h, q, k: k <= q), 7, 7) is None
-    assert causal.flex(block(lambda b, h, q, k: (k <= q) & (q - k < 3)), 3, 9) is None  # sliding, decoding
+    assert causal.flex(block(lambda b, h, q, k: (k <= q + 6) & (q + 6 - k < 3)), 3, 9) is None  # sliding, cached
+    assert "after them" in causal.flex(block(lambda b, h, q, k: k <= q + 7), 3, 9)
     assert "after them" in causal.flex(block(lambda b, h, q, k: (k <= q) | (k < 2)), 7, 7)
 
 
@@ -86,7 +88,7 @@ def test_logn_alone_on_a_bidirectional_model_is_accepted():
     assert rope_extend.patched(model) is not None
 
 
-@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("implementation", ["eager", "sdpa", "flex_attention"])
 @pytest.mark.parametrize("method", ["self_extend", "rerope"])
 def test_a_mask_with_later_keys_is_refused_at_the_forward(implementation, method):
     model = tiny_model(attn_implementation=implementation)

@@ -47,14 +47,14 @@ def dense(mask: torch.Tensor, n: int, m: int) -> str | None:
 
 def flex(block_mask, n: int, m: int) -> str | None:
     """``dense``'s check for a FlexAttention ``BlockMask``, by evaluating its ``mask_mod`` on the pairs after each
-    query (transformers' mask functions are index-based and broadcast), ``BLOCK`` rows at a time."""
+    query, ``BLOCK`` rows at a time: transformers' mask functions are index-based and broadcast, and take the query
+    row (``0 .. n-1``; the mask adds the cache offset itself) and the key slot, as ``attention.Mask.block`` does."""
     batch = torch.arange(block_mask.kv_indices.shape[0], device=block_mask.kv_indices.device)[:, None, None, None]
     head = torch.zeros((), dtype=torch.long, device=batch.device)
     cols = torch.arange(m, device=batch.device)[None, None, None, :]
     for start in range(0, n, BLOCK):
         r = torch.arange(start, min(start + BLOCK, n), device=batch.device)[None, None, :, None]
-        slot = r + (m - n)
-        if bool((block_mask.mask_mod(batch, head, slot, cols) & (cols > slot)).any()):
+        if bool((block_mask.mask_mod(batch, head, r, cols) & (cols > r + (m - n))).any()):
             return "lets queries attend keys after them (a bidirectional or prefix mask)"
     return None
 
