@@ -49,7 +49,9 @@ fails when a cell differs from the committed snapshot of its transformers versio
 
 
 # a refusal that names the method in its sentence ("self_extend has nothing to change"): one reason for every method
-_NAMED = re.compile(r"\b(self_extend|dual_chunk|rerope|leaky_rerope|string)(?=('s position rules| has nothing to change))")
+_NAMED = re.compile(
+    r"\b(self_extend|dual_chunk|rerope|leaky_rerope|string)(?=('s position rules| has nothing to change))"
+)
 
 
 def _generic(reason: str) -> str:
