@@ -5,6 +5,7 @@ import torch
 import transformers as T
 
 import rope_extend
+from rope_extend import cache_kwargs
 from rope_extend.hf import cache as C
 from rope_extend.hf import rotary as R
 from rope_extend.hf.config import rotary_geometry, scaled_layer_types, text_config
@@ -46,7 +47,7 @@ def cached_keys(model, ids, chunks):
     forward over the same tokens (whose keys all use the frequencies of the full length)."""
     out, start = None, 0
     for size in chunks:
-        out = model(ids[:, start : start + size], past_key_values=out.past_key_values if out else None, use_cache=True)
+        out = model(ids[:, start : start + size], **cache_kwargs(out.past_key_values if out else None), use_cache=True)
         start += size
     layer = first_scaled_layer(model)
     full = model(ids[:, :start], use_cache=True)
@@ -123,7 +124,7 @@ def test_left_padded_batches_use_one_length_per_batch():
                 ids[:, t : t + 1],
                 attention_mask=mask[:, : t + 1],
                 position_ids=positions[:, t : t + 1],
-                past_key_values=out.past_key_values,
+                **cache_kwargs(out.past_key_values),
                 use_cache=True,
             )
         full = model(ids, attention_mask=mask, position_ids=positions, use_cache=True)
@@ -148,7 +149,7 @@ def test_static_cache_works_and_sliding_static_layers_are_refused():
     with pytest.raises(
         rope_extend.UnsupportedModelError, match="dynamic on mistral .*StaticSlidingWindowLayer cannot be re-rotated"
     ):
-        windowed(prompt, past_key_values=cache, use_cache=True)
+        windowed(prompt, **cache_kwargs(cache), use_cache=True)
 
 
 def test_unpatch_removes_the_keeper_and_static_methods_install_none():

@@ -12,6 +12,7 @@ from torch._dynamo.utils import counters
 from transformers import StaticCache
 
 import rope_extend
+from rope_extend import cache_kwargs
 from tests.test_attention import METHODS, L, model_for, reference_logits
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")]
@@ -40,12 +41,12 @@ def decode(model, forward):
     x = prompt()
     cache = StaticCache(config=model.config, max_cache_len=48)
     with torch.no_grad():
-        logits = [model(x, past_key_values=cache, attention_mask=torch.ones_like(x)).logits[0, -1]]
+        logits = [model(x, **cache_kwargs(cache), attention_mask=torch.ones_like(x)).logits[0, -1]]
         for _ in range(STEPS):
             x = torch.cat([x, logits[-1].argmax().view(1, 1)], 1)
             out = forward(
                 x[:, -1:],
-                past_key_values=cache,
+                **cache_kwargs(cache),
                 position_ids=torch.tensor([[x.shape[1] - 1]]),
                 attention_mask=torch.ones_like(x),
             )

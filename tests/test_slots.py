@@ -14,7 +14,7 @@ from transformers import DynamicCache, QuantizedCache, StaticCache
 from transformers import cache_utils as cu
 
 import rope_extend
-from rope_extend import UnsupportedModelError
+from rope_extend import UnsupportedModelError, cache_kwargs
 from rope_extend.hf import attention as A
 from rope_extend.hf import slots
 from tests.test_attention import METHODS, L, flash_stand_in, ids, model_for, reference_logits, relative
@@ -81,7 +81,7 @@ def test_static_cache_equals_the_explicit_reference(case, implementation):
     if implementation == "sdpa":
         assert_exact(model, case, prompt, cache_implementation="static")
     else:
-        assert_exact(model, case, prompt, past_key_values=StaticCache(config=model.config, max_cache_len=64))
+        assert_exact(model, case, prompt, **cache_kwargs(StaticCache(config=model.config, max_cache_len=64)))
 
 
 def test_the_static_cache_comparison_can_fail(monkeypatch):
@@ -100,11 +100,11 @@ def test_stale_slots_past_the_filled_length_are_never_read():
     want = reference_logits(model, *CASES["dual_chunk"][:2], x)[0]
     cache = StaticCache(config=model.config, max_cache_len=64)
     with torch.no_grad():
-        model(x[:, :30], past_key_values=cache)
+        model(x[:, :30], **cache_kwargs(cache))
         for layer in cache.layers:
             layer.keys[:, :, 30:] = 1e3
             layer.values[:, :, 30:] = -1e3
-        got = [model(x[:, t : t + 1], past_key_values=cache).logits[0, -1] for t in range(30, 40)]
+        got = [model(x[:, t : t + 1], **cache_kwargs(cache)).logits[0, -1] for t in range(30, 40)]
     assert (torch.stack(got) - want[30:]).abs().max().item() < TOL
 
 
@@ -132,7 +132,7 @@ def test_gemma3_static_cache_keeps_its_sliding_window_layers(case):
     cache = StaticCache(config=model.config, max_cache_len=48)
     kinds = [type(layer) for layer in cache.layers]
     assert kinds == [cu.StaticSlidingWindowLayer, cu.StaticLayer] * 2
-    assert_exact(model, case, ids(n=14, batch=1, seed=3), past_key_values=cache)
+    assert_exact(model, case, ids(n=14, batch=1, seed=3), **cache_kwargs(cache))
 
 
 @pytest.mark.parametrize("implementation", ["static", "sliding_window", "dynamic"])
@@ -182,7 +182,7 @@ def test_offloaded_caches(kind, monkeypatch):
     else:
         cache = StaticCache(config=model.config, max_cache_len=48, offloading=True)
     cache.prefetch_stream = _NoStream()
-    assert_exact(model, "self_extend", ids(n=24, batch=1, seed=3), past_key_values=cache)
+    assert_exact(model, "self_extend", ids(n=24, batch=1, seed=3), **cache_kwargs(cache))
 
 
 def _explicit_attention(method, params, inv_freq, query, key, value, qpos, kpos, scaling):
@@ -221,7 +221,7 @@ def test_fp8_quantized_cache_positions(monkeypatch):
     for case in METHODS:
         model = patched("llama", case)
         calls.clear()
-        sequences, _ = generate(model, ids(n=24, batch=1, seed=3), past_key_values=QuantizedCache("fp8", model.config))
+        sequences, _ = generate(model, ids(n=24, batch=1, seed=3), **cache_kwargs(QuantizedCache("fp8", model.config)))
         assert len(calls) == 2 * NEW and sequences.shape[1] > L  # two layers, a prefill and 19 decode steps
         inv_freq = model.model.rotary_emb.inv_freq
         for query, key, value, qpos, scaling, out in calls[2:]:  # the decode steps: quantized keys
@@ -260,7 +260,7 @@ def test_unknown_cache_layers_are_refused_before_anything_runs():
     model = patched("llama", "self_extend")
     cache = cu.Cache(layers=[_OddLayer(), _OddLayer()])
     with pytest.raises(UnsupportedModelError, match=r"_OddLayer \(layer 0\) keep their keys in slots rope-extend"):
-        generate(model, ids(n=24, batch=1, seed=3), past_key_values=cache)
+        generate(model, ids(n=24, batch=1, seed=3), **cache_kwargs(cache))
     assert cache.get_seq_length() == 24  # the first layer's update ran, its attention refused: no output
 
 
