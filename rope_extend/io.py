@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,16 +16,78 @@ from typing import Any
 
 from .errors import RopeExtendError
 
+# ------------------------------------------------------------------------------ temporaries and their owners
+OWNER = ".rope-extend-owner"  # inside each temporary folder: the host, pid and start time of the process using it
+
+
+def _started(pid: int) -> str | None:
+    """The start time of process ``pid`` in clock ticks since boot (field 22 of ``/proc/PID/stat``), which tells
+    a live process from a later one given the same pid; None where ``/proc`` is not there."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+def owned_tempdir(prefix: str, suffix: str, folder: Path) -> Path:
+    """``tempfile.mkdtemp`` whose folder records its owner (``OWNER``), so that a later run can tell that the
+    process that made it is gone (``remove_abandoned``)."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=folder))
+    owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": _started(os.getpid())}
+    (tmp / OWNER).write_text(json.dumps(owner), encoding="utf-8")
+    return tmp
+
+
+def _abandoned(folder: Path) -> bool:
+    """Whether ``folder`` is a temporary whose owner is provably gone: made on this host by a process that no
+    longer runs (or whose pid now belongs to a process started at another time). Anything else, a folder of
+    another host (a shared disk) or one without a readable owner record, is not proven abandoned."""
+    try:
+        owner = json.loads((folder / OWNER).read_text(encoding="utf-8"))
+        host, pid, started = owner["host"], int(owner["pid"]), owner.get("started")
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if host != socket.gethostname() or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        pass
+    now = _started(pid)
+    return started is not None and now is not None and now != started
+
+
+def remove_abandoned(path: str | os.PathLike) -> list[Path]:
+    """Remove the temporaries that interrupted writes of ``path`` left beside it (``.NAME.XXXX.tmp`` folders of
+    ``atomic_path``, ``.NAME.download.XXXX`` folders of ``fetch``) when their owner is provably gone
+    (``_abandoned``); returns what was removed. Nothing else is touched: not another process' temporary in
+    use, not a folder without an owner record, not a ``.NAME.old-PID`` (it may hold the only copy)."""
+    path = Path(path)
+    removed = []
+    try:
+        entries = list(path.parent.iterdir()) if path.parent.is_dir() else []
+    except OSError:
+        return removed
+    for entry in entries:
+        if entry.name.startswith(f".{path.name}.") and entry.is_dir() and not entry.is_symlink() and _abandoned(entry):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it replaces ``path`` in one rename.
 
-    Works for a file or a folder. On an exception the temporary is removed and ``path`` is untouched.
+    Works for a file or a folder. On an exception the temporary is removed and ``path`` is untouched; when the
+    process is killed, the temporary folder names its owner, and a later ``remove_abandoned(path)`` removes it.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp = owned_tempdir(f".{path.name}.", ".tmp", path.parent)
     target = tmp / path.name
     try:
         yield target
@@ -37,6 +100,45 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             os.replace(target, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_writable(path: str | os.PathLike, what: str = "--out") -> None:
+    """Refuse at once a ``path`` that cannot be created: a file where a parent folder would be (``afile/m.gguf``),
+    or a nearest existing parent that is not writable (``/proc/x``, a read-only folder), so that the failure is
+    one line naming the path, not an OSError after the work is done."""
+    path = Path(path)
+    parent = path.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise RopeExtendError(f"{what} {path}: {parent} is a file, not a folder; give a path in a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise RopeExtendError(f"{what} {path}: the folder {parent} cannot be written; give a path you can write")
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike, what: str = "--out") -> Iterator[Path]:
+    """``atomic_path`` whose OS failures (a folder that turns out not to be writable, as ``/proc`` is even for
+    root, a full disk) end in a ``RopeExtendError`` naming ``path`` and the reason, in one line."""
+    try:
+        with atomic_path(path) as tmp:
+            yield tmp
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise RopeExtendError(f"cannot write {what} {path}: {reason}; give a path you can write") from None
+
+
+def normal_permissions(path: str | os.PathLike) -> None:
+    """Give ``path`` (a file, or a folder and everything in it) the modes a new file gets: 0666 for files and
+    0777 for folders, less the umask. Copies of a cache keep its private 0600 modes otherwise, and a server
+    running as another user cannot read them."""
+    mask = os.umask(0)
+    os.umask(mask)
+    path = Path(path)
+    items = [path, *path.rglob("*")] if path.is_dir() and not path.is_symlink() else [path]
+    for item in items:
+        if not item.is_symlink():
+            item.chmod((0o777 if item.is_dir() else 0o666) & ~mask)
 
 
 def sha256(path: str | os.PathLike) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..hf.config import config_scaling, nested_layer_types, plan, rotary_geometry, text_config
-from ..io import MARKER, atomic_path, write_json
+from ..io import MARKER, check_writable, normal_permissions, remove_abandoned, write_json, writing
 from ..loading import load_config, load_model, load_tokenizer, resolve_name
 from ..methods._common import rope_frequencies
 from ..patch import patched
@@ -118,6 +118,8 @@ def _rewrite_config(folder: Path, updates: dict[str, Any], target: str) -> None:
 def _check_out(out: Path) -> None:
     if out.exists() or out.is_symlink():
         raise RopeExtendError(f"--out {out} exists: nothing there is touched; give a new path")
+    check_writable(out)
+    remove_abandoned(out)  # what an export into the same path that was killed left behind
 
 
 def export(
@@ -193,8 +195,13 @@ def _export_gguf(model, tokenizer, scaling, name, decision, out, length, dim, ba
         rules = scaling.rules()
         extra, tool = llamacpp.self_extend_flags(rules.group_size, rules.window), "llama-completion"
         how = f"plain RoPE; {' '.join(extra)} on the command line"
-    with atomic_path(out) as tmp:
-        llamacpp.write(tmp, model, tokenizer, keys, tensors, context=length, dtype=dtype, tokenizer_pre=tokenizer_pre)
+    # the file's context_length is what llama.cpp serves without flags: for self_extend that is plain RoPE, which
+    # holds only to L, so the file says L (and llama.cpp warns past it); the command asks for the target length
+    # together with the group-attention flags
+    context = scaling.original_max_position_embeddings if name == "self_extend" else length
+    with writing(out) as tmp:
+        llamacpp.write(tmp, model, tokenizer, keys, tensors, context=context, dtype=dtype, tokenizer_pre=tokenizer_pre)
+        normal_permissions(tmp)
     command = llamacpp.serve_command(out, length, extra, tool)
     return ExportResult(out, "gguf", ENGINES["gguf"], name, how, command, notes)
 
@@ -206,7 +213,7 @@ def _export_folder(model, tokenizer, source, name, decision, to, out, length, no
     command = configs.serve_command(to, str(out), form, length)
     if to in configs.LONGER:  # before the info file is written, so that it carries the note too
         notes.append(f"to serve past {length} tokens: {configs.LONGER[to]}")
-    with atomic_path(out) as tmp:
+    with writing(out) as tmp:
         if source is not None:
             shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(MARKER, INFO, ".*"))
         else:
@@ -216,5 +223,6 @@ def _export_folder(model, tokenizer, source, name, decision, to, out, length, no
         _rewrite_config(tmp, updates, to)
         info = {"tool": f"rope-extend {__version__}", "engine": ENGINES[to], "method": name, "how": how}
         write_json(tmp / INFO, {**info, "command": command, "notes": notes})
+        normal_permissions(tmp)  # a copy of a cached folder would keep the cache's 0600 files
     flag = configs.OVERRIDE_FLAG.get(to)
     return ExportResult(out, to, ENGINES[to], name, how, command, notes, updates if flag else None, flag)

@@ -4,6 +4,10 @@ bad input (one line, exit 2, nothing written)."""
 from __future__ import annotations
 
 import json
+import os
+import stat
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -130,3 +134,93 @@ def test_result_names_the_override_flag(tmp_path):
         assert got.startswith(flag + " '") and json.loads(got[len(flag) + 2 : -1]) == r.overrides
     r = export(str(folder), "transformers4", tmp_path / "t4", method="yarn", factor=4)
     assert r.override_flag is None and r.override_argument is None and "override_flag" not in r.as_dict()
+
+
+@pytest.mark.parametrize("to", ["gguf", "vllm"])
+def test_out_below_a_file_is_one_line_exit_2(tmp_path, capsys, to):
+    folder = saved(tmp_path)
+    (tmp_path / "afile").write_text("mine")
+    capsys.readouterr()
+    args = ["--method", "linear", "--factor", "2"] + (["--tokenizer-pre", "smollm"] if to == "gguf" else [])
+    assert main(["export", str(folder), "--to", to, "--out", str(tmp_path / "afile" / "m.gguf"), *args]) == 2
+    err = capsys.readouterr().err
+    assert "afile is a file, not a folder" in err and err.count("\n") == 1 and "Traceback" not in err
+    assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_out_that_cannot_be_written_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    folder = saved(tmp_path)
+    capsys.readouterr()
+    # /proc takes no new folders, even for root (for whom os.access says yes): the write itself fails
+    assert main(["export", str(folder), "--to", "vllm", "--out", "/proc/x"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write --out /proc/x: No such file or directory" in err and err.count("\n") == 1
+
+    # a folder that refuses the write (a read-only folder for a non-root user)
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("shutil.copytree", refuse)
+    assert main(["export", str(folder), "--to", "vllm", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "Permission denied" in err and err.count("\n") == 1 and not (tmp_path / "o").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_read_only_folder_is_refused_before_the_work(tmp_path, capsys):
+    folder = saved(tmp_path)
+    (tmp_path / "ro").mkdir(mode=0o555)
+    capsys.readouterr()
+    assert main(["export", str(folder), "--to", "vllm", "--out", str(tmp_path / "ro" / "m")]) == 2
+    assert "cannot be written" in capsys.readouterr().err
+
+
+def test_exported_files_get_normal_permissions(tmp_path):
+    folder = saved(tmp_path)
+    (folder / "model.safetensors").chmod(0o600)  # as a cached folder has it
+    folder.chmod(0o700)
+    mask = os.umask(0o022)
+    try:
+        export(str(folder), "vllm", tmp_path / "v", method="yarn", factor=2)
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE((tmp_path / "v").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "v" / "model.safetensors").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "v" / "config.json").stat().st_mode) == 0o644
+
+
+def test_self_extend_gguf_says_the_original_length(tmp_path):
+    pytest.importorskip("gguf")
+    from gguf import GGUFReader
+
+    model, tok = tiny_model("llama"), tiny_tokenizer()  # L = 256
+    rope_extend.patch(model, "self_extend", factor=3, group_size=4, window=64)
+    r = export(model, "gguf", tmp_path / "m.gguf", tokenizer=tok, tokenizer_pre="smollm", approximate=True)
+    fields = {f.name: f for f in GGUFReader(r.out).fields.values()}
+    # plain RoPE holds to L: llama.cpp run without the group-attention flags serves (and warns) from there
+    assert int(fields["llama.context_length"].parts[-1][0]) == 256
+    assert " -c 768 " in r.command and "--grp-attn-n 4 --grp-attn-w 64" in r.command
+
+
+def test_abandoned_temporaries_are_removed_and_nothing_else(tmp_path):
+    from rope_extend.io import OWNER, owned_tempdir
+
+    folder = saved(tmp_path)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = owned_tempdir(".v.", ".tmp", tmp_path)  # a killed export's folder: its process is gone
+    owner = json.loads((dead / OWNER).read_text())
+    (dead / OWNER).write_text(json.dumps({**owner, "pid": gone.pid}))
+    (dead / "v").mkdir()
+    live = owned_tempdir(".v.", ".tmp", tmp_path)  # this process': in use
+    (live / OWNER).write_text(json.dumps({**owner, "pid": os.getppid()}))
+    elsewhere = owned_tempdir(".v.", ".tmp", tmp_path)  # another host's, on a shared disk: not provable
+    (elsewhere / OWNER).write_text(json.dumps({**owner, "pid": gone.pid, "host": "another-host"}))
+    unknown = tmp_path / ".v.abcd.tmp"  # no owner record (an older version's): not provable
+    unknown.mkdir()
+    mine = tmp_path / ".v.notes"  # a user's file that merely looks alike
+    mine.write_text("keep")
+    export(str(folder), "vllm", tmp_path / "v", method="yarn", factor=2)
+    assert not dead.exists() and live.is_dir() and elsewhere.is_dir() and unknown.is_dir()
+    assert mine.read_text() == "keep"
