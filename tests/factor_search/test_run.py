@@ -186,3 +186,55 @@ def test_command_line_on_the_bundled_model(tmp_path, capsys):
     result = json.loads((out / "longrope.json").read_text())
     assert result["evaluations"] == 8 and result["rope_type"] == "longrope" and len(result["long_factor"]) == 32
     assert "searched" in (out / "report.md").read_text()
+
+
+DAMAGED_STATES = {
+    "truncated": lambda text: text[: len(text) // 2].encode(),
+    "empty": lambda text: b"",
+    "not UTF-8": lambda text: b"\xff\xfe" + text.encode()[2:],
+    "a list": lambda text: b"[]",
+    "no rng": lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "rng"}).encode(),
+    "pool a string": lambda text: json.dumps({**json.loads(text), "pool": "oops"}).encode(),
+    "short factors": lambda text: json.dumps({**json.loads(text), "pending": [[1.0]]}).encode(),
+    "rng of strings": lambda text: json.dumps({**json.loads(text), "rng": [3, ["x"] * 625, None]}).encode(),
+}
+DAMAGE_MESSAGES = {
+    "truncated": "not valid JSON",
+    "empty": "not valid JSON",
+    "not UTF-8": "not UTF-8",
+    "a list": "a JSON list, not an object",
+    "no rng": "no 'rng'",
+    "pool a string": "'pool' is not a list",
+    "short factors": "'pending' is not a list of 32 factors",
+    "rng of strings": "'rng' is not a random generator's state",
+}
+
+
+@pytest.fixture(scope="module")
+def saved_search(tmp_path_factory):
+    from rope_extend.cli import main
+
+    out = tmp_path_factory.mktemp("search") / "s"
+    args = ["search", "--model", "bundled", "--factor", "2", "--evals", "4", "--population", "4", "--out", str(out)]
+    assert main([*args, "--no-progress"]) == 0
+    return args, out
+
+
+@pytest.mark.parametrize("damage", list(DAMAGED_STATES))
+def test_a_damaged_state_is_one_line_exit_2(saved_search, damage, capsys):
+    from rope_extend.cli import main
+
+    args, out = saved_search
+    path = out / R.STATE
+    good = path.read_text(encoding="utf-8")
+    try:
+        path.write_bytes(DAMAGED_STATES[damage](good))
+        capsys.readouterr()
+        assert main([*args, "--resume", "--no-progress"]) == 2
+        err = capsys.readouterr().err  # transformers' "Loading weights" bar comes first
+        message = err.strip().splitlines()[-1]
+        assert "Traceback" not in err and message.startswith("rope-extend: error: resume:") and str(path) in message
+        assert DAMAGE_MESSAGES[damage] in message, message
+    finally:
+        path.write_text(good, encoding="utf-8")
+    assert main([*args[:6], "5", *args[7:], "--resume", "--no-progress"]) == 0  # the good state resumes
