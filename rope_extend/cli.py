@@ -111,17 +111,28 @@ def _cmd_configure(args: argparse.Namespace) -> int:
 def _cmd_recipes(args: argparse.Namespace) -> int:
     """List the shipped recipes, launcher configs and suites, or print one's path (for accelerate's --config_file)."""
     from . import resources
-    from .errors import RopeExtendError
+    from .errors import RopeExtendError, closest
 
     if args.name:
-        for folder in (resources.RECIPES, resources.SUITES):
-            for candidate in (folder / args.name, folder / f"{args.name}.yaml"):
-                if candidate.is_file():
-                    print(candidate)
-                    return 0
-        raise RopeExtendError(
-            f"{args.name!r} is not a shipped recipe, launcher config or suite; `rope-extend recipes` lists them"
+        # only the bundled names: a name is never joined to a folder, so no path (../../etc/passwd) gets out
+        shipped = {
+            **{n: resources.RECIPES / f"{n}.yaml" for n in resources.names(resources.RECIPES)},
+            **{
+                f"accelerate/{n}": resources.RECIPES / "accelerate" / f"{n}.yaml"
+                for n in resources.names(resources.RECIPES / "accelerate")
+            },
+        }
+        shipped.update(
+            {n: resources.SUITES / f"{n}.yaml" for n in resources.names(resources.SUITES) if n not in shipped}
         )
+        name = args.name.removesuffix(".yaml")
+        if name not in shipped:
+            raise RopeExtendError(
+                f"{args.name!r} is not a shipped recipe, launcher config or suite{closest(name, shipped)}; "
+                f"allowed: {', '.join(shipped)}"
+            )
+        print(shipped[name])
+        return 0
     for title, folder in (
         ("recipes", resources.RECIPES),
         ("launcher configs", resources.RECIPES / "accelerate"),

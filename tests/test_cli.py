@@ -118,3 +118,19 @@ def test_patched_repr_names_the_scaling_not_function_addresses():
     rope_extend.patch(model, "yarn", factor=4)
     text = repr(rope_extend.patched(model))
     assert " at 0x" not in text and text.startswith("Scaling('yarn', factor=4") and "beta_fast=32" in text
+
+
+def test_recipes_prints_bundled_paths_only(capsys):
+    from rope_extend import resources
+
+    assert main(["recipes", "tiny-cpu"]) == 0
+    assert capsys.readouterr().out.strip() == str(resources.RECIPES / "tiny-cpu.yaml")
+    assert main(["recipes", "accelerate/fsdp2.yaml"]) == 0
+    assert capsys.readouterr().out.strip() == str(resources.RECIPES / "accelerate" / "fsdp2.yaml")
+    assert main(["recipes", "smoke"]) == 0
+    assert capsys.readouterr().out.strip() == str(resources.SUITES / "smoke.yaml")
+    for name in ("../../../../etc/passwd", "../recipes/tiny-cpu", "data/../tiny-cpu", "/etc/passwd", "data"):
+        assert main(["recipes", name]) == 2, name
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1
+        assert "is not a shipped recipe" in captured.err and "allowed: " in captured.err and "tiny-cpu" in captured.err
