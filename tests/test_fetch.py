@@ -187,7 +187,7 @@ def test_a_killed_fetch_leaves_nothing_a_later_fetch_keeps(cache, monkeypatch):
     for prefix, suffix in ((".tiny-texts.download.", ""), (".tiny-texts.", ".tmp")):
         tmp = owned_tempdir(prefix, suffix, cache)
         owner = json.loads((tmp / OWNER).read_text())
-        (tmp / OWNER).write_text(json.dumps({**owner, "pid": gone.pid}))
+        (tmp / OWNER).write_text(json.dumps({**owner, "pid": gone.pid, "started": "0"}))
         (tmp / "pkg-1.0.tar.gz").write_bytes(b"half a download")
         left.append(tmp)
     other = cache / ".tiny-texts.download.abcd"  # no owner record: not provably abandoned, kept

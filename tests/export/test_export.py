@@ -204,23 +204,31 @@ def test_self_extend_gguf_says_the_original_length(tmp_path):
 
 
 def test_abandoned_temporaries_are_removed_and_nothing_else(tmp_path):
-    from rope_extend.io import OWNER, owned_tempdir
+    from rope_extend.io import OWNER, _started, owned_tempdir
 
     folder = saved(tmp_path)
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     dead = owned_tempdir(".v.", ".tmp", tmp_path)  # a killed export's folder: its process is gone
     owner = json.loads((dead / OWNER).read_text())
-    (dead / OWNER).write_text(json.dumps({**owner, "pid": gone.pid}))
+    (dead / OWNER).write_text(json.dumps({**owner, "pid": gone.pid, "started": "0"}))
     (dead / "v").mkdir()
-    live = owned_tempdir(".v.", ".tmp", tmp_path)  # this process': in use
-    (live / OWNER).write_text(json.dumps({**owner, "pid": os.getppid()}))
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    live = owned_tempdir(".v.", ".tmp", tmp_path)  # a running export's: in use
+    (live / OWNER).write_text(json.dumps({**owner, "pid": running.pid, "started": _started(running.pid)}))
+    reused = owned_tempdir(".v.", ".tmp", tmp_path)  # its pid now names a process started at another time
+    (reused / OWNER).write_text(json.dumps({**owner, "pid": running.pid, "started": "0"}))
     elsewhere = owned_tempdir(".v.", ".tmp", tmp_path)  # another host's, on a shared disk: not provable
     (elsewhere / OWNER).write_text(json.dumps({**owner, "pid": gone.pid, "host": "another-host"}))
     unknown = tmp_path / ".v.abcd.tmp"  # no owner record (an older version's): not provable
     unknown.mkdir()
     mine = tmp_path / ".v.notes"  # a user's file that merely looks alike
     mine.write_text("keep")
-    export(str(folder), "vllm", tmp_path / "v", method="yarn", factor=2)
-    assert not dead.exists() and live.is_dir() and elsewhere.is_dir() and unknown.is_dir()
+    try:
+        export(str(folder), "vllm", tmp_path / "v", method="yarn", factor=2)
+    finally:
+        running.kill()
+        running.wait()
+    assert not dead.exists() and not reused.exists()
+    assert live.is_dir() and elsewhere.is_dir() and unknown.is_dir()
     assert mine.read_text() == "keep"
