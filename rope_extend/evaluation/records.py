@@ -2,8 +2,9 @@
 
 Each line is appended and flushed (and fsynced) at once, so an interrupted run keeps every record it
 finished. A resumed run reads the file back and skips the records whose key it already holds; a record
-only counts for a run with the same *setting* (model, method, parameters, protocol options), so records
-of other runs stay in the file untouched and are never reused by mistake.
+only counts for a run with the same *setting* (the model's digest, method, parameters, protocol options, the
+data's digest, the task's version and rope-extend's), so records of other runs stay in the file untouched
+and are never reused by mistake.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 from ..errors import RopeExtendError, RopeExtendException
 from ..hf.config import config_scaling, scaled_layer_types, text_config
 from ..patch import patched
+from ..version import __version__
+from .identity import model_digest
 
 
 def short_hash(text: str) -> str:
@@ -43,13 +46,17 @@ def _config_scaling(model):
 
 
 def run_info(model, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What identifies the model under test: its name and the rope-extend scaling applied; with no patch, the
-    scaling its config names (``scaling_from: config``: a fine-tuned or shipped scaling), else ``none``."""
+    """What identifies the model under test: its name, the digest of its weights and config
+    (``identity.model_digest``: the name alone is what the user typed, and two models can share it), the
+    rope-extend version, and the rope-extend scaling applied; with no patch, the scaling its config names
+    (``scaling_from: config``: a fine-tuned or shipped scaling), else ``none``."""
     scaling, source = patched(model), "patch"
     if scaling is None:
         scaling, source = _config_scaling(model), "config"
     info: dict[str, Any] = {
-        "model": str(getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__)
+        "model": str(getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__),
+        "model_digest": model_digest(model),
+        "rope_extend": __version__,
     }
     if scaling is None:
         info.update(method="none", factor=1.0, original_length=None, params={})
