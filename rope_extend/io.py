@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from . import locking
 from .errors import RopeExtendError
 
 # ------------------------------------------------------------------------------ temporaries and their owners
@@ -205,7 +206,9 @@ def claim_output_dir(
       whatever the flags: nothing in it is touched;
     - an earlier ``kind`` run: ``resume`` keeps it, ``overwrite`` removes only the entries it wrote;
       otherwise it is refused;
-    - the working folder, its parents, the home folder and the root are refused; so is an existing file.
+    - the working folder, its parents, the home folder and the root are refused; so is an existing file;
+    - a folder another rope-extend process is writing is refused, naming it (``locking``); this process
+      holds the folder's lock from here until it exits.
 
     With ``check_only`` nothing is created or removed (for ``--check`` and checks before a long setup).
     Raises ``error`` (``RopeExtendError``) naming the folder, what is in the way, and what to do.
@@ -217,7 +220,7 @@ def claim_output_dir(
         raise fail(f"{what} {path} {why}: give a new folder for this {kind} output")
     if path.exists() and not path.is_dir():
         raise fail(f"{what} {path} is a file, not a folder: give a folder for this {kind} output")
-    entries = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    entries = sorted(p.name for p in path.iterdir() if p.name != locking.LOCK) if path.is_dir() else []
     if entries:
         marker = path / MARKER
         made = json.loads(marker.read_text(encoding="utf-8")).get("kind") if marker.is_file() else None
@@ -232,6 +235,7 @@ def claim_output_dir(
             raise fail(
                 f"{what} {path} holds the output of a rope-extend {made} run, not a {kind} run: give another folder"
             )
+        locking.lock(path, what=what, probe=check_only, error=fail)  # before anything is kept or removed
         if resume:
             return path
         results = [n for n in entries if n != MARKER and not _temporary(n)]
@@ -246,7 +250,9 @@ def claim_output_dir(
                 target = path / name
                 shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
     elif check_only:
+        locking.lock(path, what=what, probe=True, error=fail)  # a folder not made yet: nothing to check
         return path
     path.mkdir(parents=True, exist_ok=True)
+    locking.lock(path, what=what, error=fail)
     write_json(path / MARKER, {"kind": kind, "tool": "rope-extend"})
     return path

@@ -11,7 +11,9 @@ allowed. Fields carry their help text in metadata (as PEFT's ``LoraConfig`` fiel
     class DataArgs:
         boundaries: Literal["eos", "mask"] = option("eos", help="how packed documents are kept apart")
 
-YAML is read with ``yaml.safe_load``: no tag constructs an arbitrary object (``!!python/...`` is an error).
+YAML is read with ``load_yaml``: ``yaml.safe_load`` (no tag constructs an arbitrary object: ``!!python/...``
+is an error) with YAML 1.2's floats, so that ``1e-3`` is a number as ``1.0e-3`` is (YAML 1.1, which PyYAML
+implements, reads an exponent without a dot as a string).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 import types
 import typing
 from pathlib import Path
@@ -228,13 +231,41 @@ def annotated(obj: Any, indent: int = 0) -> str:
 
 
 # ------------------------------------------------------------------------------------------ YAML, overrides
+class _Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` whose plain floats are YAML 1.2's: an exponent needs no dot (``1e-3``, ``5E4``)."""
+
+
+_FLOAT = "tag:yaml.org,2002:float"
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _FLOAT]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    _FLOAT,
+    re.compile(
+        r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?   # 1.5, 1., 1.0e-3
+        |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+                      # 1e-3, 5E4: a string in YAML 1.1
+        |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?               # .5, .5e-3
+        |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*           # 1:30.5 (YAML 1.1's base 60, kept)
+        |[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""",
+        re.VERBOSE,
+    ),
+    list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> Any:
+    """``text`` read as ``yaml.safe_load`` reads it, but ``1e-3`` is a float (see the module docstring)."""
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
+
+
 def read_yaml(path: str | Path, *, what: str = "file", error: type[RopeExtendError] = RopeExtendError) -> dict:
     """A YAML mapping from ``path`` (``safe_load``); an empty file is ``{}``."""
     path = Path(path)
     if not path.is_file():
         raise error(f"{what} {str(path)!r}: no such file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         detail = " ".join(str(exc).split())
         raise error(f"{what} {path} is not valid YAML (or uses a tag that safe loading refuses): {detail}") from None
@@ -250,7 +281,7 @@ def read_yaml(path: str | Path, *, what: str = "file", error: type[RopeExtendErr
 def parse_value(text: str, key: str = "value", error: type[RopeExtendError] = RopeExtendError) -> Any:
     """A command-line value read as YAML (``8`` -> 8, ``[1, 2]`` -> list, ``true`` -> True)."""
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError as exc:
         raise error(f"{key}: cannot read {text!r} as a YAML value ({' '.join(str(exc).split())})") from None
 

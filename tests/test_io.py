@@ -4,6 +4,7 @@ import pytest
 
 from rope_extend.errors import RopeExtendError
 from rope_extend.io import MARKER, claim_output_dir
+from rope_extend.locking import LOCK
 
 
 def owned(name):
@@ -28,7 +29,7 @@ def test_results_are_kept_unless_told(tmp_path):
     assert (out / "records.jsonl").read_text() == "{}\n"
     assert claim_output_dir(out, kind="eval", owned=owned, resume=True) == out
     claim_output_dir(out, kind="eval", owned=owned, overwrite=True)
-    assert sorted(p.name for p in out.iterdir()) == [MARKER]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, LOCK]  # the marker and this process's lock
 
 
 def test_foreign_files_and_other_kinds_are_refused(tmp_path):

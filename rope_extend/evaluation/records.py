@@ -2,14 +2,16 @@
 
 Each line is appended and flushed (and fsynced) at once, so an interrupted run keeps every record it
 finished. A resumed run reads the file back and skips the records whose key it already holds; a record
-only counts for a run with the same *setting* (model, method, parameters, protocol options), so records
-of other runs stay in the file untouched and are never reused by mistake.
+only counts for a run with the same *setting* (the model's digest, method, parameters, protocol options, the
+data's digest, the task's version and rope-extend's), so records of other runs stay in the file untouched
+and are never reused by mistake.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Collection
 from pathlib import Path
@@ -18,6 +20,8 @@ from typing import Any
 from ..errors import RopeExtendError, RopeExtendException
 from ..hf.config import config_scaling, scaled_layer_types, text_config
 from ..patch import patched
+from ..version import __version__
+from .identity import model_digest
 
 
 def short_hash(text: str) -> str:
@@ -43,13 +47,17 @@ def _config_scaling(model):
 
 
 def run_info(model, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What identifies the model under test: its name and the rope-extend scaling applied; with no patch, the
-    scaling its config names (``scaling_from: config``: a fine-tuned or shipped scaling), else ``none``."""
+    """What identifies the model under test: its name, the digest of its weights and config
+    (``identity.model_digest``: the name alone is what the user typed, and two models can share it), the
+    rope-extend version, and the rope-extend scaling applied; with no patch, the scaling its config names
+    (``scaling_from: config``: a fine-tuned or shipped scaling), else ``none``."""
     scaling, source = patched(model), "patch"
     if scaling is None:
         scaling, source = _config_scaling(model), "config"
     info: dict[str, Any] = {
-        "model": str(getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__)
+        "model": str(getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__),
+        "model_digest": model_digest(model),
+        "rope_extend": __version__,
     }
     if scaling is None:
         info.update(method="none", factor=1.0, original_length=None, params={})
@@ -64,6 +72,69 @@ def run_info(model, extra: dict[str, Any] | None = None) -> dict[str, Any]:
             info["scaling_from"] = "config"
     info.update(extra or {})
     return info
+
+
+_INT, _NUM, _STR = "an integer", "a number", "a string"
+_NONE = " or null"
+# The type of each field a harness writes; a field not named here (a toy task's own) is not checked. A field
+# with another type is an edited or damaged record: counted, it would pass off a wrong number ("correct":
+# "false" is truthy), so it is refused.
+FIELD_TYPES: dict[str, str] = {
+    **dict.fromkeys(("task", "setting", "model", "method", "model_digest", "rope_extend", "scaling_from"), _STR),
+    **dict.fromkeys(("label", "output", "text", "ruler_task"), _STR),
+    **dict.fromkeys(("length", "trial", "doc", "tokens", "sample", "task_version", "units", "pad_tokens"), _INT),
+    **dict.fromkeys(("max_new_tokens",), _INT),
+    **dict.fromkeys(("factor", "seconds", "cpu_seconds", "score", "depth", "actual_depth", "perplexity"), _NUM),
+    "nll": "a finite number",
+    "original_length": _INT + _NONE,
+    "stride": _INT + _NONE,
+    "depth_grid": _NUM + _NONE,
+    "haystack": _STR + _NONE,
+    "correct": "true or false",
+    "params": "a mapping",
+    "answers": "a list",
+    "answer": "an integer or a string",
+    "prediction": "an integer, a string or null",
+}
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_CHECKS = {
+    _STR: lambda v: isinstance(v, str),
+    _INT: _is_int,
+    _NUM: _is_num,
+    _INT + _NONE: lambda v: v is None or _is_int(v),
+    _NUM + _NONE: lambda v: v is None or _is_num(v),
+    _STR + _NONE: lambda v: v is None or isinstance(v, str),
+    "a finite number": lambda v: _is_num(v) and math.isfinite(v),
+    "true or false": lambda v: isinstance(v, bool),
+    "a mapping": lambda v: isinstance(v, dict),
+    "a list": lambda v: isinstance(v, list),
+    "an integer or a string": lambda v: _is_int(v) or isinstance(v, str),
+    "an integer, a string or null": lambda v: v is None or _is_int(v) or isinstance(v, str),
+}
+
+
+def check_record(record: Any, where: str) -> dict:
+    """``record`` if it is a rope-extend record whose fields have their types (``FIELD_TYPES``), else a
+    RopeExtendError naming ``where`` (the file and line), the field, the value and the type expected."""
+    if not isinstance(record, dict) or "setting" not in record or "task" not in record:
+        raise RopeExtendError(f"{where}: not a rope-extend record (no task or setting): {record!r:.80}")
+    for name, value in record.items():
+        kind = FIELD_TYPES.get(name)
+        if kind is not None and not _CHECKS[kind](value):
+            raise RopeExtendError(
+                f"{where}: the record's {name!r} must be {kind}, got {value!r:.60}: an edited or damaged record "
+                "is not counted; remove or repair that line"
+            )
+    return record
 
 
 class RecordLog:
@@ -92,16 +163,25 @@ class RecordLog:
 
     @staticmethod
     def _read(path: Path) -> list[dict]:
+        """The records of a JSONL file, each checked (``check_record``); a line that is not JSON (one cut short
+        by an interruption) is skipped, so that its record is simply measured again."""
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RopeExtendError(
+                f"{path} is not a UTF-8 text file (byte {exc.start}): give a records.jsonl or results.json that "
+                "rope-extend wrote"
+            ) from None
         records = []
-        with path.open(encoding="utf-8") as f:
-            for line in f:
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue  # a line cut short by an interruption: that record is simply redone
+        for number, line in enumerate(text.split("\n"), 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by an interruption: that record is simply redone
+            records.append(check_record(record, f"{path}:{number}"))
         return records
 
     def find(self, key: dict[str, Any], settings: Collection[str] | None = None) -> dict | None:
@@ -137,22 +217,18 @@ def read_records(path: str | os.PathLike) -> list[dict]:
         path = found[0]
     if not path.is_file():
         raise RopeExtendError(f"no records at {path}: give a records.jsonl, a results.json or the folder of a run")
-    if path.suffix == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise RopeExtendError(f"{path} is not a JSON file ({exc})") from None
-        records = data.get("records") if isinstance(data, dict) else None
-        if not isinstance(records, list):
-            raise RopeExtendError(f"{path} has no list of records: give a results.json that rope-extend wrote")
-    else:
-        records = RecordLog._read(path)
-    bad = next((r for r in records if not isinstance(r, dict) or "setting" not in r or "task" not in r), None)
-    if bad is not None:
-        raise RopeExtendError(
-            f"{path} holds an entry that is not a rope-extend record (no task or setting): {bad!r:.80}"
-        )
-    return records
+    if path.suffix != ".json":
+        return RecordLog._read(path)
+    try:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise RopeExtendError(f"{path} is not a UTF-8 text file (byte {exc.start}): give a results.json") from None
+    except json.JSONDecodeError as exc:
+        raise RopeExtendError(f"{path} is not a JSON file ({' '.join(str(exc).split())})") from None
+    records = data.get("records") if isinstance(data, dict) else None
+    if not isinstance(records, list):
+        raise RopeExtendError(f"{path} has no list of records: give a results.json that rope-extend wrote")
+    return [check_record(r, f"{path}: records[{i}]") for i, r in enumerate(records)]
 
 
 def earlier_records(sources: Collection[str | os.PathLike]) -> list[dict]:

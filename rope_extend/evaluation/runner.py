@@ -7,8 +7,8 @@ A harness describes its work as *jobs* (``{"length": 4096, "trial": 3, ...}``, o
 - applies the sliding-window policy (``hf.window``: by default a window every layer uses is widened to the
   longest length, so long context is really measured; interleaved local layers are kept), and puts the
   model back afterwards;
-- identifies the run by its *setting* (model, scaling, harness options, window policy) and appends every
-  record to ``records.jsonl`` as it finishes; ``resume`` skips the jobs whose record is already there;
+- identifies the run by its *setting* (model digest, scaling, harness options, window policy, versions) and
+  appends every record to ``records.jsonl`` as it finishes; ``resume`` skips the jobs whose record is already there;
 - shows a progress bar.
 """
 
@@ -94,6 +94,7 @@ def run(
     generated: int = 0,
     unit: str = "trial",
     aliases: Sequence[dict[str, Any]] = (),
+    version: int = 1,
 ) -> list[dict]:
     """Measure every job not already recorded; returns one record per job, in job order.
 
@@ -104,14 +105,16 @@ def run(
     whether the harness decodes with a KV cache, and ``generated`` how many tokens it adds to the longest
     prompt (for the memory check and the sliding-window policy). ``aliases`` are older forms of ``setting``
     whose records measure the same jobs (records written before a setting field was dropped); they are reused
-    as if written under ``setting``.
+    as if written under ``setting``. ``version`` is the harness's protocol version (``task_version`` in each
+    record and its setting): a harness bumps it when a change to how it measures changes the numbers, so
+    that records of the old protocol are measured again.
     """
     from tqdm.auto import tqdm
 
     window.check_sliding_window_mode(sliding_window)
     check_reachable(model, longest, cache=cache, generated=generated)
+    info = run_info(model, {"task_version": version, **(run or {})})  # the digest of the model as loaded
     with window.sliding_window_widened(model, longest + generated, sliding_window) as widened:
-        info = run_info(model, run)
 
         def identity(options: dict[str, Any]) -> str:
             full = {**info, **options, "task": task}

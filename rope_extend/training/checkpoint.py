@@ -34,6 +34,7 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from ..io import atomic_path, claim_output_dir
+from ..schema import load_yaml
 from .args import RecipeError, TrainArgs, to_dict
 
 PREFIX = "checkpoint-"
@@ -114,7 +115,7 @@ def resolve_output_dir(args: TrainArgs) -> Path | None:
             raise RecipeError(f"resume_from_checkpoint: no {PREFIX}* folder in {out} to resume from")
     run_file = path.parent / RUN_FILE
     if run_file.is_file() and not args.resume_allow_changes:
-        changed = _differences(yaml.safe_load(run_file.read_text(encoding="utf-8")) or {}, to_dict(args))
+        changed = _differences(load_yaml(run_file.read_text(encoding="utf-8")) or {}, to_dict(args))
         if changed:
             raise RecipeError(
                 f"resuming {path} with a changed recipe: {'; '.join(changed[:6])}"

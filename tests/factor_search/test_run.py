@@ -61,7 +61,14 @@ def test_resume_after_an_interruption_ends_where_an_uninterrupted_search_does(se
     resumed = run(setup, max_evaluations=12, out=tmp_path / "s", resume=True)
     assert resumed.long_factor == whole.long_factor and resumed.history == whole.history
     files = sorted(p.name for p in (tmp_path / "s").iterdir())
-    assert files == [".rope-extend", "longrope.json", "report.md", "search.png", "search_state.json"]
+    assert files == [
+        ".rope-extend",
+        ".rope-extend.lock",
+        "longrope.json",
+        "report.md",
+        "search.png",
+        "search_state.json",
+    ]
     with pytest.raises(RopeExtendError, match=r"other settings \(seed: 0 there, 5 now\)"):
         run(setup, max_evaluations=12, out=tmp_path / "s", resume=True, seed=5)
     with pytest.raises(RopeExtendError, match="--resume"):

@@ -41,7 +41,8 @@ def test_tiny_recipe_trains_loss_falls_and_writes_everything(tmp_path):
     csv = (out / "loss.csv").read_text().splitlines()
     assert csv[0].startswith("step,loss,learning_rate") and len(csv) == 17
     assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
-    assert [p.name for p in out.glob(".*")] == [".rope-extend"]  # the run's marker; no temporaries left
+    # the run's marker and its writer's lock (rope_extend.locking); no temporaries left
+    assert sorted(p.name for p in out.glob(".*")) == [".rope-extend", ".rope-extend.lock"]
     for folder in ("adapter", "merged"):
         assert not list((out / folder).glob("*.bin")) and list((out / folder).glob("*.safetensors"))
     adapter = json.loads((out / "adapter" / "adapter_config.json").read_text())
