@@ -37,6 +37,13 @@ def check_number(name: str, value: Any, *, minimum: float | None = None, above: 
     return float(value)
 
 
+# The largest multiplier of cos and sin (so of every logit, squared) the attention methods accept. The published
+# values are 1.07 (STRING's 1 + 0.1 ln 2) to about 1.5 (YaRN's 0.1 ln s + 1 at s = 128); at 10 every logit is scaled
+# by 100, which already makes softmax a hard maximum, and past about 1e19 the scores overflow float32 (NaN logits).
+MAX_ATTENTION_FACTOR = 10.0
+TOO_HOT = "a larger one makes attention a hard maximum and overflows the scores, giving NaN logits"
+
+
 def check_int(name: str, value: Any, *, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise RopeExtendError(f"{name} must be an integer >= {minimum}, got {value!r}")

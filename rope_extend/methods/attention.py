@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import RopeExtendError
-from ._common import Geometry, Method, check_int, check_number, rope_frequencies
+from ._common import MAX_ATTENTION_FACTOR, TOO_HOT, Geometry, Method, check_int, check_number, rope_frequencies
 
 Pass = tuple[str, int, int, bool]  # (kind, first key position, end key position, every pair in the kind)
 
@@ -278,8 +278,16 @@ class DualChunkParams:
         check_number("temperature", self.temperature, minimum=0.0)
 
     def attention_factor(self, factor: float) -> float:
-        """``m = 1 + temperature * ln(factor)`` on cos and sin."""
-        return 1.0 + float(self.temperature) * math.log(factor)
+        """``m = 1 + temperature * ln(factor)`` on cos and sin; at most ``MAX_ATTENTION_FACTOR``."""
+        m = 1.0 + float(self.temperature) * math.log(factor)
+        if m > MAX_ATTENTION_FACTOR:
+            most = (MAX_ATTENTION_FACTOR - 1.0) / math.log(factor)
+            raise RopeExtendError(
+                f"temperature={self.temperature!r} at factor {factor:g} multiplies cos and sin by {m:.4g} (every logit "
+                f"by its square); allowed: temperature <= {most:.4g} here, a multiplier of at most "
+                f"{MAX_ATTENTION_FACTOR:g} ({TOO_HOT})"
+            )
+        return m
 
     def rules(self, length: int) -> DualChunkRules:
         chunk = _window("chunk_size", self.chunk_size, length, max(2, 3 * length // 4))

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import RopeExtendError
-from ._common import Geometry, Method, check_int, check_number, rope_frequencies
+from ._common import MAX_ATTENTION_FACTOR, TOO_HOT, Geometry, Method, check_int, check_number, rope_frequencies
 from .attention import _Windowed
 
 DEFAULT_SHIFT_RATIO = 0.33
@@ -79,6 +79,10 @@ class StringParams:
         if self.local_window is not None:
             check_int("local_window", self.local_window, minimum=1)
         check_number("attention_factor", self.attention_factor, above=0.0)
+        if self.attention_factor > MAX_ATTENTION_FACTOR:
+            raise RopeExtendError(
+                f"attention_factor must be <= {MAX_ATTENTION_FACTOR:g}, got {self.attention_factor!r} ({TOO_HOT})"
+            )
 
     def rules(self, length: int) -> StringRules:
         shift = max(2, int(DEFAULT_SHIFT_RATIO * length)) if self.shifted_offset is None else self.shifted_offset

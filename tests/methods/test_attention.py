@@ -139,3 +139,21 @@ def test_key_runs_and_unmoved_keys_are_what_the_positions_say(name):
                 assert torch.equal(run, run[:1].expand_as(run)), (name, kind, start)
     assert (rules.run_length is not None) == (name == "dual_chunk")
     assert any(rules.moves_keys(k) for k in rules.kinds) == (name != "string")
+
+
+def test_a_multiplier_that_would_overflow_the_scores_is_refused():
+    """Issue 51, item 3: dual_chunk temperature=1e30 and string attention_factor=1e20 gave NaN logits and a 0%
+    result with exit 0. The cos/sin multiplier is bounded by MAX_ATTENTION_FACTOR (every logit by its square)."""
+    from rope_extend.errors import RopeExtendError
+    from rope_extend.methods._common import MAX_ATTENTION_FACTOR
+    from rope_extend.methods.attention import DualChunkParams
+    from rope_extend.methods.string import StringParams
+
+    with pytest.raises(RopeExtendError, match=r"temperature=1e\+30 at factor 4 .*temperature <= 6\.492"):
+        DualChunkParams(temperature=1e30).attention_factor(4.0)
+    assert DualChunkParams(temperature=0.05).attention_factor(4.0) == pytest.approx(1 + 0.05 * math.log(4))
+    most = (MAX_ATTENTION_FACTOR - 1) / math.log(4.0)
+    assert DualChunkParams(temperature=most).attention_factor(4.0) == pytest.approx(MAX_ATTENTION_FACTOR)
+    with pytest.raises(RopeExtendError, match="attention_factor must be <= 10, got 1e\\+20"):
+        StringParams(attention_factor=1e20)
+    assert StringParams(attention_factor=MAX_ATTENTION_FACTOR).attention_factor == MAX_ATTENTION_FACTOR
