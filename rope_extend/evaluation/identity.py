@@ -70,3 +70,18 @@ def model_digest(model) -> str:
 def forget_digest(model) -> None:
     """Drop the cached digest (after writing weights through ``tensor.data``, which torch does not count)."""
     model.__dict__.pop(_CACHE_ATTR, None)
+
+
+def tokenizer_digest(tokenizer) -> str:
+    """SHA-256 of what decides how a tokenizer turns text into ids: its class, its vocabulary, its special tokens
+    and, for a fast tokenizer, its whole serialised pipeline (normalizer, pre-tokenizer, merges). A prompt built from
+    text (passkey, needle, RULER) is only the same prompt for the same tokenizer."""
+    h = hashlib.sha256(type(tokenizer).__name__.encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and hasattr(backend, "to_str"):
+        h.update(backend.to_str().encode())
+    else:
+        h.update(json.dumps(tokenizer.get_vocab(), sort_keys=True).encode())
+    special = getattr(tokenizer, "special_tokens_map", {}) or {}
+    h.update(json.dumps(special, sort_keys=True, default=str).encode())
+    return h.hexdigest()

@@ -166,6 +166,7 @@ def run_grid(
     setting = {**setting, "seed": seed, "max_new_tokens": max_new_tokens}
     done = runner.run(
         model,
+        tokenizer=tokenizer,
         task=task,
         setting=setting,
         # records written before the trial count left the setting (0.1.0) are reused too

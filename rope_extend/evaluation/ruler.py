@@ -553,6 +553,7 @@ def ruler(
 
     done = runner.run(
         model,
+        tokenizer=tokenizer,
         task="ruler",
         setting={"seed": seed, "protocol": "ruler-synthetic"},
         jobs=jobs,

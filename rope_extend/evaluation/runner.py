@@ -22,6 +22,7 @@ from typing import Any
 from ..errors import RopeExtendError
 from ..hf import window
 from ..hf.config import attn_implementation, text_config
+from .identity import tokenizer_digest
 from .records import RecordLog, run_info, setting_id
 
 
@@ -95,6 +96,7 @@ def run(
     unit: str = "trial",
     aliases: Sequence[dict[str, Any]] = (),
     version: int = 1,
+    tokenizer=None,
 ) -> list[dict]:
     """Measure every job not already recorded; returns one record per job, in job order.
 
@@ -107,13 +109,17 @@ def run(
     whose records measure the same jobs (records written before a setting field was dropped); they are reused
     as if written under ``setting``. ``version`` is the harness's protocol version (``task_version`` in each
     record and its setting): a harness bumps it when a change to how it measures changes the numbers, so
-    that records of the old protocol are measured again.
+    that records of the old protocol are measured again. ``tokenizer``: the one the prompts are made with (its
+    digest joins the setting: a prompt made from text is the same prompt only for the same tokenizer).
     """
     from tqdm.auto import tqdm
 
     window.check_sliding_window_mode(sliding_window)
     check_reachable(model, longest, cache=cache, generated=generated)
-    info = run_info(model, {"task_version": version, **(run or {})})  # the digest of the model as loaded
+    extra = {"task_version": version, **(run or {})}
+    if tokenizer is not None:
+        extra["tokenizer_digest"] = tokenizer_digest(tokenizer)
+    info = run_info(model, extra)  # the digest of the model as loaded
     with window.sliding_window_widened(model, longest + generated, sliding_window) as widened:
 
         def identity(options: dict[str, Any]) -> str:

@@ -91,3 +91,28 @@ def test_resume_after_the_model_is_replaced_in_place_measures_again(tmp_path, mo
     assert calls == [128, 128]
     assert again.records[0]["setting"] != first.records[0]["setting"]
     assert first.records[0]["rope_extend"] and first.records[0]["task_version"] == 1
+
+
+def test_another_tokenizer_measures_again(tmp_path, monkeypatch):
+    """The same model with a tokenizer that splits text differently builds other prompts: its records are not
+    reused (the setting carries the tokenizer's digest)."""
+    import copy
+
+    from rope_extend.evaluation.identity import tokenizer_digest
+
+    tok = tiny_tokenizer()
+    other = copy.deepcopy(tok)  # tiny_tokenizer() is shared: never changed in place
+    other.add_tokens(["passkey"])  # one more token: "passkey" is now one id
+    assert tokenizer_digest(tok) == tokenizer_digest(tiny_tokenizer())
+    assert tokenizer_digest(other) != tokenizer_digest(tok)
+    path = tmp_path / "records.jsonl"
+    model = tiny_model("llama")
+    first = passkey(model, tok, [128], trials=2, seed=1, max_new_tokens=3, records=path, progress=False)
+    calls = []
+    real = retrieval.greedy
+    monkeypatch.setattr(retrieval, "greedy", lambda *a: calls.append(len(a[2])) or real(*a))
+    again = passkey(model, other, [128], trials=2, seed=1, max_new_tokens=3, records=path, resume=True, progress=False)
+    assert len(calls) == 2
+    assert again.records[0]["setting"] != first.records[0]["setting"]
+    same = passkey(model, tok, [128], trials=2, seed=1, max_new_tokens=3, records=path, resume=True, progress=False)
+    assert len(calls) == 2 and same.records[0]["setting"] == first.records[0]["setting"]
