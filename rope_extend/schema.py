@@ -183,19 +183,27 @@ def build(
     hints = typing.get_type_hints(cls)
     fields = public_fields(cls)
     names = [f.name for f in fields]
-    kwargs = {}
+    kwargs, problems = {}, []  # every bad key and value is reported, not only the first
     for key, value in data.items():
         if key not in names:
             near = close_matches(key, names, cutoff=0.5)
             hint = f"; did you mean {', '.join(repr(prefix + n) for n in near)}?" if near else ""
-            raise error(f"{head}unknown key {prefix + str(key)!r}{hint} (valid keys in {section}: {', '.join(names)})")
-        kwargs[key] = _check_value(value, hints[key], prefix + key, cls, key, error, where)
+            problems.append(f"unknown key {prefix + str(key)!r}{hint} (valid keys in {section}: {', '.join(names)})")
+            continue
+        try:
+            kwargs[key] = _check_value(value, hints[key], prefix + key, cls, key, error, where)
+        except error as exc:  # a nested section's problems come back with the same head
+            problems.append(str(exc).removeprefix(head))
     missing = [f.name for f in fields if f.name not in data and f.default is _MISSING and f.default_factory is _MISSING]
     if missing:
-        raise error(
-            f"{head}{section} is missing "
+        problems.append(
+            f"{section} is missing "
             + ", ".join(f"{m!r} ({help_of(cls, m)})" if help_of(cls, m) else repr(m) for m in missing)
         )
+    if len(problems) == 1:
+        raise error(head + problems[0])
+    if problems:
+        raise error(f"{head}{len(problems)} problems: " + " ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
     try:
         return cls(**kwargs)
     except RopeExtendError as exc:  # a dataclass's own validation (__post_init__), named by its section

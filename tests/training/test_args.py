@@ -65,6 +65,16 @@ def test_bad_keys_and_values_name_the_key(override, message):
         load_args("tiny-cpu", [override])
 
 
+def test_every_bad_override_is_reported_at_once():
+    """Issue 55, item 7: a recipe's overrides report every bad key and value, not only the first, on one line."""
+    with pytest.raises(RecipeError) as info:
+        load_args("tiny-cpu", ["learnig_rate=1", "max_steps=ten", "rope.factr=2", "lora.lora_alfa=8"])
+    message = str(info.value)
+    assert "\n" not in message and "4 problems: (1) " in message
+    for part in ("unknown key 'learnig_rate'", "max_steps: got 'ten'", "unknown key 'rope.factr'", "'lora.lora_alfa'"):
+        assert part in message, part
+
+
 @pytest.mark.parametrize("override", ["pose.enabled=true", "data.document_boundaries=mask"])
 def test_attention_methods_refuse_position_jumps_before_anything_loads(override):
     """Self-Extend and the other attention methods place tokens by consecutive positions: PoSE's jumps and
