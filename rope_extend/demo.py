@@ -16,6 +16,7 @@ the stage, the time elapsed and an estimate of the time left.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -53,24 +54,52 @@ COST = {"attention": 15.0, "frequencies": 8.5, "fine-tune": 160.0}
 class Stages:
     """One progress line per stage on stderr: ``[demo] stage 3/11: ntk x4 | 0:21 elapsed | about 2:40 left``.
 
-    The time left is the elapsed time scaled by the relative costs (``COST``) of the stages still to run."""
+    The time left comes from this run's own speed: each stage still to run takes what the stages of its kind
+    (its ``COST``) took so far, on average, and a kind not seen yet its ``COST`` times this run's seconds per unit of
+    cost. Stage times are measured from the first stage on, so loading the model does not count as stage work.
+    When the cores are busy with other work (the load average above the core count), the line says so."""
 
     def __init__(self, stages: list[tuple[str, float]], start: float):
         self.names = [name for name, _ in stages]
         self.costs = [cost for _, cost in stages]
         self.start, self.done = start, 0
+        self.took: list[float] = []  # seconds each finished stage took
+        self.last = start
 
     def next(self, name: str | None = None) -> str:
         i = self.done
         if i >= len(self.names):
             raise RuntimeError(f"demo: a stage past the last of {len(self.names)}")
-        elapsed = time.perf_counter() - self.start
-        ran, left = sum(self.costs[:i]), sum(self.costs[i:])
-        eta = f"about {_clock(elapsed / ran * left)} left" if i and ran else "estimating the time left"
-        line = f"[demo] stage {i + 1}/{len(self.names)}: {name or self.names[i]} | {_clock(elapsed)} elapsed | {eta}"
-        print(line, file=sys.stderr, flush=True)
+        now = time.perf_counter()
+        if i:
+            self.took.append(now - self.last)
+        self.last = now
+        left = self.left(i)
+        eta = f"about {_clock(left)} left" if left is not None else "estimating the time left"
+        busy = _contention()
+        line = f"[demo] stage {i + 1}/{len(self.names)}: {name or self.names[i]} | {_clock(now - self.start)} elapsed | {eta}"
+        print(line + (f" ({busy})" if busy else ""), file=sys.stderr, flush=True)
         self.done += 1
         return line
+
+    def left(self, i: int) -> float | None:
+        """Seconds for stages ``i ..`` (None before any stage has finished)."""
+        if not self.took:
+            return None
+        seen: dict[float, list[float]] = {}
+        for cost, took in zip(self.costs, self.took, strict=False):
+            seen.setdefault(cost, []).append(took)
+        rate = sum(self.took) / (sum(self.costs[: len(self.took)]) or 1.0)  # this run's seconds per unit of cost
+        return sum(sum(seen[c]) / len(seen[c]) if c in seen else c * rate for c in self.costs[i:])
+
+
+def _contention() -> str | None:
+    """A note when other work holds the cores (1-minute load average above the core count), else None."""
+    try:
+        load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    except (AttributeError, OSError):  # no load average on this platform
+        return None
+    return f"the cores are shared: load {load:.1f} on {cores}, so stages run slower" if load > cores + 0.5 else None
 
 
 def _clock(seconds: float) -> str:

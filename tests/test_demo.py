@@ -12,6 +12,7 @@ from rope_extend.demo import FINETUNED, METHODS, Stages
 def test_stage_lines_scale_elapsed_time_by_the_costs_left(monkeypatch, capsys):
     clock = iter([10.0, 12.0, 70.0])
     monkeypatch.setattr("rope_extend.demo.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("rope_extend.demo._contention", lambda: None)
     stages = Stages([("a", 1.0), ("b", 2.0), ("c", 6.0)], start=10.0)
     assert stages.next() == "[demo] stage 1/3: a | 0:00 elapsed | estimating the time left"
     # 2 s for a stage of cost 1: the stages of cost 2 + 6 left take about 16 s
@@ -21,6 +22,22 @@ def test_stage_lines_scale_elapsed_time_by_the_costs_left(monkeypatch, capsys):
     assert capsys.readouterr().err.count("[demo] stage") == 3
     with pytest.raises(RuntimeError, match="past the last of 3"):
         stages.next()
+
+
+def test_the_time_left_follows_this_runs_speed_per_kind_of_stage(monkeypatch, capsys):
+    """Issue 55, item 1: the estimate comes from the stages this run finished, per kind (their cost), not from fixed
+    stage costs; the time before the first stage (loading the model) is not stage work."""
+    clock = iter([100.0, 103.0, 104.0, 105.0])
+    monkeypatch.setattr("rope_extend.demo.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("rope_extend.demo._contention", lambda: None)
+    stages = Stages([("a", 1.0), ("b", 1.0), ("c", 1.0), ("d", 5.0)], start=40.0)  # 60 s of loading first
+    stages.next()
+    assert stages.next().endswith("about 0:21 left")  # a took 3 s: b and c 3 s each, d 5 x 3 s
+    # b took 1 s: stages of cost 1 take (3 + 1) / 2 = 2 s; d: 5 x (4 s / 2 units) = 10 s
+    assert stages.next().endswith("about 0:12 left")
+    monkeypatch.setattr("rope_extend.demo._contention", lambda: "the cores are shared: load 5.0 on 2")
+    stages.next()
+    assert "(the cores are shared: load 5.0 on 2)" in capsys.readouterr().err.splitlines()[-1]
 
 
 @pytest.mark.skipif(
