@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import RopeExtendError
 from ..methods import registry
 from ..methods.registry import inv_freq
+from ..plotting import legend_outside, styles
 from .report import _pyplot, _save
 
 
@@ -56,7 +57,25 @@ def plot_spectrum(
     original_length: int = 4096,
     x: str = "wavelength",
 ) -> Path:
-    """Frequency ratio (log y) vs dimension index or original wavelength (log x), one line per method."""
+    """Frequency ratio (log y) vs dimension index or original wavelength (log x), one line per method, saved
+    as a PNG (``spectrum_figure``)."""
+    fig, _ = spectrum_figure(curves, factor=factor, head_dim=head_dim, base=base, original_length=original_length, x=x)
+    return _save(fig, path)
+
+
+def spectrum_figure(
+    curves: dict[str, dict[str, Any]],
+    *,
+    factor: float,
+    head_dim: int = 128,
+    base: float = 10000.0,
+    original_length: int = 4096,
+    x: str = "wavelength",
+):
+    """``(fig, ax)`` of ``plot_spectrum``. Each method has its own colour, marker and dash
+    (``rope_extend.plotting.styles``), and the markers of method ``k`` start ``k`` points in, so that curves
+    that coincide (the attention-level methods all at 1; NTK-by-parts under YaRN, whose frequencies agree and
+    whose attention scales differ) still show each method's marks side by side."""
     if x not in ("wavelength", "dim"):
         raise RopeExtendError(f"x must be 'wavelength' or 'dim', got {x!r}")
     if not curves:
@@ -66,23 +85,21 @@ def plot_spectrum(
     dims = list(range(half))
     waves = [2 * math.pi * base ** (2 * i / (2 * half)) for i in dims]
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    styles = ["-", "--", "-.", ":"]
-    colours = plt.get_cmap("tab10").colors
+    look = styles(list(curves))
     xs = waves if x == "wavelength" else dims
+    every = max(len(curves) + 1, len(xs) // 8)
     for k, (name, c) in enumerate(curves.items()):
         notes = [f"at length {c['seq_len']}"] if c.get("seq_len") else []
         notes += [f"attn scale {c['attention_scale']:.3f}"] if abs(c["attention_scale"] - 1) > 1e-9 else []
         label = f"{name} ({', '.join(notes)})" if notes else name
-        # a colour, dash and marker of its own per method (tab10 has ten colours; past ten the dash differs)
         ax.plot(
             xs,
             c["ratio"],
-            color=colours[k % len(colours)],
-            linestyle=styles[(k + k // len(colours)) % len(styles)],
-            marker="osD^v<>p*h"[k % 10],
-            markevery=max(1, len(xs) // 8),
-            markersize=4,
-            linewidth=1.8,
+            **look[name],
+            markevery=(k % every, every),
+            markersize=5,
+            linewidth=1.6,
+            alpha=0.9,
             label=label,
         )
     if x == "wavelength":
@@ -105,5 +122,5 @@ def plot_spectrum(
         fontsize=10,
     )
     ax.grid(True, alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-    return _save(fig, path)
+    legend_outside(ax)
+    return fig, ax
