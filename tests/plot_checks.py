@@ -20,8 +20,14 @@ def lines(ax) -> dict:
 
 
 def series(ax) -> list[tuple[str, str, str]]:
-    """(label, colour, marker) of every legend entry of ``ax``."""
-    return [(label, to_hex(line.get_color()), str(line.get_marker())) for label, line in lines(ax).items()]
+    """(label, colour, marker) of every legend entry of ``ax`` (a scatter: its first face colour, marker "scatter")."""
+    out = []
+    for label, line in lines(ax).items():
+        if hasattr(line, "get_marker"):
+            out.append((label, to_hex(line.get_color()), str(line.get_marker())))
+        else:
+            out.append((label, to_hex(line.get_facecolor()[0]), "scatter"))
+    return out
 
 
 def assert_distinct(ax) -> None:

@@ -10,35 +10,13 @@ from ..io import atomic_path, write_text
 
 def write_report(result, curves: dict[str, list[float]], out: str | Path, *, title: str = "") -> list[Path]:
     """``result``: a ``SearchResult``; ``curves``: the seed methods' factors by name, for the plot."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, never a window
-    import matplotlib.pyplot as plt
-
     out = Path(out)
     s, L = result.factor, result.original_length
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    idx = list(range(len(result.long_factor)))
-    for name, curve in curves.items():
-        left.plot(idx, curve, label=f"{name} x{s:g}", lw=1.2)
-    left.plot(idx, result.long_factor, label="searched", color="black", lw=2.2)
-    left.set(xlabel="frequency pair i (high -> low frequency)", ylabel="rescale factor lambda_i", title="factors")
-    left.legend()
-    steps = [h[0] for h in result.history]
-    right.scatter(steps, [h[1] for h in result.history], s=6, color="0.6", label="candidate")
-    right.plot(steps, [h[2] for h in result.history], color="black", label="best so far")
-    for i, (name, fit) in enumerate(result.seeds.items()):
-        right.axhline(fit, ls="--", lw=0.8, label=f"{name} {fit:.3f}", color=f"C{i}")
-    best = min(h[2] for h in result.history)
-    top = max(result.seeds.get("ntk", best), result.seeds.get("yarn", best), best) * 1.15
-    right.set(
-        xlabel="evaluation", ylabel=f"perplexity at {round(s * L)} tokens", title="fitness", ylim=(best * 0.97, top)
-    )
-    right.legend(fontsize=8)
-    fig.suptitle(title or f"LongRoPE search x{s:g}")
-    fig.tight_layout()
+    fig = search_figure(result, curves, title=title)
     with atomic_path(out / "search.png") as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
+        fig.savefig(tmp, dpi=110, format="png", bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
     plt.close(fig)
     lines = [
         f"# LongRoPE search x{s:g} (target {round(s * L)} tokens, trained {L})",
@@ -56,3 +34,41 @@ def write_report(result, curves: dict[str, list[float]], out: str | Path, *, tit
         "",
     ]
     return [out / "search.png", write_text(out / "report.md", "\n".join(lines))]
+
+
+def search_figure(result, curves: dict[str, list[float]], *, title: str = ""):
+    """The factors (top: each seed method and the searched curve, which is drawn thick and faint beneath the
+    seeds so that a seed it follows, often YaRN, stays visible on top) and the fitness over the search
+    (bottom), each panel with its legend outside, to its right."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    from ..plotting import legend_outside, styles
+
+    s, L = result.factor, result.original_length
+    fig, (left, right) = plt.subplots(2, 1, figsize=(8, 7.5))
+    idx = list(range(len(result.long_factor)))
+    look = styles(list(curves))
+    every = max(len(curves) + 1, len(idx) // 8)
+    left.plot(idx, result.long_factor, label="searched", color="black", lw=3.5, alpha=0.35, zorder=1)
+    for k, (name, curve) in enumerate(curves.items()):
+        left.plot(idx, curve, label=f"{name} x{s:g}", lw=1.2, markersize=4, markevery=(k % every, every), **look[name])
+    left.set(xlabel="frequency pair i (high -> low frequency)", ylabel="rescale factor lambda_i", title="factors")
+    legend_outside(left)
+    steps = [h[0] for h in result.history]
+    right.scatter(steps, [h[1] for h in result.history], s=6, color="0.6", label="candidate")
+    right.plot(steps, [h[2] for h in result.history], color="black", label="best so far")
+    seeds = styles(list(result.seeds))
+    for name, fit in result.seeds.items():
+        right.axhline(fit, ls="--", lw=0.8, label=f"{name} {fit:.3f}", color=seeds[name]["color"])
+    best = min(h[2] for h in result.history)
+    top = max(result.seeds.get("ntk", best), result.seeds.get("yarn", best), best) * 1.15
+    right.set(
+        xlabel="evaluation", ylabel=f"perplexity at {round(s * L)} tokens", title="fitness", ylim=(best * 0.97, top)
+    )
+    legend_outside(right)
+    fig.suptitle(title or f"LongRoPE search x{s:g}")
+    fig.tight_layout()
+    return fig
