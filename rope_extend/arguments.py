@@ -4,6 +4,7 @@ flags of an output folder."""
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from .errors import RopeExtendError
@@ -79,3 +80,34 @@ def scaling_from_args(args: argparse.Namespace) -> ScalingSpec:
 def method_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments for ``patch``/``configure`` from parsed method arguments (``scaling_from_args``)."""
     return scaling_from_args(args).patch_kwargs()
+
+
+# ------------------------------------------------------------------------------------------ what a command prints
+def add_json_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
+
+
+def _inline(value: Any) -> str:
+    """A dict as ``key=value, ...`` (nested ones in braces), anything else as ``str``."""
+    if isinstance(value, dict):
+        return ", ".join(
+            f"{k}={'{' + _inline(v) + '}' if isinstance(v, dict) else _inline(v)}" for k, v in value.items()
+        )
+    return str(value)
+
+
+def print_result(result: dict[str, Any], *, as_json: bool) -> None:
+    """A command's result: ``key: value`` lines for a person (a list one item a line below its key, an empty one
+    as ``none``), or with ``--json`` the raw object for a script."""
+    if as_json:
+        print(json.dumps(result, indent=2, default=str))
+        return
+    width = max(map(len, result), default=0) + 1
+    for key, value in result.items():
+        label = f"{key}:".ljust(width)
+        if isinstance(value, (list, tuple)):
+            print(f"{label} {'none' if not value else ''}".rstrip())
+            for item in value:
+                print(f"  - {_inline(item)}")
+        else:
+            print(f"{label} {_inline(value)}")

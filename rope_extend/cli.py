@@ -14,7 +14,14 @@ import sys
 from pathlib import Path
 
 from . import demo
-from .arguments import add_method_arguments, method_kwargs, parse_params, scaling_from_args
+from .arguments import (
+    add_json_argument,
+    add_method_arguments,
+    method_kwargs,
+    parse_params,
+    print_result,
+    scaling_from_args,
+)
 from .bundled import cli as bundled_cli
 from .evaluation import cli as evaluation_cli
 from .export import cli as export_cli
@@ -95,16 +102,9 @@ def _cmd_configure(args: argparse.Namespace) -> int:
         write_json(
             tmp / MARKER, {"kind": "configure", "tool": "rope-extend", "entries": sorted(p.name for p in tmp.iterdir())}
         )
-    print(
-        json.dumps(
-            {
-                "out": str(out),
-                "rope_parameters": config.get_text_config().rope_parameters,
-                "max_position_embeddings": config.get_text_config().max_position_embeddings,
-            },
-            default=str,
-        )
-    )
+    text = config.get_text_config()
+    result = {"out": str(out), "max_position_embeddings": text.max_position_embeddings}
+    print_result({**result, "rope_parameters": text.rope_parameters}, as_json=args.json)
     return 0
 
 
@@ -193,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="folder to write")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--trust-remote-code", action="store_true")
+    add_json_argument(p)
     add_method_arguments(p, required=True)
     p.set_defaults(func=_cmd_configure)
 

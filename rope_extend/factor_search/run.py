@@ -193,8 +193,8 @@ class _Run:
                     self.seeds = {name: fitness[tuple(c)] for name, c in self.seed_candidates.items()}
             self.save()
             if self.bar is not None:
+                self.bar.set_postfix(best=f"{best:.4f}", refresh=False)  # one line per evaluation in a log
                 self.bar.update(1)
-                self.bar.set_postfix(best=f"{best:.4f}")
 
     def first_generation(self, seeds: dict[str, list[float]]) -> None:
         """The seed methods' factors (each once: two seeds that repair to the same factors share them), then

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -269,6 +270,7 @@ class DualChunkParams:
     chunk_size: int | None = None
     local_window: int | None = None
     temperature: float = DCA_TEMPERATURE
+    UNBOUNDED: ClassVar[bool] = True  # every relative position stays <= C < L: no length limit
 
     def __post_init__(self):
         if self.chunk_size is not None:
@@ -302,6 +304,8 @@ class ReRopeParams:
     """``window`` w (default L/4) in ``[1, L)``."""
 
     window: int | None = None
+    # every relative position stays <= w < L: no length limit (generate's max-length reminder is dropped)
+    UNBOUNDED: ClassVar[bool] = True
 
     def __post_init__(self):
         if self.window is not None:
@@ -316,6 +320,7 @@ class LeakyReRopeParams(ReRopeParams):
     """``window`` w as in ReRoPE; ``k`` > 1: slope ``1/k`` of the relative position beyond ``w`` (default 16)."""
 
     k: float = 16.0
+    UNBOUNDED: ClassVar[bool] = False  # the relative position passes L at w + k (L - w)
 
     def __post_init__(self):
         super().__post_init__()

@@ -305,7 +305,8 @@ def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> T
             }
             run.history.append(row)
             clock, clock_tokens = time.perf_counter(), 0
-            bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{row['tokens_per_s']:.0f}", lr=f"{lr:.2e}")
+            # shown by the update below (a refresh here too would print every logged step twice in a log)
+            bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{row['tokens_per_s']:.0f}", lr=f"{lr:.2e}", refresh=False)
             if run.trackers:
                 acc.log({k: v for k, v in row.items() if k != "step"}, step=run.step)
             if not math.isfinite(loss_value):

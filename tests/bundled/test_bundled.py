@@ -177,3 +177,24 @@ def test_induction_probe_measures_the_shipped_model(tmp_path):
     assert all(0 <= a <= 1 for a in result["passkey_digit_accuracy"])
     run = probe.formation(types.SimpleNamespace(seed=0, lr=1e-3, batch=2, seq=40, vocab=50, train_steps=2, log_every=1))
     assert [row["step"] for row in run["log"]] == [1, 2] and run["formed_at"] is None
+
+
+@needs_model
+def test_the_documented_needle_examples_mean_what_the_docs_say():
+    """docs/evaluation.md: its needle example (a pass key in the bundled haystack) retrieves at 2x L under yarn x4;
+    a needle in words the testbed was never taught scores 0.0 even unpatched within L (issue 55)."""
+    import rope_extend
+    from rope_extend.evaluation import niah
+
+    model, tokenizer = bundled.load()
+    texts = bundled.eval_texts()
+    words = dict(needle="The secret fruit is a mango.", question="What is the secret fruit?", answer="mango")
+    assert set(
+        niah(model, tokenizer, texts, [256], depths=[0.5], trials=1, progress=False, **words).accuracy.values()
+    ) == {0.0}
+    rope_extend.patch(model, "yarn", factor=4)
+    needle = dict(needle="The pass key is 68103. Remember it. 68103 is the pass key.", answer="68103",
+                  question="What is the pass key? The pass key is")  # fmt: skip
+    assert niah(model, tokenizer, texts, [512], depths=[0.5], trials=1, progress=False, **needle).accuracy == {
+        (512, 0.5): 1.0
+    }

@@ -232,3 +232,17 @@ def test_abandoned_temporaries_are_removed_and_nothing_else(tmp_path):
     assert not dead.exists() and not reused.exists()
     assert live.is_dir() and elsewhere.is_dir() and unknown.is_dir()
     assert mine.read_text() == "keep"
+
+
+def test_cli_prints_a_readable_summary_and_json_on_request(tmp_path, capsys):
+    folder = saved(tmp_path)
+    args = ["export", str(folder), "--to", "vllm", "--method", "yarn", "--factor", "4"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["out:", str(tmp_path / "a")]
+    assert ["target:", "vllm"] in [line.split() for line in lines]
+    assert any(line.startswith("command:") and "--max-model-len 1024" in line for line in lines)
+    assert "  - to serve past 1024 tokens: VLLM_ALLOW_LONG_MAX_MODEL_LEN=1" in lines  # a note a line
+    assert main([*args, "--out", str(tmp_path / "b"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["target"] == "vllm" and result["overrides"]["max_position_embeddings"] == 1024
