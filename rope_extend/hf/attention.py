@@ -507,12 +507,15 @@ def _method_attention(module, plan, query, key, value, attention_mask, dropout, 
     end = slots.filled(plan.watch, module, key)
     if end is not None:
         end = int(end)  # one host sync: a static layer's length is a tensor
+    # on the mask as the layers share it (before the cut below makes a copy per layer): checked once per forward
+    filled = key.shape[2] if end is None else end
+    noncausal = causality.check(module, attention_mask, query.shape[2], filled, kwargs.get("is_causal"))
+    if end is not None:
         key, value = key[:, :, :end], value[:, :, :end]
         # a 4D mask [b, 1, n, slots] or FlashAttention's padding mask [b, slots]; FlexAttention's BlockMask is
         # evaluated on slot indices (``Mask.block``), all below ``end``
         if isinstance(attention_mask, torch.Tensor):
             attention_mask = attention_mask[..., :end]
-    noncausal = causality.check(module, attention_mask, query.shape[2], key.shape[2], kwargs.get("is_causal"))
     if noncausal is not None:
         raise UnsupportedModelError(
             f"{plan.method} on {type(module).__name__} (layer {getattr(module, 'layer_idx', '?')}): this input's "
