@@ -151,9 +151,9 @@ class SinkKeeper:
             )
 
     def probe(self) -> None:
-        """How each layer rotates and what it caches (``hf.layout.probe`` with a cache), found once, at the first
-        forward with a ``SinkCache``; a layer whose cached keys could not be turned is refused then, before any
-        forward runs, not at the first eviction."""
+        """How each layer rotates and what it caches (``hf.layout.probe`` with a cache), found once, when the first
+        ``SinkCache`` of the model is made (``install``); a layer whose cached keys could not be turned is refused
+        then, before any forward runs, not at the first eviction."""
         if self.layouts is None:
             config = text_config(self.model.config)
             self.layouts = rope_layout.layer_probes(self.model, config, self.rotary, original_length(config), True)
@@ -176,7 +176,6 @@ class SinkKeeper:
                 "would run without it; pass past_key_values=cache, or **rope_extend.cache_kwargs(cache)"
             )
         self.check()
-        self.probe()
         tokens = kwargs.get("input_ids", args[0] if args else None)
         if tokens is None:
             tokens = kwargs.get("inputs_embeds")

@@ -67,6 +67,7 @@ class CacheKeeper:
         self.layouts: dict[int, rope_layout.LayerProbe] | None = None
         self.unprobed: str | None = None
         self.probing = False
+        self.turnable: set = set()  # frequency sets whose cached keys ``_check_turnable`` found turnable
 
     def _probe(self, device) -> None:
         """Find each layer's rotation once (``hf.layout.probe``), leaving the runtimes' lengths as they were."""
@@ -102,7 +103,10 @@ class CacheKeeper:
     def _check_turnable(self, cache, layer_type, name: str, device) -> None:
         """Before a forward with ``cache`` runs: refuse when some layer's cached keys of ``layer_type`` could not be
         turned later (probed once, with a cache: ``hf.layout.probe(cached=True)``), rather than when the
-        frequencies first change, after forwards have run."""
+        frequencies first change, after forwards have run. The answer depends on the probe alone: found once per
+        frequency set."""
+        if layer_type in self.turnable:
+            return
         if self.layouts is None:
             self._probe(device)
         if self.unprobed:
@@ -110,6 +114,7 @@ class CacheKeeper:
         for index, seen in self.layouts.items():
             if self._set_of(index) == layer_type:
                 self._layout(name, index, seen.cached_width or seen.width)
+        self.turnable.add(layer_type)
 
     def _set_of(self, index: int):
         return self.layer_sets[index] if self.layer_sets is not None and index < len(self.layer_sets) else None
