@@ -25,6 +25,7 @@ reference computed on one serves all of them, memoized by shape, variant and tok
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -85,12 +86,18 @@ def forward(m, cell: Cell, ids: torch.Tensor) -> torch.Tensor:
         method = cell.method or "none"
         rel = {k: v for k, v in params(cell.variant).items() if k not in ("logn", "factor")}
         return _reference_logits(m, method, rel, ids, cell.logn)
+    with _eager(m), torch.no_grad():
+        return m(input_ids=ids, use_cache=False).logits.float()
+
+
+@contextlib.contextmanager
+def _eager(m):
+    """``m`` runs transformers' eager attention inside (the reference does not share the kernel under test)."""
     config = text_config(m.config)
     saved = config._attn_implementation
     config._attn_implementation = "eager"
     try:
-        with torch.no_grad():
-            return m(input_ids=ids, use_cache=False).logits.float()
+        yield
     finally:
         config._attn_implementation = saved
 
@@ -177,14 +184,10 @@ def _frozen_forward(m, ids: torch.Tensor, held: list[torch.Tensor] | None):
         return replace
 
     handles = [layer.register_forward_pre_hook(hook(i), with_kwargs=True) for i, layer in enumerate(layers)]
-    config = text_config(m.config)
-    saved = config._attn_implementation
-    config._attn_implementation = "eager"
     try:
-        with torch.no_grad():
+        with _eager(m), torch.no_grad():
             logits = m(input_ids=ids, use_cache=False).logits[0, -1].float()
     finally:
-        config._attn_implementation = saved
         for handle in handles:
             handle.remove()
     return seen, logits
