@@ -51,6 +51,14 @@ def _save(path, *, changed: bool):
     tiny_tokenizer().save_pretrained(path / "m")
 
 
+def _measured(monkeypatch) -> list[int]:
+    """The prompt lengths passkey measures from now on (reused records are not measured)."""
+    calls: list[int] = []
+    real = retrieval.greedy
+    monkeypatch.setattr(retrieval, "greedy", lambda *a: calls.append(len(a[2])) or real(*a))
+    return calls
+
+
 def test_records_from_another_model_at_the_same_path_are_not_reused(tmp_path, monkeypatch):
     """The issue's case: two different models at the relative path ``m``; B must not report A's records."""
     _save(tmp_path / "A", changed=False)
@@ -60,9 +68,7 @@ def test_records_from_another_model_at_the_same_path_are_not_reused(tmp_path, mo
     monkeypatch.chdir(tmp_path / "A")
     assert main(run) == 0
     first = json.loads((tmp_path / "A" / "out" / "results.json").read_text())["records"]
-    calls = []
-    real = retrieval.greedy
-    monkeypatch.setattr(retrieval, "greedy", lambda *a: calls.append(len(a[2])) or real(*a))
+    calls = _measured(monkeypatch)
     monkeypatch.chdir(tmp_path / "B")
     assert main([*run, "--records-from", "../A/out"]) == 0
     assert calls == [128, 128]  # both trials measured on B
@@ -82,9 +88,7 @@ def test_resume_after_the_model_is_replaced_in_place_measures_again(tmp_path, mo
     path = tmp_path / "records.jsonl"
     model = tiny_model("llama")
     first = passkey(model, tok, [128], trials=2, seed=1, max_new_tokens=3, records=path, progress=False)
-    calls = []
-    real = retrieval.greedy
-    monkeypatch.setattr(retrieval, "greedy", lambda *a: calls.append(len(a[2])) or real(*a))
+    calls = _measured(monkeypatch)
     with torch.no_grad():
         model.model.norm.weight.mul_(2.0)  # fine-tuned in place, the same name
     again = passkey(model, tok, [128], trials=2, seed=1, max_new_tokens=3, records=path, resume=True, progress=False)
@@ -108,9 +112,7 @@ def test_another_tokenizer_measures_again(tmp_path, monkeypatch):
     path = tmp_path / "records.jsonl"
     model = tiny_model("llama")
     first = passkey(model, tok, [128], trials=2, seed=1, max_new_tokens=3, records=path, progress=False)
-    calls = []
-    real = retrieval.greedy
-    monkeypatch.setattr(retrieval, "greedy", lambda *a: calls.append(len(a[2])) or real(*a))
+    calls = _measured(monkeypatch)
     again = passkey(model, other, [128], trials=2, seed=1, max_new_tokens=3, records=path, resume=True, progress=False)
     assert len(calls) == 2
     assert again.records[0]["setting"] != first.records[0]["setting"]
