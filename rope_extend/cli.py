@@ -64,7 +64,7 @@ def _cmd_configure(args: argparse.Namespace) -> int:
     a .gguf file into a scaled safetensors folder."""
     from .errors import RopeExtendError
     from .hf.config import configure
-    from .io import MARKER, atomic_path, claim_output_dir, write_json
+    from .io import MARKER, atomic_path, claim_output_dir, normal_permissions, write_json
     from .loading import load_config, load_model, load_tokenizer, resolve_name
 
     scaling = scaling_from_args(args)  # checked before anything is read
@@ -102,6 +102,7 @@ def _cmd_configure(args: argparse.Namespace) -> int:
         write_json(
             tmp / MARKER, {"kind": "configure", "tool": "rope-extend", "entries": sorted(p.name for p in tmp.iterdir())}
         )
+        normal_permissions(tmp)  # a copy of a cached folder would keep the cache's 0600 files
     text = config.get_text_config()
     result = {"out": str(out), "max_position_embeddings": text.max_position_embeddings}
     print_result({**result, "rope_parameters": text.rope_parameters}, as_json=args.json)
