@@ -92,6 +92,18 @@ def test_gguf_unknown_tokenizer_is_refused_before_writing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_bundled_model_exports_to_gguf_without_a_pre_tokenizer_name(tmp_path, capsys):
+    """rope-extend knows the bundled tokenizer: llama.cpp's ``smollm`` split (checked in llama.cpp by
+    test_engines.py)."""
+    pytest.importorskip("gguf")
+    from gguf import GGUFReader
+
+    args = ["export", "bundled", "--to", "gguf", "--method", "yarn", "--factor", "2", "--out", str(tmp_path / "b.gguf")]
+    assert main(args) == 0, capsys.readouterr().err
+    field = GGUFReader(tmp_path / "b.gguf").fields["tokenizer.ggml.pre"]
+    assert bytes(field.parts[field.data[0]]).decode() == "smollm"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
