@@ -25,10 +25,11 @@ from .arguments import (
 from .bundled import cli as bundled_cli
 from .evaluation import cli as evaluation_cli
 from .export import cli as export_cli
+from .export.audit import cli as audit_cli
 from .factor_search import cli as search_cli
 from .training import cli as training_cli
 
-SUBCOMMANDS = (evaluation_cli, training_cli, search_cli, export_cli, bundled_cli, demo)
+SUBCOMMANDS = (evaluation_cli, training_cli, search_cli, export_cli, audit_cli, bundled_cli, demo)
 
 __all__ = ["add_method_arguments", "build_parser", "main", "method_kwargs", "parse_params", "scaling_from_args"]
 
