@@ -65,7 +65,7 @@ def read(path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         if t.name.split(".")[0] in ("rope_freqs", "rope_factors_long", "rope_factors_short")
         or t.name.startswith(("blk.0.rope_freqs", "blk.0.rope_factors"))
     }
-    return keys, {name.removeprefix("blk.0."): value for name, value in tensors.items()}
+    return keys, {name.removeprefix("blk.0.").removesuffix(".weight"): value for name, value in tensors.items()}
 
 
 def _swa_layers(arch: str, keys: dict[str, Any], n_layer: int) -> list[bool]:

@@ -70,8 +70,8 @@ def rope_params(config, layer_type: str | None) -> dict[str, Any]:
 
 def _rotary_class(config):
     """The model's ``*RotaryEmbedding`` class (for its ``compute_default_rope_parameters``), or None."""
-    try:
-        module = importlib.import_module(f"transformers.models.{config.model_type}.modeling_{config.model_type}")
+    try:  # the modeling module beside the config's own (gemma3_text's is gemma3's)
+        module = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
     except ImportError:
         return None
     found = [v for k, v in vars(module).items() if k.endswith("RotaryEmbedding") and hasattr(v, "__init__")]
