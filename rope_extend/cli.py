@@ -25,10 +25,11 @@ from .arguments import (
 from .bundled import cli as bundled_cli
 from .evaluation import cli as evaluation_cli
 from .export import cli as export_cli
+from .export.audit import cli as audit_cli
 from .factor_search import cli as search_cli
 from .training import cli as training_cli
 
-SUBCOMMANDS = (evaluation_cli, training_cli, search_cli, export_cli, bundled_cli, demo)
+SUBCOMMANDS = (evaluation_cli, training_cli, search_cli, export_cli, audit_cli, bundled_cli, demo)
 
 __all__ = ["add_method_arguments", "build_parser", "main", "method_kwargs", "parse_params", "scaling_from_args"]
 
@@ -64,7 +65,7 @@ def _cmd_configure(args: argparse.Namespace) -> int:
     a .gguf file into a scaled safetensors folder."""
     from .errors import RopeExtendError
     from .hf.config import configure
-    from .io import MARKER, atomic_path, claim_output_dir, write_json
+    from .io import MARKER, atomic_path, claim_output_dir, normal_permissions, write_json
     from .loading import load_config, load_model, load_tokenizer, resolve_name
 
     scaling = scaling_from_args(args)  # checked before anything is read
@@ -102,6 +103,7 @@ def _cmd_configure(args: argparse.Namespace) -> int:
         write_json(
             tmp / MARKER, {"kind": "configure", "tool": "rope-extend", "entries": sorted(p.name for p in tmp.iterdir())}
         )
+        normal_permissions(tmp)  # a copy of a cached folder would keep the cache's 0600 files
     text = config.get_text_config()
     result = {"out": str(out), "max_position_embeddings": text.max_position_embeddings}
     print_result({**result, "rope_parameters": text.rope_parameters}, as_json=args.json)

@@ -46,6 +46,8 @@ DTYPES = ("f32", "f16", "q8_0")
 # hashing how it splits a test text. Here: by the SHA-256 of its vocabulary and merges (vocab_digest).
 KNOWN_PRE = {
     "b847062bc5041a40fbec6efc177e947f8c533723a99840b601654cf615f20021": "smollm",  # SmolLM2 (smollm2-135m)
+    # the bundled model's: digits one by one, then GPT-2's byte-level split, as SmolLM2's (its tokenizer.json)
+    "121094e891ace888e9008f7eeb898980ec3f3a8796d1ddc18593021136d660e2": "smollm",
 }
 
 

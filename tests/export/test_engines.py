@@ -112,3 +112,31 @@ def test_llama_cpp_matches_the_patched_model(tmp_path, spec):
     assert row["ppl_rel_diff"] < 0.01, row
     assert row["greedy_identical"], row
     assert np.isfinite(row["logprob_max_abs_diff"]) and row["logprob_max_abs_diff"] < 0.1, row
+
+
+TOKENIZER_TEXT = (
+    "The river keeps 12,345.67 of its own time!!  Twice   over   42,  7 and\t\t9\n\n\tand again:  'twas done; don't, we'll ok?\n"
+    "Übergrößen café naïve — “quotes” 北京 123abc x2y3 ١٢٣ ² ½ $100 #tag 🙂 3.14159e-10 \r\n   trailing   "
+)
+
+
+@pytest.mark.parametrize("pre", [None, "gemma4"])
+def test_llama_cpp_splits_the_bundled_tokenizer_as_transformers_does(tmp_path, pre):
+    """The bundled model exports to GGUF without --tokenizer-pre: ``smollm`` (llama.cpp splits every digit, then
+    GPT-2's regex), which is its tokenizer.json's ``Digits(individual_digits)`` then byte-level ``ByteLevel``; llama.cpp
+    tokenizes a text with digit runs, punctuation, whitespace runs and non-ASCII letters to the ids transformers
+    gives. The control: ``gemma4`` (no byte-level split) gives other ids, so the comparison can fail. (Most other
+    byte-level pre-tokenizers give the same ids on this vocabulary: none of its 765 merges joins a letter to a
+    digit, a space or punctuation, so splitting there changes nothing.)"""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    pytest.importorskip("gguf")
+    from rope_extend.export import export
+    from rope_extend.loading import load_tokenizer, resolve_name
+
+    export("bundled", "gguf", tmp_path / "b.gguf", tokenizer_pre=pre)
+    want = load_tokenizer(resolve_name("bundled"))(TOKENIZER_TEXT, add_special_tokens=False).input_ids
+    vocab = llama_cpp.Llama(str(tmp_path / "b.gguf"), vocab_only=True, verbose=False)
+    got = vocab.tokenize(TOKENIZER_TEXT.encode("utf-8"), add_bos=False, special=False)
+    assert (got == want) == (pre is None), (pre, got[:40], want[:40])
+    if pre is None:  # the defaults agree too: no BOS on either side
+        assert vocab.tokenize(b"x 12") == load_tokenizer(resolve_name("bundled"))("x 12").input_ids

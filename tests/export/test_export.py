@@ -92,6 +92,18 @@ def test_gguf_unknown_tokenizer_is_refused_before_writing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_bundled_model_exports_to_gguf_without_a_pre_tokenizer_name(tmp_path, capsys):
+    """rope-extend knows the bundled tokenizer: llama.cpp's ``smollm`` split (checked in llama.cpp by
+    test_engines.py)."""
+    pytest.importorskip("gguf")
+    from gguf import GGUFReader
+
+    args = ["export", "bundled", "--to", "gguf", "--method", "yarn", "--factor", "2", "--out", str(tmp_path / "b.gguf")]
+    assert main(args) == 0, capsys.readouterr().err
+    field = GGUFReader(tmp_path / "b.gguf").fields["tokenizer.ggml.pre"]
+    assert bytes(field.parts[field.data[0]]).decode() == "smollm"
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -188,6 +200,35 @@ def test_exported_files_get_normal_permissions(tmp_path):
     assert stat.S_IMODE((tmp_path / "v").stat().st_mode) == 0o755
     assert stat.S_IMODE((tmp_path / "v" / "model.safetensors").stat().st_mode) == 0o644
     assert stat.S_IMODE((tmp_path / "v" / "config.json").stat().st_mode) == 0o644
+
+
+def _modes(path):
+    """``{path: mode}`` of ``path`` and everything under it."""
+    return {q: stat.S_IMODE(q.stat().st_mode) for q in [path, *(path.rglob("*") if path.is_dir() else [])]}
+
+
+def test_saved_models_gguf_files_and_configured_copies_are_readable_by_others(tmp_path):
+    """A server often runs as another user: every file an export or ``configure`` writes is 0644 under umask 022,
+    every folder 0755, whether the weights come from a loaded model or a private (0600) cached folder."""
+    pytest.importorskip("gguf")
+    folder = saved(tmp_path)
+    for item in folder.iterdir():
+        item.chmod(0o600)
+    folder.chmod(0o700)
+    model = tiny_model("llama")
+    rope_extend.patch(model, "yarn", factor=2.0)
+    mask = os.umask(0o022)
+    try:
+        export(model, "vllm", tmp_path / "saved", tokenizer=tiny_tokenizer())
+        export(model, "gguf", tmp_path / "m.gguf", tokenizer=tiny_tokenizer(), tokenizer_pre="smollm")
+        assert main(["configure", str(folder), "--method", "yarn", "--factor", "2", "--out", str(tmp_path / "c")]) == 0
+    finally:
+        os.umask(mask)
+    for out in ("saved", "m.gguf", "c"):
+        modes = _modes(tmp_path / out)
+        assert out == "m.gguf" or tmp_path / out / "model.safetensors" in modes
+        for item, mode in modes.items():
+            assert mode == (0o755 if item.is_dir() else 0o644), (item, oct(mode))
 
 
 def test_self_extend_gguf_says_the_original_length(tmp_path):
