@@ -272,41 +272,14 @@ def write(
     check_dtype(dtype)
     config = model.config
     fam = check_family(config, length=context)
-    dim = head_dim(config)
-    rotary = rotary_dim(config, fam)
-    vocab = tokenizer_metadata(tokenizer, config.vocab_size, tokenizer_pre)  # before anything is written
-    arch = fam.arch_name
-    writer = gguf.GGUFWriter(path, arch)
+    try:  # before anything is written
+        vocab = tokenizer_metadata(tokenizer, config.vocab_size, tokenizer_pre)
+    except UnsupportedModelError as exc:  # a tokenizer llama.cpp's converter writes: say how to add the rope
+        raise UnsupportedModelError(f"{exc}, then {override_flags(fam.arch_name, rope_keys, rope_tensors)}") from None
+    writer = gguf.GGUFWriter(path, fam.arch_name)
     writer.add_name(name or str(getattr(config, "_name_or_path", "") or "model"))
-    writer.add_file_type(
-        {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}.get(
-            dtype, gguf.LlamaFileType.MOSTLY_Q8_0
-        )
-    )
-    writer.add_context_length(int(context))
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
-    writer.add_vocab_size(config.vocab_size)
-    writer.add_rope_dimension_count(rotary)
-    if dim != config.hidden_size // config.num_attention_heads:
-        writer.add_key_length(dim)
-        writer.add_value_length(dim)
-    for key, value in fam.keys(config).items():
-        getattr(writer, f"add_{key}")(value)
-    for key, value in rope_keys.items():
-        full = f"{arch}.{key}"
-        if isinstance(value, str):
-            writer.add_string(full, value)
-        elif isinstance(value, bool):
-            writer.add_bool(full, value)
-        elif isinstance(value, int):
-            writer.add_uint32(full, value)
-        else:
-            writer.add_float32(full, float(value))
+    _add_hparams(writer, config, fam, context, dtype)
+    _add_rope(writer, fam.arch_name, rope_keys)
     writer.add_tokenizer_model(vocab["model"])
     writer.add_tokenizer_pre(vocab["pre"])
     writer.add_token_list(vocab["tokens"])
@@ -328,6 +301,56 @@ def write(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _add_hparams(writer, config, fam: Family, context: int, dtype: str) -> None:
+    """The architecture's shape keys, and the family's own (``gguf_families``)."""
+    import gguf
+
+    writer.add_file_type(
+        {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}.get(
+            dtype, gguf.LlamaFileType.MOSTLY_Q8_0
+        )
+    )
+    writer.add_context_length(int(context))
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_rope_dimension_count(rotary_dim(config, fam))
+    dim = head_dim(config)
+    if dim != config.hidden_size // config.num_attention_heads:
+        writer.add_key_length(dim)
+        writer.add_value_length(dim)
+    for key, value in fam.keys(config).items():
+        getattr(writer, f"add_{key}")(value)
+
+
+def _add_rope(writer, arch: str, rope_keys: dict[str, Any]) -> None:
+    for key, value in rope_keys.items():
+        full = f"{arch}.{key}"
+        if isinstance(value, str):
+            writer.add_string(full, value)
+        elif isinstance(value, bool):
+            writer.add_bool(full, value)
+        elif isinstance(value, int):
+            writer.add_uint32(full, value)
+        else:
+            writer.add_float32(full, float(value))
+
+
+def override_flags(arch: str, keys: dict[str, Any], tensors: dict[str, np.ndarray]) -> str:
+    """How to give a file converted elsewhere this export's rope: llama.cpp's ``--override-kv KEY=TYPE:VALUE``
+    flags (common/arg.cpp) for the keys; a rope tensor cannot be given that way."""
+    kinds = {str: "str", bool: "bool", int: "int", float: "float"}
+    flags = " ".join(f"--override-kv {arch}.{key}={kinds[type(value)]}:{value}" for key, value in keys.items())
+    if tensors:
+        names = ", ".join(name.removesuffix(".weight") for name in tensors)
+        return f"serve it with {flags}; the {names} tensors this scaling needs cannot be given by a flag"
+    return f"serve it with {flags}"
 
 
 def serve_command(path: Path, context: int, extra: list[str] | None = None, tool: str = "llama-server") -> str:

@@ -173,3 +173,23 @@ def test_gemma3_keeps_the_sliding_layers_base_and_the_shipped_global_scaling(tmp
     assert value("attention.sliding_window_pattern") == [True, False, True, False]
     with pytest.raises(rope_extend.UnsupportedModelError, match="per-layer-type RoPE"):
         export(model, "vllm", tmp_path / "v")  # the folder targets still write one flat rope dict
+
+
+def test_a_sentencepiece_tokenizer_is_refused_with_the_flags_that_add_the_rope(tmp_path):
+    """Gemma's and Phi-3's tokenizers are SentencePiece (llama.cpp's ``llama`` model), which the writer does not
+    write: the refusal gives the rope as llama.cpp's ``--override-kv`` flags for a file converted elsewhere."""
+    pytest.importorskip("gguf")
+    from tokenizers import Tokenizer, models
+
+    vocab = {"<unk>": 0, "a": 1, "b": 2, "ab": 3}
+    piece = T.PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.BPE(vocab=vocab, merges=[("a", "b")], byte_fallback=True))
+    )
+    model = tiny_model("gemma2")
+    rope_extend.patch(model, "yarn", factor=4.0)
+    with pytest.raises(rope_extend.UnsupportedModelError, match="byte-level BPE") as error:
+        export(model, "gguf", tmp_path / "m.gguf", tokenizer=piece)
+    assert "--override-kv gemma2.rope.scaling.type=str:yarn --override-kv gemma2.rope.scaling.factor=float:4.0" in str(
+        error.value
+    )
+    assert list(tmp_path.iterdir()) == []
