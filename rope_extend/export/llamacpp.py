@@ -1,5 +1,8 @@
 """llama.cpp: a GGUF file with the scaling in llama.cpp's own metadata keys, written with the ``gguf`` package.
 
+The families it writes, each as its llama.cpp architecture with its own rules (rotation, rope tensors, norms,
+sliding layers, experts) and refusals, are in ``gguf_families``; what follows holds for all of them.
+
 Facts from llama.cpp at commit 0c1e57098 (the copy vendored by llama-cpp-python 0.3.36, which the parity tests
 run); file references are to that tree:
 
