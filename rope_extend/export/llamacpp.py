@@ -1,5 +1,8 @@
 """llama.cpp: a GGUF file with the scaling in llama.cpp's own metadata keys, written with the ``gguf`` package.
 
+The families it writes, each as its llama.cpp architecture with its own rules (rotation, rope tensors, norms,
+sliding layers, experts) and refusals, are in ``gguf_families``; what follows holds for all of them.
+
 Facts from llama.cpp at commit 0c1e57098 (the copy vendored by llama-cpp-python 0.3.36, which the parity tests
 run); file references are to that tree:
 
@@ -36,10 +39,11 @@ import numpy as np
 import torch
 
 from ..errors import RopeExtendError, UnsupportedModelError
+from ..hf.config import text_config
 from .forms import DEFAULT, LINEAR, LLAMA3, LONGROPE, YARN, Form, yarn_attn_factor
+from .gguf_families import LONG, ROPE_FREQS, SHORT, Family, check_rope, family, head_dim, problems, rotary_dim, shifted
 
 LLAMACPP_VERSION = "llama.cpp 0c1e57098 (llama-cpp-python 0.3.36)"
-FAMILIES = ("llama", "mistral")  # written as llama.cpp's llama architecture
 YARN_BETAS = (32.0, 1.0)  # the llama architecture's fixed betas
 DTYPES = ("f32", "f16", "q8_0")
 # llama.cpp names a BPE tokenizer's pre-tokenizer (tokenizer.ggml.pre); its converter recognises a tokenizer by
@@ -52,12 +56,15 @@ KNOWN_PRE = {
 
 
 # ----------------------------------------------------------------------------------------------- rope
-def rope_metadata(form: Form, plain_freqs: torch.Tensor, scaled_freqs: torch.Tensor) -> tuple[dict, dict, str]:
+def rope_metadata(
+    form: Form, plain_freqs: torch.Tensor, scaled_freqs: torch.Tensor, divisors: tuple[str, ...] = (ROPE_FREQS,)
+) -> tuple[dict, dict, str]:
     """``(keys, tensors, how)``: the rope metadata (names without the ``{arch}.`` prefix), the extra tensors
     (``rope_freqs``, ``rope_factors_*``) and a one-line description, for a static ``form``.
 
     ``plain_freqs`` and ``scaled_freqs`` are the unscaled and scaled inverse frequencies (float32, ``d/2``):
-    their ratio is the ``rope_freqs`` tensor when the keys cannot say the scaling exactly."""
+    their ratio is written as each of ``divisors`` (the family's frequency-divisor tensors, ``gguf_families``)
+    when the keys cannot say the scaling exactly."""
     keys: dict[str, Any] = {"rope.freq_base": float(form.base)}
     if form.kind == DEFAULT:
         keys["rope.scaling.type"] = "none"
@@ -83,8 +90,8 @@ def rope_metadata(form: Form, plain_freqs: torch.Tensor, scaled_freqs: torch.Ten
     if form.kind == LONGROPE:
         keys.update({"rope.scaling.type": "longrope", "rope.scaling.attn_factor": float(form.attention_scale)})
         tensors = {
-            "rope_factors_long.weight": np.asarray(form.values["long_factor"], dtype=np.float32),
-            "rope_factors_short.weight": np.asarray(form.values["short_factor"], dtype=np.float32),
+            LONG: np.asarray(form.values["long_factor"], dtype=np.float32),
+            SHORT: np.asarray(form.values["short_factor"], dtype=np.float32),
         }
         return keys, tensors, "rope.scaling.type longrope, rope_factors_long/short tensors"
     if form.kind in (YARN, LLAMA3):  # frequencies by tensor: exact whatever the betas or the blend
@@ -92,10 +99,11 @@ def rope_metadata(form: Form, plain_freqs: torch.Tensor, scaled_freqs: torch.Ten
         keys["rope.scaling.type"] = "none"
         if form.attention_scale != 1.0:
             keys["rope.scaling.attn_factor"] = float(form.attention_scale)
-        how = "rope_freqs tensor (frequency divisors)" + (
+        names = " and ".join(name.removesuffix(".weight") for name in divisors)
+        how = f"{names} (frequency divisors)" + (
             f", attn_factor {form.attention_scale:.6g}" if form.attention_scale != 1.0 else ""
         )
-        return keys, {"rope_freqs.weight": ratio}, how
+        return keys, dict.fromkeys(divisors, ratio), how
     raise RopeExtendError(f"llama.cpp has no rope metadata for a {form.kind!r} scaling")
 
 
@@ -118,28 +126,24 @@ def check_dtype(dtype: str) -> str:
     return dtype
 
 
-def check_family(config) -> None:
-    """Refuse a model the llama architecture would run differently (the writer knows Llama and Mistral)."""
-    kind = getattr(config, "model_type", None)
-    if kind not in FAMILIES:
+def check_family(config, form: Form | None = None, length: int | None = None) -> Family:
+    """The family's ``Family`` (``gguf_families``), or a refusal naming what llama.cpp's architecture for it
+    would run differently (at ``length`` tokens, with the scaling ``form``); reads no weight."""
+    if text_config(config) is not config:
         raise UnsupportedModelError(
-            f"the GGUF writer knows the {' and '.join(FAMILIES)} families (llama.cpp's llama architecture), not "
-            f"{kind!r}: export --to transformers4 and convert that folder with llama.cpp's convert_hf_to_gguf.py, "
-            "then give it the rope keys this export prints"
+            f"{config.model_type}: the GGUF writer writes text models only (llama.cpp keeps a vision or audio tower "
+            "in a separate mmproj file): load the text model (AutoModelForCausalLM) and export that"
         )
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    problems = []
-    if getattr(config, "sliding_window", None):
-        problems.append(f"a sliding window of {config.sliding_window} tokens (the llama architecture has none)")
-    if getattr(config, "mlp_bias", False):
-        problems.append("MLP biases")
-    prf = (getattr(config, "rope_parameters", None) or {}).get("partial_rotary_factor", 1.0)
-    if prf != 1.0:
-        problems.append(f"partial rotary ({prf}; the llama architecture rotates the whole head of {head_dim})")
-    if problems:
+    fam = family(config)
+    found = problems(config, fam, int(length or config.max_position_embeddings))
+    if found:
         raise UnsupportedModelError(
-            f"{kind}: cannot write a llama-architecture GGUF for a model with {'; '.join(problems)}"
+            f"{config.model_type}: cannot write llama.cpp's {fam.arch_name} architecture for a model with "
+            f"{'; '.join(found)}"
         )
+    if form is not None:
+        check_rope(form, fam, config)
+    return fam
 
 
 def interleave_halves(weight: torch.Tensor, heads: int) -> torch.Tensor:
@@ -162,30 +166,32 @@ def _encode(array: np.ndarray, dtype: str, gguf) -> tuple[np.ndarray, Any]:
     return gguf.quants.quantize(array.astype(np.float32), q.Q8_0), q.Q8_0
 
 
-def weight_tensors(model, dtype: str):
-    """``(gguf name, array, ggml type)`` for every weight, in llama.cpp's names."""
+def weight_tensors(model, fam: Family, dtype: str):
+    """``(gguf name, array, ggml type)`` for every weight, in the names ``gguf`` gives ``fam``'s architecture."""
     import gguf
 
     config = model.config
-    n_layers = config.num_hidden_layers
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, n_layers)
-    state = model.state_dict()
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[fam.arch], config.num_hidden_layers)
     tied = getattr(config, "tie_word_embeddings", False)
-    for name, tensor in state.items():
-        if name == "lm_head.weight" and tied:
+    for key, tensor in model.state_dict().items():
+        if key == "lm_head.weight" and tied:
             continue  # llama.cpp uses token_embd when output.weight is absent
-        if "rotary_emb" in name:  # buffers, not weights
+        if "rotary_emb" in key:  # buffers, not weights
             continue
-        target = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        if target is None:
-            raise UnsupportedModelError(f"no llama.cpp name for the weight {name!r}: the model is not a plain Llama")
-        value = tensor.detach().to(torch.float32).cpu()
-        if name.endswith(("q_proj.weight", "q_proj.bias")):
-            value = interleave_halves(value, config.num_attention_heads)
-        elif name.endswith(("k_proj.weight", "k_proj.bias")):
-            value = interleave_halves(value, config.num_key_value_heads)
-        array, kind = _encode(value.numpy(), dtype, gguf)
-        yield target, array, kind
+        for name, value in fam.tensors(key, tensor.detach().to(torch.float32).cpu()):
+            target = names.get_name(name, try_suffixes=(".weight", ".bias"))
+            if target is None:
+                raise UnsupportedModelError(
+                    f"no llama.cpp {fam.arch_name} name for the weight {name!r}: the model is not a plain "
+                    f"{config.model_type}"
+                )
+            value = shifted(fam, name, value)
+            if fam.pairs and name.endswith(("q_proj.weight", "q_proj.bias")):
+                value = interleave_halves(value, config.num_attention_heads)
+            elif fam.pairs and name.endswith(("k_proj.weight", "k_proj.bias")):
+                value = interleave_halves(value, config.num_key_value_heads)
+            array, kind = _encode(value.numpy(), dtype, gguf)
+            yield target, array, kind
 
 
 # ----------------------------------------------------------------------------------------------- tokenizer
@@ -265,44 +271,20 @@ def write(
     tokenizer_pre: str | None = None,
     name: str = "",
 ) -> None:
-    """Write ``model`` (a Llama-family transformers model) as a llama-architecture GGUF file at ``path``."""
+    """Write ``model`` (a transformers model of a family ``gguf_families`` knows) as a GGUF file at ``path``."""
     import gguf
 
     check_dtype(dtype)
     config = model.config
-    check_family(config)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    vocab = tokenizer_metadata(tokenizer, config.vocab_size, tokenizer_pre)  # before anything is written
-    writer = gguf.GGUFWriter(path, "llama")
-    arch = "llama"
+    fam = check_family(config, length=context)
+    try:  # before anything is written
+        vocab = tokenizer_metadata(tokenizer, config.vocab_size, tokenizer_pre)
+    except UnsupportedModelError as exc:  # a tokenizer llama.cpp's converter writes: say how to add the rope
+        raise UnsupportedModelError(f"{exc}, then {override_flags(fam.arch_name, rope_keys, rope_tensors)}") from None
+    writer = gguf.GGUFWriter(path, fam.arch_name)
     writer.add_name(name or str(getattr(config, "_name_or_path", "") or "model"))
-    writer.add_file_type(
-        {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}.get(
-            dtype, gguf.LlamaFileType.MOSTLY_Q8_0
-        )
-    )
-    writer.add_context_length(int(context))
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
-    writer.add_vocab_size(config.vocab_size)
-    writer.add_rope_dimension_count(head_dim)
-    if head_dim != config.hidden_size // config.num_attention_heads:
-        writer.add_key_length(head_dim)
-        writer.add_value_length(head_dim)
-    for key, value in rope_keys.items():
-        full = f"{arch}.{key}"
-        if isinstance(value, str):
-            writer.add_string(full, value)
-        elif isinstance(value, bool):
-            writer.add_bool(full, value)
-        elif isinstance(value, int):
-            writer.add_uint32(full, value)
-        else:
-            writer.add_float32(full, float(value))
+    _add_hparams(writer, config, fam, context, dtype)
+    _add_rope(writer, fam.arch_name, rope_keys)
     writer.add_tokenizer_model(vocab["model"])
     writer.add_tokenizer_pre(vocab["pre"])
     writer.add_token_list(vocab["tokens"])
@@ -318,12 +300,62 @@ def write(
         writer.add_chat_template(vocab["chat_template"])
     for tensor_name, array in rope_tensors.items():
         writer.add_tensor(tensor_name, np.ascontiguousarray(array, dtype=np.float32))
-    for tensor_name, array, kind in weight_tensors(model, dtype):
+    for tensor_name, array, kind in weight_tensors(model, fam, dtype):
         writer.add_tensor(tensor_name, array, raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _add_hparams(writer, config, fam: Family, context: int, dtype: str) -> None:
+    """The architecture's shape keys, and the family's own (``gguf_families``)."""
+    import gguf
+
+    writer.add_file_type(
+        {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}.get(
+            dtype, gguf.LlamaFileType.MOSTLY_Q8_0
+        )
+    )
+    writer.add_context_length(int(context))
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_rope_dimension_count(rotary_dim(config, fam))
+    dim = head_dim(config)
+    if dim != config.hidden_size // config.num_attention_heads:
+        writer.add_key_length(dim)
+        writer.add_value_length(dim)
+    for key, value in fam.keys(config).items():
+        getattr(writer, f"add_{key}")(value)
+
+
+def _add_rope(writer, arch: str, rope_keys: dict[str, Any]) -> None:
+    for key, value in rope_keys.items():
+        full = f"{arch}.{key}"
+        if isinstance(value, str):
+            writer.add_string(full, value)
+        elif isinstance(value, bool):
+            writer.add_bool(full, value)
+        elif isinstance(value, int):
+            writer.add_uint32(full, value)
+        else:
+            writer.add_float32(full, float(value))
+
+
+def override_flags(arch: str, keys: dict[str, Any], tensors: dict[str, np.ndarray]) -> str:
+    """How to give a file converted elsewhere this export's rope: llama.cpp's ``--override-kv KEY=TYPE:VALUE``
+    flags (common/arg.cpp) for the keys; a rope tensor cannot be given that way."""
+    kinds = {str: "str", bool: "bool", int: "int", float: "float"}
+    flags = " ".join(f"--override-kv {arch}.{key}={kinds[type(value)]}:{value}" for key, value in keys.items())
+    if tensors:
+        names = ", ".join(name.removesuffix(".weight") for name in tensors)
+        return f"serve it with {flags}; the {names} tensors this scaling needs cannot be given by a flag"
+    return f"serve it with {flags}"
 
 
 def serve_command(path: Path, context: int, extra: list[str] | None = None, tool: str = "llama-server") -> str:

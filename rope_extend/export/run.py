@@ -17,6 +17,7 @@ from ..patch import patched
 from ..version import __version__
 from . import configs, llamacpp
 from .forms import DEFAULT
+from .gguf_families import FAMILIES, rope_layer
 from .routes import APPROXIMATE, ENGINES, REFUSED, Decision, check_target, decide
 
 INFO = "rope-extend-export.json"  # written beside the exported config: what was exported, how, for which engine
@@ -64,7 +65,7 @@ class ExportResult:
         }
 
 
-def _scaling(model, config, method, amounts, params):
+def _scaling(model, config, method, amounts, params, layer=None):
     """The scaling to export: the one ``patch`` applied, else the one asked for, else the config's own."""
     applied = patched(model) if model is not None else None
     if applied is not None:
@@ -78,7 +79,7 @@ def _scaling(model, config, method, amounts, params):
         return plan(config, method, **amounts, **params)
     if any(v is not None for v in amounts.values()) or params:
         raise RopeExtendError("a factor, target length or parameter was given without a method: name the method")
-    return config_scaling(config)
+    return config_scaling(config, layer)
 
 
 def _read_config(source: Path, trust_remote_code: bool):
@@ -87,19 +88,28 @@ def _read_config(source: Path, trust_remote_code: bool):
     return load_config(source, trust_remote_code=trust_remote_code)
 
 
-def _geometry(config):
+def _rope_layer(config, to: str) -> str | None:
+    """The layer type whose rope dict is exported: None for one flat dict; for GGUF, the global layers of a family
+    whose sliding layers llama.cpp keeps at their own base, unscaled (Gemma 3: ``gguf_families``)."""
+    fam = FAMILIES.get(getattr(config, "model_type", None))
+    if to == "gguf" and fam is not None and nested_layer_types(config):
+        return rope_layer(fam)
+    return None
+
+
+def _geometry(config, layer=None):
     if not getattr(config, "rope_parameters", None):
         raise UnsupportedModelError(
             f"{getattr(config, 'model_type', type(config).__name__)} has no rope_parameters: the model does not use "
             "rotary position embeddings, so there is no scaling to export"
         )
-    if nested_layer_types(config):
+    if nested_layer_types(config) and layer is None:
         raise UnsupportedModelError(
             f"{config.model_type} keeps one rope dict per layer type ({', '.join(nested_layer_types(config))}); "
             "export writes one flat rope dict, so models with per-layer-type RoPE (Gemma 3, Gemma 4) are not "
-            "exported yet"
+            "exported yet (Gemma 3 is, --to gguf)"
         )
-    return rotary_geometry(config)
+    return rotary_geometry(config, layer)
 
 
 def _rewrite_config(folder: Path, updates: dict[str, Any], target: str) -> None:
@@ -159,13 +169,14 @@ def export(
     else:
         config, loaded = model.config, model
     cfg = text_config(config)
-    dim, base = _geometry(cfg)
+    layer = _rope_layer(cfg, to)
+    dim, base = _geometry(cfg, layer)
     amounts = {
         "factor": factor,
         "target_length": target_length,
         "original_max_position_embeddings": original_max_position_embeddings,
     }
-    scaling = _scaling(loaded, cfg, method, amounts, params)
+    scaling = _scaling(loaded, cfg, method, amounts, params, layer)
     name = scaling.method.name if scaling is not None else "none"
     decision: Decision = decide(scaling, to, dim, base)
     if decision.status == REFUSED or (decision.status == APPROXIMATE and not approximate):
@@ -173,23 +184,23 @@ def export(
     notes = [decision.reason] if decision.status == APPROXIMATE else []
     length = scaling.target_length if scaling is not None else int(cfg.max_position_embeddings)
     if to == "gguf":
-        llamacpp.check_family(cfg)  # before any weight is read
+        fam = llamacpp.check_family(config, decision.form, length)  # before any weight is read
         if loaded is None:
             loaded = load_model(str(source), trust_remote_code=trust_remote_code)
             tokenizer = tokenizer or load_tokenizer(str(source), trust_remote_code=trust_remote_code)
         return _export_gguf(
-            loaded, tokenizer, scaling, name, decision, out, length, dim, base, dtype, tokenizer_pre, notes
+            loaded, tokenizer, scaling, name, decision, out, length, dim, base, dtype, tokenizer_pre, notes, fam
         )
     return _export_folder(loaded, tokenizer, source, name, decision, to, out, length, notes)
 
 
-def _export_gguf(model, tokenizer, scaling, name, decision, out, length, dim, base, dtype, tokenizer_pre, notes):
+def _export_gguf(model, tokenizer, scaling, name, decision, out, length, dim, base, dtype, tokenizer_pre, notes, fam):
     if tokenizer is None:
         raise RopeExtendError("a GGUF file carries the tokenizer: pass tokenizer= with the model")
     form = decision.form
     plain = rope_frequencies(dim, base)
     scaled = scaling.compute(dim, base, length)[0] if scaling is not None and form.kind != DEFAULT else plain
-    keys, tensors, how = llamacpp.rope_metadata(form, plain, scaled)
+    keys, tensors, how = llamacpp.rope_metadata(form, plain, scaled, fam.divisors)
     extra: list[str] = []
     tool = "llama-server"
     if name == "self_extend":
