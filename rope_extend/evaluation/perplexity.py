@@ -35,6 +35,7 @@ from ..hf.config import attn_implementation
 from ..hf.head import LMHead
 from . import runner
 from .data import parse_lengths
+from .engines import is_engine
 from .records import short_hash
 
 CHUNK_LOGITS = 1 << 24  # logits per chunk (64 MB in float32): 512 positions of a 32k vocabulary
@@ -124,7 +125,8 @@ def perplexity(
         raise RopeExtendError(
             f"stride {stride} is larger than the window length {min(lengths)}: tokens would be skipped"
         )
-    head = hf_head.lm_head(model, decoder=True)
+    engine = is_engine(model)  # a served file: the engine scores each window (engines.EngineModel.nll)
+    head = None if engine else hf_head.lm_head(model, decoder=True)
     runner.check_reachable(model, max(lengths), cache=False)  # before tokenizing the documents
     texts = [t for t in texts if t and t.strip()]
     if not texts:
@@ -139,18 +141,24 @@ def perplexity(
                 f"length {length} cannot be reached: the longest of the {len(docs)} documents has {longest} tokens "
                 f"of this tokenizer; give longer texts or lengths <= {longest}"
             )
-    hf_head.check(model, head, max(docs, key=len))
-    if attn_implementation(getattr(model, "config", None)) == "eager":
-        logging.getLogger("rope_extend").warning(
-            "the model uses eager attention (L x L scores in memory); load it with attn_implementation='sdpa'"
-        )
-    device = next(model.parameters()).device
+    if not engine:
+        hf_head.check(model, head, max(docs, key=len))
+        if attn_implementation(getattr(model, "config", None)) == "eager":
+            logging.getLogger("rope_extend").warning(
+                "the model uses eager attention (L x L scores in memory); load it with attn_implementation='sdpa'"
+            )
+    device = None if engine else next(model.parameters()).device
+
+    def score(ids, score_from: int) -> tuple[float, int]:
+        if engine:
+            return model.nll(ids.tolist(), score_from)
+        return window_nll(head, ids, score_from, chunk_size)
 
     def measure(job: dict) -> dict:
         ids = torch.tensor(docs[job["doc"]], device=device)
         nll, count = 0.0, 0
         for begin, end, score_from in windows(len(ids), job["length"], stride):
-            w_nll, w_count = window_nll(head, ids[begin:end], score_from - begin, chunk_size)
+            w_nll, w_count = score(ids[begin:end], score_from - begin)
             nll, count = nll + w_nll, count + w_count
         return {
             "stride": stride,

@@ -21,6 +21,7 @@ from ..errors import RopeExtendError, RopeExtendException
 from ..hf.config import config_scaling, scaled_layer_types, text_config
 from ..patch import patched
 from ..version import __version__
+from .engines import is_engine
 from .identity import model_digest
 
 
@@ -51,6 +52,8 @@ def run_info(model, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     (``identity.model_digest``: the name alone is what the user typed, and two models can share it), the
     rope-extend version, and the rope-extend scaling applied; with no patch, the scaling its config names
     (``scaling_from: config``: a fine-tuned or shipped scaling), else ``none``."""
+    if is_engine(model):  # a served file: its digest and the engine name it
+        return {**model.info(), **(extra or {})}
     scaling, source = patched(model), "patch"
     if scaling is None:
         scaling, source = _config_scaling(model), "config"

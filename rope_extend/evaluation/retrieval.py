@@ -14,6 +14,7 @@ from transformers import GenerationConfig
 from ..errors import RopeExtendError
 from . import runner
 from .data import parse_trials_at
+from .engines import is_engine
 from .prompts import Prompt
 
 # Passkey and needle records of rope-extend 0.1.0 carry the run's trial count in their setting id; resuming
@@ -23,6 +24,8 @@ LEGACY_TRIALS = 1024
 
 def check_can_generate(model) -> None:
     """A model that cannot ``generate`` (a bare decoder, an encoder) gets a clear error up front."""
+    if is_engine(model):  # a causal LM served by an engine
+        return
     can = getattr(model, "can_generate", None)
     if not callable(getattr(model, "generate", None)) or not callable(can) or not can():
         raise RopeExtendError(
@@ -68,6 +71,9 @@ def greedy_config(tokenizer, max_new_tokens: int):
 @torch.no_grad()
 def greedy(model, tokenizer, input_ids: Sequence[int], max_new_tokens: int) -> str:
     """The greedy continuation (``max_new_tokens`` at most) of ``input_ids``, as text."""
+    if is_engine(model):
+        ids = model.greedy(input_ids, max_new_tokens, tokenizer.eos_token_id)
+        return tokenizer.decode(ids, skip_special_tokens=True)
     device = next(model.parameters()).device
     ids = torch.tensor([list(input_ids)], device=device)
     out = model.generate(

@@ -14,6 +14,7 @@ A harness describes its work as *jobs* (``{"length": 4096, "trial": 3, ...}``, o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -23,6 +24,7 @@ from typing import Any
 from ..errors import RopeExtendError
 from ..hf import window
 from ..hf.config import attn_implementation, text_config
+from .engines import is_engine
 from .identity import tokenizer_digest
 from .records import RecordLog, run_info, setting_id
 
@@ -68,7 +70,11 @@ def _size(n: int) -> str:
 
 def check_reachable(model, length: int, *, cache: bool, generated: int = 0) -> None:
     """Refuse a length whose forward cannot fit in the memory available now (fail fast, not after minutes).
-    ``generated``: tokens decoded after a prompt of ``length`` (they join the KV cache)."""
+    ``generated``: tokens decoded after a prompt of ``length`` (they join the KV cache). A model served by an
+    engine checks its own context instead."""
+    if is_engine(model):
+        model.check_reachable(length, generated)
+        return
     device = next(model.parameters()).device
     free = _available_bytes(device)
     need = memory_needed(model, length + generated, cache=cache)
@@ -121,7 +127,13 @@ def run(
     if tokenizer is not None:
         extra["tokenizer_digest"] = tokenizer_digest(tokenizer)
     info = run_info(model, extra)  # the digest of the model as loaded
-    with window.sliding_window_widened(model, longest + generated, sliding_window) as widened:
+    # an engine runs the file as it is served (its own sliding-window rule): nothing to widen
+    widening = (
+        contextlib.nullcontext(False)
+        if is_engine(model)
+        else window.sliding_window_widened(model, longest + generated, sliding_window)
+    )
+    with widening as widened:
 
         def identity(options: dict[str, Any]) -> str:
             full = {**info, **options, "task": task}

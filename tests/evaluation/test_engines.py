@@ -1,0 +1,86 @@
+"""The harnesses measure a GGUF file in llama.cpp with the same prompts as the transformers model, and get the
+same numbers (marker ``engines``: .ci/run runs it where llama-cpp-python is installed).
+
+A tiny random Llama patched with yarn x2 past its L = 256 is exported to an f32 GGUF; passkey outputs must be
+the same strings and perplexity equal within 1e-4 relative on both backends; records name the engine and the
+file's digest, so a resumed transformers run never takes the engine's records.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import rope_extend
+from rope_extend.errors import RopeExtendError
+from rope_extend.export import export
+from rope_extend.evaluation import passkey, perplexity
+from rope_extend.evaluation.prompts import FILLER
+from tests.tiny import tiny_model, tiny_tokenizer
+
+pytestmark = pytest.mark.engines
+llama_cpp = pytest.importorskip("llama_cpp")
+pytest.importorskip("gguf")
+
+from rope_extend.evaluation.engines import LlamaCppModel  # noqa: E402 - after the skips
+
+LENGTHS = [200, 480]  # inside and past L = 256 (yarn x2 reaches 512)
+
+
+@pytest.fixture(scope="module")
+def backends(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("engines")
+    model, tok = tiny_model("llama"), tiny_tokenizer()
+    rope_extend.patch(model, "yarn", factor=2.0)
+    result = export(model, "gguf", folder / "m.gguf", tokenizer=tok, tokenizer_pre="smollm")
+    served = LlamaCppModel(result.out, n_ctx=512, method="yarn", factor=2.0, original_length=256, threads=2)
+    yield model, served, tok, folder
+    served.close()
+
+
+def test_passkey_outputs_are_the_same_strings(backends):
+    model, served, tok, folder = backends
+    a = passkey(model, tok, LENGTHS, trials=3, progress=False, records=folder / "hf.jsonl")
+    b = passkey(served, tok, LENGTHS, trials=3, progress=False, records=folder / "cpp.jsonl")
+    assert [r["output"] for r in a.records] == [r["output"] for r in b.records]
+    assert any(r["output"].strip() for r in b.records)  # a random model still says something
+    assert a.accuracy_by_length == b.accuracy_by_length
+    record = b.records[0]
+    assert record["engine"].startswith("llama.cpp") and record["model_digest"] == served.digest
+    assert record["method"] == "yarn" and record["factor"] == 2.0
+    assert a.records[0]["setting"] != record["setting"]  # never mixed on resume
+
+
+def test_perplexity_agrees_within_1e_4(backends):
+    model, served, tok, folder = backends
+    texts = [" ".join([FILLER] * 40)]
+    a = perplexity(model, tok, texts, LENGTHS, stride=100, progress=False)
+    b = perplexity(served, tok, texts, LENGTHS, stride=100, progress=False)
+    for n in LENGTHS:
+        assert a.tokens[n] == b.tokens[n]
+        assert abs(a.perplexity[n] - b.perplexity[n]) / a.perplexity[n] < 1e-4, (n, a.perplexity, b.perplexity)
+
+
+def test_resume_reuses_the_engines_records(backends):
+    _, served, tok, folder = backends
+    path = folder / "resume.jsonl"
+    first = passkey(served, tok, [200], trials=2, progress=False, records=path)
+    again = passkey(served, tok, [200], trials=2, progress=False, records=path, resume=True)
+    assert [r["output"] for r in again.records] == [r["output"] for r in first.records]
+    assert len(path.read_text().splitlines()) == 2  # nothing measured twice
+    assert all(json.loads(line)["engine"].startswith("llama.cpp") for line in path.read_text().splitlines())
+
+
+def test_a_length_past_the_opened_context_is_refused_before_any_work(backends):
+    _, served, tok, _ = backends
+    with pytest.raises(RopeExtendError, match="n_ctx >= 1034"):
+        passkey(served, tok, [1024], trials=1, progress=False)
+
+
+def test_bad_path_and_context_are_one_line_errors(tmp_path):
+    with pytest.raises(RopeExtendError, match="not a GGUF file"):
+        LlamaCppModel(tmp_path / "missing.gguf", n_ctx=512)
+    (tmp_path / "x.gguf").write_bytes(b"")
+    with pytest.raises(RopeExtendError, match="n_ctx must be a positive integer"):
+        LlamaCppModel(tmp_path / "x.gguf", n_ctx=0)
