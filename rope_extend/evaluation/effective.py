@@ -21,6 +21,8 @@ from ..errors import RopeExtendError
 
 RULER_THRESHOLD = 85.6  # percent: Llama-2-7B's RULER average at 4k (RULER, Table 3)
 KEEP = 0.9  # the share of the score at the reference length that a length must keep
+# a score equal to the bar in decimals (keep x reference) may land a rounding error below it: it still counts
+SLACK = 1e-9
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,7 @@ def effective_length(scores: Mapping[int, float], threshold: float = RULER_THRES
     """The longest length whose score (percent) is at or above ``threshold``; None if there is none."""
     _check_scores(scores)
     check_effective_options(threshold, None, KEEP)
-    # a hair of slack: a score equal to keep x reference in decimals may land a rounding error below it
-    passing = [n for n, v in scores.items() if v >= threshold - 1e-9]
+    passing = [n for n, v in scores.items() if v >= threshold - SLACK]
     return max(passing) if passing else None
 
 

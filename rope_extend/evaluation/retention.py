@@ -73,7 +73,9 @@ def _interval(
     if draws.size == 0:  # every resample had no ratio (cannot happen when the full sample has one)
         raise RopeExtendError("retention: no bootstrap resample gave a ratio")
     tail = (1 - confidence) / 2
-    low, high = np.quantile(draws, [tail, 1 - tail])
+    # no interpolation between draws: an infinite draw (original 0 in that resample) then stays an open upper end
+    # instead of making the quantile inf - inf
+    low, high = np.quantile(draws, [tail, 1 - tail], method="inverted_cdf")
     return Retention(
         float(ratio), float(low), float(high), float(confidence), n, orig, pat, kind, METHOD, resamples, seed
     )

@@ -63,8 +63,22 @@ def prompt_lengths(ruler_dir: str | Path, tokenizer_dir: str | Path, tasks, leng
             for length in lengths:
                 name = f"{task}_{length}"
                 cmd = [sys.executable, str(data / "synthetic" / f"{conf['task']}.py")]
-                cmd += ["--save_dir", str(Path(tmp) / "out"), "--save_name", name, "--tokenizer_path", str(tokenizer_dir)]
-                cmd += ["--tokenizer_type", "hf", "--max_seq_length", str(length), "--tokens_to_generate", str(generate)]
+                cmd += [
+                    "--save_dir",
+                    str(Path(tmp) / "out"),
+                    "--save_name",
+                    name,
+                    "--tokenizer_path",
+                    str(tokenizer_dir),
+                ]
+                cmd += [
+                    "--tokenizer_type",
+                    "hf",
+                    "--max_seq_length",
+                    str(length),
+                    "--tokens_to_generate",
+                    str(generate),
+                ]
                 cmd += ["--num_samples", str(samples), "--random_seed", str(SEED)]
                 cmd += ["--template", base["template"] + base.get("answer_prefix", "")]
                 for key, value in conf["args"].items():
@@ -78,5 +92,7 @@ def prompt_lengths(ruler_dir: str | Path, tokenizer_dir: str | Path, tasks, leng
 
 if __name__ == "__main__":
     ruler_dir, tokenizer_dir, dest, tasks, lengths, samples = sys.argv[1:7]
-    result = prompt_lengths(ruler_dir, tokenizer_dir, tasks.split(","), [int(x) for x in lengths.split(",")], int(samples))
+    result = prompt_lengths(
+        ruler_dir, tokenizer_dir, tasks.split(","), [int(x) for x in lengths.split(",")], int(samples)
+    )
     Path(dest).write_text(json.dumps(result, indent=1) + "\n")

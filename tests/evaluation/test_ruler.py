@@ -111,7 +111,9 @@ def test_answers_and_templates_follow_ruler(tok, essay):
     fwe = R.build_prompt(tok, "fwe", 1000, haystack=hay)
     coded = tok.decode(fwe.input_ids).split("coded words. ")[1].split("\nQuestion")[0].split()
     top = sorted({w for w in coded if w != "...." and w != "..."}, key=coded.count, reverse=True)[:3]
-    assert top == fwe.answers and R.fwe_counts(fwe.units, R.fwe_vocab(fwe.budget))[1:4] == [coded.count(a) for a in fwe.answers]
+    assert top == fwe.answers and R.fwe_counts(fwe.units, R.fwe_vocab(fwe.budget))[1:4] == [
+        coded.count(a) for a in fwe.answers
+    ]
 
 
 def test_same_seed_same_prompts_other_seed_others(tok, essay):
