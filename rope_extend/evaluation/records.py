@@ -86,6 +86,7 @@ FIELD_TYPES: dict[str, str] = {
     **dict.fromkeys(("task", "setting", "model", "method", "model_digest", "rope_extend", "scaling_from"), _STR),
     **dict.fromkeys(("label", "output", "text", "ruler_task"), _STR),
     **dict.fromkeys(("length", "trial", "doc", "tokens", "sample", "task_version", "units", "pad_tokens"), _INT),
+    **dict.fromkeys(("prompt_tokens",), _INT),
     **dict.fromkeys(("max_new_tokens",), _INT),
     **dict.fromkeys(("factor", "seconds", "cpu_seconds", "score", "depth", "actual_depth", "perplexity"), _NUM),
     "nll": "a finite number",

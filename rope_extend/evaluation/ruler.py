@@ -22,24 +22,27 @@ task                    what the prompt holds
 ======================  =========================================================================
 
 The needle is RULER's ``One of the special magic {numbers} for {key} is: {value}.``; keys are
-``adjective-noun`` words, 7-digit numbers or UUIDs, as RULER draws them; needles go at depths drawn from 40
-evenly spaced ones (essay) or at random lines (noise, needles). With one key and one value the template is
-put in the singular, as RULER does. The prompt ends with the task's answer prefix (RULER's ``base`` model
-template: no chat markup), and greedy decoding continues it for RULER's ``tokens_to_generate`` (niah 128,
-vt 30, cwe 120, fwe 50).
+``adjective-noun`` words (RULER's wonderwords pairs, ``ruler_words``), 7-digit numbers or UUIDs, as RULER draws
+them; needles go at depths drawn from 40 evenly spaced ones (essay) or at random lines (noise, needles). With one
+key and one value the template is put in the singular, as RULER does. The prompt ends with the task's answer
+prefix; with the tokenizer's chat template (``PromptFormat``; RULER wraps instruct models' prompts in theirs) the
+task is the user's turn and the prefix opens the assistant's, else it is RULER's ``base`` template.
 
-**Length.** A prompt is built to exactly ``length`` tokens of the model's tokenizer: the number of haystack
-units (sentences, needles, words) is the largest that fits (found by doubling then bisection on the
-tokenized prompt, as RULER's binary search), and the few tokens still missing are filled with the task's
-neutral filler (the noise sentence, the essay's next words, or fwe's dots) right after the context. RULER
-counts the generated tokens into its ``max_seq_length``; here the length is the prompt's, as for passkey.
-cwe uses RULER's short-context counts (common words 6 times, others once; the example 3 and 1) below 4096
-tokens and 30 / 3 from 4096 on; fwe's coded vocabulary has ``length // 50`` words. vt's worked example is
-built to 500 tokens (RULER's) or a quarter of the length when that is shorter.
+**Length, as RULER counts it.** A length holds the prompt and the task's tokens to generate (RULER's
+``tokens_to_generate``: niah 128, vt 30, cwe 120, fwe 50): the number of haystack units (sentences, needles,
+words) is the largest whose whole prompt fits in ``length - tokens_to_generate`` (doubling then bisection, as
+RULER's binary search); fwe grows by RULER's own step of budget // 32 words. Each sample is fitted on its own
+(RULER sizes once per task and length, then drops a whole step from a sample that overflows). cwe uses RULER's
+short-context counts (common words 6 times, others once; the example 3 and 1) below 4096 tokens and 30 / 3 from
+4096 on, from RULER's 8,166 wonderwords words (a length needing more is refused); fwe's coded vocabulary has
+``(length - 50) // 50`` words. vt's worked example is built to 500 tokens (RULER's) or a quarter of the length
+when that is shorter.
 
-**Scoring.** RULER's ``string_match_all``: the share of the expected strings found (case-insensitive) in
-the output, control characters turned into newlines and the output stripped. A task's accuracy at a length
-is the mean over samples; the average is the mean over tasks.
+**Scoring.** RULER's ``string_match_all`` (the share of the expected strings found, case-insensitive, in the
+output with control characters turned into newlines and stripped) for every task here; ``string_match_part``
+(any one found) is RULER's qa metric. A task's score at a length is RULER's: the mean in percent rounded to 2
+decimals; empty answers are counted; the average is over the tasks measured (11 at most; RULER's is over 13, so
+the two are never comparable).
 
 **Haystack.** The essay tasks read the texts given (``haystack``; by default the bundled held-out corpus),
 joined into one run of words as RULER joins Paul Graham's essays. A length the words cannot fill is an
@@ -59,39 +62,43 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RopeExtendError, closest
-from . import retrieval, runner
+from . import retrieval, ruler_words, runner
 from .data import default_texts, parse_lengths
+from .effective import KEEP, RULER_THRESHOLD, EffectiveLength, check_effective_options, effective_lengths
 from .prompts import encode, split_sentences
 from .records import short_hash
-from .ruler_words import ADJECTIVES, NOUNS, VERBS
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 NEEDLE = "One of the special magic {kind} for {key} is: {value}."
 DEPTHS = [round(100 * i / 39) for i in range(40)]  # RULER: np.linspace(0, 100, 40), rounded
 
+# RULER's task templates (the user's turn) and answer prefixes (what the answer starts with), kept apart as
+# RULER keeps them: with a chat template the prefix opens the assistant's turn.
 NIAH_TEMPLATE = (
     "Some special magic {kind} are hidden within the following text. Make sure to memorize it. I will quiz you "
     "about the {kind} afterwards.\n{context}\nWhat are all the special magic {kind} for {query} mentioned in the "
     "provided text?"
-    " The special magic {kind} for {query} mentioned in the provided text are"
 )
+NIAH_PREFIX = " The special magic {kind} for {query} mentioned in the provided text are"
 VT_TEMPLATE = (
     "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\n"
     "Question: Find all variables that are assigned the value {query} in the text above."
+)
+VT_PREFIX = (
     " Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are "
     "assigned the value {query}, they are: "
 )
 CWE_TEMPLATE = (
     "Below is a numbered list of words. In these words, some appear more often than others. Memorize the ones "
     "that appear most often.\n{context}\nQuestion: What are the 10 most common words in the above list?"
-    " Answer: The top 10 words that appear most often in the list are:"
 )
+CWE_PREFIX = " Answer: The top 10 words that appear most often in the list are:"
 FWE_TEMPLATE = (
     "Read the following coded text and track the frequency of each coded word. Find the three most frequently "
     "appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore the dots '....'. "
     "What are the three most frequently appeared words in the above coded text?"
-    " Answer: According to the coded text above, the three most frequently appeared words are:"
 )
+FWE_PREFIX = " Answer: According to the coded text above, the three most frequently appeared words are:"
 
 
 @dataclass(frozen=True)
@@ -117,8 +124,13 @@ NIAH = {
     "niah_multiquery": Niah("essay", "words", "numbers", queries=4),
 }
 TASKS = (*NIAH, "vt", "cwe", "fwe")
+RULER_TASKS = 13  # RULER's own average also holds qa_1 (SQuAD) and qa_2 (HotpotQA), which need data sets
 GENERATE = {**{t: 128 for t in NIAH}, "vt": 30, "cwe": 120, "fwe": 50}  # RULER's tokens_to_generate
+# RULER's metric per task (scripts/eval/synthetic/constants.py): string_match_all for every synthetic task;
+# string_match_part is its qa tasks' (any one of the references counts)
+METRIC = dict.fromkeys(TASKS, "all")
 ESSAY = tuple(t for t, spec in NIAH.items() if spec.haystack == "essay")
+VERSION = 2  # the protocol: 2 = RULER's length accounting, chat template, wonderwords lists (1: exact-length pad)
 
 
 def check_tasks(tasks: str | Iterable[str] | None) -> list[str]:
@@ -141,43 +153,67 @@ def postprocess(output: str) -> str:
     return re.sub(r"[\x00-\x1f]", "\n", output.strip()).strip()
 
 
+def _check_answers(answers: Sequence[str], name: str) -> None:
+    if not answers:
+        raise RopeExtendError(f"{name} needs at least one expected string")
+
+
 def string_match_all(output: str, answers: Sequence[str]) -> float:
     """The share of ``answers`` that occur in ``output`` (case-insensitive): RULER's ``string_match_all``."""
-    if not answers:
-        raise RopeExtendError("string_match_all needs at least one expected string")
+    _check_answers(answers, "string_match_all")
     pred = postprocess(output).lower()
     return sum(a.lower() in pred for a in answers) / len(answers)
+
+
+def string_match_part(output: str, answers: Sequence[str]) -> float:
+    """1 if any one of ``answers`` occurs in ``output`` (case-insensitive), else 0: RULER's ``string_match_part``
+    (its qa tasks', where each reference is an acceptable answer)."""
+    _check_answers(answers, "string_match_part")
+    pred = postprocess(output).lower()
+    return float(any(a.lower() in pred for a in answers))
+
+
+def score(task: str, output: str, answers: Sequence[str]) -> float:
+    """A sample's score in [0, 1] by the task's RULER metric (``METRIC``)."""
+    return (string_match_part if METRIC.get(task) == "part" else string_match_all)(output, answers)
+
+
+def is_empty(output: str) -> bool:
+    """RULER's null prediction: nothing left after ``postprocess``."""
+    return not postprocess(output)
+
+
+def task_score(scores: Sequence[float]) -> float:
+    """RULER's score of a task at a length: the mean sample score in percent, rounded to 2 decimals."""
+    if not scores:
+        raise RopeExtendError("task_score needs at least one sample score")
+    return round(100 * sum(scores) / len(scores), 2)
 
 
 # ------------------------------------------------------------------------------------------ samples
 @dataclass
 class Draft:
-    """A sample as text: ``head`` (instructions, examples, the context), ``tail`` (question and answer
-    prefix), the expected strings, and the neutral text that fills the last few tokens."""
+    """A sample as text: the user's turn (instructions, context, question), the answer prefix, the expected
+    strings, and worked examples as (user, assistant) turns before it (cwe's)."""
 
-    head: str
-    tail: str
+    user: str
+    prefix: str
     answers: list[str]
-    pad: str
+    shots: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _split(template: str, **values) -> tuple[str, str]:
-    before, after = template.split("{context}")
-    return before.format(**values), after.format(**values)
-
-
-def _singular(template: str) -> str:
+def _singular(text: str) -> str:
     """RULER's edits for one key with one value: 'Some ... are' -> 'A ... is'."""
     for old, new in (("Some", "A"), ("are all", "is"), ("are", "is"), ("answers", "answer")):
-        template = template.replace(old, new)
-    return template
+        text = text.replace(old, new)
+    return text
 
 
 def _draw(rng: random.Random, kind: str) -> str:
     if kind == "numbers":
         return str(rng.randint(10**6, 10**7 - 1))
     if kind == "words":
-        return f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}"
+        return ruler_words.draw_key(rng)
     return str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
 
@@ -202,7 +238,6 @@ def _niah(spec: Niah, rng: random.Random, n: int, words: Sequence[str]) -> Draft
             parts += sentences[last:cut] + [needle]
             last = cut
         context = " ".join(parts + sentences[last:])
-        pad = " " + " ".join(words[n : n + 256])
     else:
         if spec.haystack == "noise":
             lines = [NOISE] * n
@@ -215,16 +250,15 @@ def _niah(spec: Niah, rng: random.Random, n: int, words: Sequence[str]) -> Draft
         for at, needle in zip(sorted(rng.sample(range(n), len(needles)), reverse=True), needles, strict=True):
             lines.insert(at, needle)
         context = "\n".join(lines)
-        pad = " " + NOISE
     chosen = rng.sample(range(n_keys), spec.queries)
     queries = [keys[i] for i in chosen]
     answers = [v for i in chosen for v in values[i]]
     query = ", ".join(queries[:-1]) + ", and " + queries[-1] if len(queries) > 1 else queries[0]
-    template, kind = NIAH_TEMPLATE, spec.value
+    template, prefix, kind = NIAH_TEMPLATE, NIAH_PREFIX, spec.value
     if spec.queries * spec.values == 1:
-        template, kind = _singular(template), kind[:-1]
-    head, tail = _split(template, kind=kind, query=query)
-    return Draft(head + context, tail, answers, pad)
+        template, prefix, kind = _singular(template), _singular(prefix), kind[:-1]
+    user = template.replace("{context}", "\0").format(kind=kind, query=query).replace("\0", context)
+    return Draft(user, prefix.format(kind=kind, query=query), answers)
 
 
 def _names(rng: random.Random, count: int, letters: int) -> list[str]:
@@ -236,9 +270,9 @@ def _names(rng: random.Random, count: int, letters: int) -> list[str]:
     return names
 
 
-def _vt_text(rng: random.Random, n: int, *, hops: int = 4, letters: int = 5) -> tuple[str, list[str]]:
-    """One chain of ``hops`` assignments hidden among ``n`` noise sentences: the full prompt text (answer
-    prefix included) and the chain's variables."""
+def _vt_parts(rng: random.Random, n: int, *, hops: int = 4, letters: int = 5) -> tuple[str, str, list[str]]:
+    """One chain of ``hops`` assignments hidden among ``n`` noise sentences: the user's text, the answer prefix
+    and the chain's variables."""
     names = _names(rng, hops + 1, letters)
     value = str(rng.randint(10000, 99999))
     chain = [f"VAR {names[0]} = {value}"] + [f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(hops)]
@@ -246,41 +280,22 @@ def _vt_text(rng: random.Random, n: int, *, hops: int = 4, letters: int = 5) -> 
     for j, at in enumerate(sorted(rng.sample(range(n), len(chain)))):
         lines.insert(at + j, chain[j])
     context = "\n".join(lines).replace(". \n", ".\n")
-    return VT_TEMPLATE.format(context=context, query=value, num_v=hops + 1), names
+    user = VT_TEMPLATE.replace("{context}", "\0").format(query=value).replace("\0", context)
+    return user, VT_PREFIX.format(query=value, num_v=hops + 1), names
 
 
 def _vt(rng: random.Random, n: int, example_units: int) -> Draft:
-    example, names = _vt_text(rng, example_units, letters=3)  # RULER's worked example: 3-letter names
-    text, answers = _vt_text(rng, n)
-    cut = text.index("\nQuestion: Find all")
-    head, tail = text[:cut], text[cut:]
-    return Draft(example + " " + " ".join(names) + "\n" + head, tail, answers, " " + NOISE)
-
-
-_POOL: list[str] = []
-
-
-def word_pool(size: int) -> list[str]:
-    """RULER's cwe words: the plain word list, extended (past its length) by pronounceable made-up words, as
-    RULER falls back to a larger dictionary; deterministic."""
-    if not _POOL:
-        _POOL.extend(sorted(set(NOUNS + ADJECTIVES + VERBS)))
-        random.Random("ruler-cwe-words").shuffle(_POOL)
-    if size > len(_POOL):
-        rng = random.Random(f"ruler-cwe-words:{len(_POOL)}")
-        seen = set(_POOL)
-        while len(_POOL) < size:
-            word = "".join(rng.choice("bcdfghjklmnprstvz") + rng.choice("aeiou") for _ in range(3))
-            if word not in seen:
-                seen.add(word)
-                _POOL.append(word)
-    return _POOL
+    # RULER's worked example (3-letter names) is plain text inside the user's turn, answer included
+    ex_user, ex_prefix, ex_names = _vt_parts(rng, example_units, letters=3)
+    user, prefix, answers = _vt_parts(rng, n)
+    return Draft(ex_user + ex_prefix + " " + " ".join(ex_names) + "\n" + user, prefix, answers)
 
 
 def _cwe_list(rng: random.Random, n: int, common: int, rare: int) -> tuple[str, list[str]]:
-    pool = word_pool(n)
-    plain = len(set(NOUNS + ADJECTIVES + VERBS))  # the pool starts with the plain words
-    chosen = rng.sample(pool[:plain] if n <= plain else pool, n)
+    pool = ruler_words.common_words()
+    if n > len(pool):  # the fit never asks for more (its upper bound); a direct call is told
+        raise RopeExtendError(f"cwe needs {n} distinct words; RULER's wonderwords lists hold {len(pool)}")
+    chosen = rng.sample(pool, n)
     top = chosen[:10]
     items = top * common + chosen[10:] * rare
     rng.shuffle(items)
@@ -288,12 +303,13 @@ def _cwe_list(rng: random.Random, n: int, common: int, rare: int) -> tuple[str, 
 
 
 def _cwe(rng: random.Random, n: int, length: int) -> Draft:
-    short = length < 4096
+    short = length < 4096  # RULER's switch, on the length asked for
     example, top = _cwe_list(rng, 20, 3, 1) if short else _cwe_list(rng, 40, 10, 3)
-    shot = CWE_TEMPLATE.format(context=example) + " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(top))
+    answer = CWE_PREFIX + " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(top))
     context, answers = _cwe_list(rng, n, 6, 1) if short else _cwe_list(rng, n, 30, 3)
-    head, tail = _split(CWE_TEMPLATE)
-    return Draft(shot + "\n" + head + context, tail, answers, " ...." * 64)
+    return Draft(
+        CWE_TEMPLATE.format(context=context), CWE_PREFIX, answers, [(CWE_TEMPLATE.format(context=example), answer)]
+    )
 
 
 ZETA2 = math.pi**2 / 6  # RULER's zeta(alpha) at its alpha = 2
@@ -304,8 +320,13 @@ def fwe_counts(n: int, vocab: int) -> list[int]:
     return [int(n * k**-2 / ZETA2) for k in range(1, vocab + 1)]
 
 
-def _fwe(rng: random.Random, n: int, length: int) -> Draft:
-    size = max(5, length // 50)
+def fwe_vocab(budget: int) -> int:
+    """fwe's coded vocabulary: RULER's ``(max_seq_length - tokens_to_generate) // 50`` (at least 5)."""
+    return max(5, budget // 50)
+
+
+def _fwe(rng: random.Random, n: int, budget: int) -> Draft:
+    size = fwe_vocab(budget)
     vocab: set[str] = set()
     while len(vocab) < size:
         vocab.add("".join(rng.choices(string.ascii_lowercase, k=6)))
@@ -314,18 +335,52 @@ def _fwe(rng: random.Random, n: int, length: int) -> Draft:
     words[0] = "..."  # the most frequent is noise
     text = [w for w, c in zip(words, fwe_counts(n, size), strict=True) for _ in range(c)]
     rng.shuffle(text)
-    head, tail = _split(FWE_TEMPLATE)
-    return Draft(head + " ".join(text), tail, words[1:4], " ...." * 64)
+    return Draft(FWE_TEMPLATE.format(context=" ".join(text)), FWE_PREFIX, words[1:4])
 
 
 # ------------------------------------------------------------------------------------------ prompts
+class PromptFormat:
+    """How a draft becomes token ids: RULER's ``base`` template (the text as is, the tokenizer's special tokens
+    added) or the model's chat template (the worked examples as earlier turns, the task as the user's turn, the
+    answer prefix opening the assistant's turn, as RULER's chat templates put it after the end of the user's
+    turn; the template writes its own special tokens).
+
+    ``chat``: use the tokenizer's chat template when it has one (True), or never (False)."""
+
+    def __init__(self, tokenizer, chat: bool = True):
+        if not isinstance(chat, bool):
+            raise RopeExtendError(f"chat_template must be true or false, got {chat!r}")
+        self.tokenizer = tokenizer
+        template = getattr(tokenizer, "chat_template", None)
+        self.template = template if chat and isinstance(template, str) and template else None
+        self.name = "chat" if self.template else "base"
+
+    def setting(self) -> str:
+        """``base``, or ``chat:`` and the template's digest (records of another template are not reused)."""
+        return f"chat:{short_hash(self.template)}" if self.template else "base"
+
+    def text(self, draft: Draft) -> str:
+        if self.template is None:
+            shots = "".join(f"{u}{a}\n" for u, a in draft.shots)
+            return shots + draft.user + draft.prefix
+        turns: list[dict[str, str]] = []
+        for u, a in draft.shots:
+            turns += [{"role": "user", "content": u}, {"role": "assistant", "content": a.lstrip()}]
+        turns.append({"role": "user", "content": draft.user})
+        rendered = self.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        return rendered + draft.prefix
+
+    def ids(self, draft: Draft) -> list[int]:
+        return encode(self.tokenizer, self.text(draft), special=self.template is None)
+
+
 @dataclass(frozen=True)
 class RulerPrompt:
     task: str
     input_ids: list[int]
     answers: list[str]
-    units: int  # haystack units (sentences, needles, list items, words)
-    pad_tokens: int  # neutral filler tokens added to reach the exact length
+    units: int  # haystack units (sentences, needles, list words, coded words)
+    budget: int  # the most prompt tokens: the length less the tokens to generate
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -357,17 +412,18 @@ class Haystack:
 
 
 def _vt_example_units(tokenizer, budget: int) -> int:
-    """Noise sentences in vt's worked example: the most that keep it within ``budget`` tokens (at least 5,
-    RULER's smallest step)."""
+    """Noise sentences in vt's worked example: the most that keep it within ``budget`` tokens (RULER builds it
+    to 500; at least 5, RULER's smallest step)."""
 
     def tokens(m: int) -> int:
-        return len(encode(tokenizer, _vt_text(random.Random("ruler-vt-example"), m, letters=3)[0]))
+        user, prefix, _ = _vt_parts(random.Random("ruler-vt-example"), m, letters=3)
+        return len(encode(tokenizer, user + prefix))
 
     fit = _fit(tokens, budget, 5, None)
     return fit if fit is not None else 5
 
 
-def _draft_fn(task: str, length: int, haystack: Haystack, tokenizer) -> tuple[Callable[..., Draft], int, int | None]:
+def _draft_fn(task: str, length: int, budget: int, haystack: Haystack, tokenizer):
     """``(draft(rng, n), smallest n, largest n or None)`` for ``task`` at ``length``."""
     if task in NIAH:
         spec = NIAH[task]
@@ -380,12 +436,12 @@ def _draft_fn(task: str, length: int, haystack: Haystack, tokenizer) -> tuple[Ca
         units = _vt_example_units(tokenizer, min(500, length // 4))
         return (lambda rng, n: _vt(rng, n, units)), 5, None
     if task == "cwe":
-        return (lambda rng, n: _cwe(rng, n, length)), 10, None
-    return (lambda rng, n: _fwe(rng, n, length)), 1, None
+        return (lambda rng, n: _cwe(rng, n, length)), 10, len(ruler_words.common_words())
+    return (lambda rng, n: _fwe(rng, n, budget)), 1, None
 
 
 def _fit(measure: Callable[[int], int], budget: int, low: int, high: int | None) -> int | None:
-    """The largest ``n`` in ``[low, high]`` with ``measure(n) <= budget`` (doubling, then bisection, as RULER's
+    """The largest ``n`` in ``[low, high]`` with ``measure(n) <= budget`` (doubling, then bisection: RULER's
     binary search over haystack sizes), or None when even ``low`` is too long."""
     if measure(low) > budget:
         return None
@@ -409,76 +465,121 @@ def _fit(measure: Callable[[int], int], budget: int, low: int, high: int | None)
     return good
 
 
-def build_prompt(
-    tokenizer, task: str, length: int, *, seed: int = 0, sample: int = 0, haystack: Haystack | None = None
-) -> RulerPrompt:
-    """The ``sample``-th prompt of ``task``, exactly ``length`` tokens of ``tokenizer``.
+def _fit_fwe(measure: Callable[[int], int], budget: int) -> int:
+    """fwe's word count by RULER's own rule (``freq_words_extraction.py``): from ``budget // 6`` words, grow by
+    ``budget // 32`` while the prompt is shorter than the budget, step back once, and shrink by the same step
+    while it is longer. Its coarse step leaves fwe's prompts up to that step short of the budget."""
+    step = max(1, budget // 32)
+    n = max(1, budget // 6)
+    while measure(n) < budget:
+        n += step
+    n -= step
+    while n > 1 and measure(n) > budget:
+        n = max(1, n - step)
+    return n
 
-    The head (with the tokenizer's special tokens, a BOS if it adds one), the neutral filler and the tail are
-    tokenized apart and joined, so the length is exact for any tokenizer."""
+
+def build_prompt(
+    tokenizer,
+    task: str,
+    length: int,
+    *,
+    seed: int = 0,
+    sample: int = 0,
+    haystack: Haystack | None = None,
+    chat_template: bool | PromptFormat = True,
+    max_new_tokens: int | None = None,
+) -> RulerPrompt:
+    """The ``sample``-th prompt of ``task`` at ``length``, as RULER counts it: the most haystack whose prompt
+    (template and answer prefix included) plus the task's tokens to generate (``max_new_tokens``, default
+    RULER's) fit in ``length`` tokens of ``tokenizer``."""
     haystack = haystack or Haystack(None)
-    draft_fn, low, high = _draft_fn(task, length, haystack, tokenizer)
+    fmt = chat_template if isinstance(chat_template, PromptFormat) else PromptFormat(tokenizer, chat_template)
+    generate = max_new_tokens or GENERATE[task]
+    budget = length - generate
+    if budget < 1:
+        raise RopeExtendError(
+            f"length {length} leaves no prompt for RULER task {task}: its {generate} tokens to generate count into "
+            f"the length, as in RULER; use lengths > {generate}"
+        )
+    draft_fn, low, high = _draft_fn(task, length, budget, haystack, tokenizer)
     fresh = sample_rng(task, seed, length, sample)
 
-    def parts(n: int) -> tuple[list[int], list[int], Draft]:
-        draft = draft_fn(fresh(), n)
-        return encode(tokenizer, draft.head, special=True), encode(tokenizer, draft.tail), draft
-
     def measure(n: int) -> int:
-        head, tail, _ = parts(n)
-        return len(head) + len(tail)
+        return len(fmt.ids(draft_fn(fresh(), n)))
 
-    n = _fit(measure, length, low, high)
-    if n is None:
+    n = _fit_fwe(measure, budget) if task == "fwe" else _fit(measure, budget, low, high)
+    if n is None or measure(n) > budget:
         raise RopeExtendError(
             f"length {length} is too short for RULER task {task}: its smallest prompt already takes "
-            f"{measure(low)} tokens of this tokenizer; use lengths >= {measure(low)}"
+            f"{measure(low)} tokens of this tokenizer, and {generate} more are generated; use lengths >= "
+            f"{measure(low) + generate}"
         )
-    head, tail, draft = parts(n)
-    gap = length - len(head) - len(tail)
-    if high is not None and n == high and gap > 0:
+    if high is not None and n == high:
+        what = "the essay haystack" if task in NIAH else "RULER's wonderwords list for cwe"
         raise RopeExtendError(
-            f"the essay haystack ({high} words) cannot reach length {length} for RULER task {task}: with all its "
-            f"words the prompt has {length - gap} tokens; give longer texts (--data) or shorter lengths"
+            f"{what} ({high} words) cannot fill length {length} for RULER task {task}: with all of them the prompt "
+            f"has {measure(high)} tokens of a {budget}-token budget; "
+            + ("give longer texts (--data) or shorter lengths" if task in NIAH else "use shorter lengths")
         )
     if task == "fwe":
-        counts = fwe_counts(n, max(5, length // 50))
+        counts = fwe_counts(n, fwe_vocab(budget))
         if not counts[1] > counts[2] > counts[3] > counts[4]:
             raise RopeExtendError(
                 f"length {length} is too short for RULER task fwe: {n} coded words give the three most frequent "
                 f"counts {counts[1:4]} and the next {counts[4]}, so the answer is not unique; use a longer length"
             )
-    pad: list[int] = []
-    while len(pad) < gap:
-        pad += encode(tokenizer, draft.pad)
-    ids = head + pad[:gap] + tail
-    if len(ids) != length:  # the construction guarantees it; a wrong length would make the table a lie
-        raise RopeExtendError(f"internal error: built a {len(ids)}-token RULER prompt for length {length}")
-    return RulerPrompt(task, ids, list(draft.answers), n, gap)
+    draft = draft_fn(fresh(), n)
+    ids = fmt.ids(draft)
+    return RulerPrompt(task, ids, list(draft.answers), n, budget)
 
 
 # ------------------------------------------------------------------------------------------ harness
 @dataclass
 class RulerResult:
-    """Every sample's record; ``accuracy[task][length]`` (mean string_match_all) and ``average[length]``
-    (the mean over tasks)."""
+    """Every sample's record and RULER's tables.
+
+    ``accuracy[task][length]``: the mean sample score (a share); ``scores[task][length]``: RULER's number, that
+    mean in percent rounded to 2 decimals; ``empty[task][length]``: the samples whose answer was empty after
+    RULER's post-processing; ``average[length]``: the mean of ``scores`` over the tasks measured (percent; over
+    ``tasks`` of them, never RULER's 13: see ``RULER_TASKS``); ``effective``: the effective lengths
+    (``effective.EffectiveLength``) of ``average``."""
 
     records: list[dict]
     accuracy: dict[str, dict[int, float]] = field(default_factory=dict)
+    scores: dict[str, dict[int, float]] = field(default_factory=dict)
+    empty: dict[str, dict[int, int]] = field(default_factory=dict)
     average: dict[int, float] = field(default_factory=dict)
+    tasks: int = 0
+    effective: EffectiveLength | None = None
 
 
-def tables(records: Sequence[dict]) -> tuple[dict[str, dict[int, float]], dict[int, float]]:
-    scores: dict[str, dict[int, list[float]]] = {}
+def tables(records: Sequence[dict]) -> dict[str, Any]:
+    """From RULER records: ``accuracy``, ``scores``, ``empty`` (each task -> length -> value), ``average``
+    (length -> the mean of the rounded task scores there, rounded to 2) and ``tasks`` (how many tasks there are).
+    A length where some task was not measured gets no average: a mean over fewer tasks is another number."""
+    by: dict[str, dict[int, list[dict]]] = {}
     for r in records:
-        scores.setdefault(r["ruler_task"], {}).setdefault(r["length"], []).append(float(r["score"]))
-    accuracy = {t: {n: sum(v) / len(v) for n, v in sorted(by.items())} for t, by in scores.items()}
-    lengths = sorted({n for by in accuracy.values() for n in by})
+        by.setdefault(r["ruler_task"], {}).setdefault(r["length"], []).append(r)
+    accuracy, scores, empty = {}, {}, {}
+    for task, lengths in by.items():
+        rows = sorted(lengths.items())
+        accuracy[task] = {n: sum(float(r["score"]) for r in rs) / len(rs) for n, rs in rows}
+        scores[task] = {n: task_score([float(r["score"]) for r in rs]) for n, rs in rows}
+        empty[task] = {n: sum(is_empty(r.get("output", "")) for r in rs) for n, rs in rows}
+    lengths = sorted({n for t in scores.values() for n in t})
     average = {
-        n: sum(by[n] for by in accuracy.values() if n in by) / sum(1 for by in accuracy.values() if n in by)
+        n: round(sum(t[n] for t in scores.values()) / len(scores), 2)
         for n in lengths
+        if all(n in t for t in scores.values())
     }
-    return accuracy, average
+    return {"accuracy": accuracy, "scores": scores, "empty": empty, "average": average, "tasks": len(scores)}
+
+
+def average_label(tasks: int) -> str:
+    """What an average is over: 'avg over 11 tasks; RULER's is over 13' (never comparable to RULER's own)."""
+    word = "task" if tasks == 1 else "tasks"
+    return f"avg over {tasks} {word}; RULER's is over {RULER_TASKS}"
 
 
 def ruler(
@@ -491,6 +592,10 @@ def ruler(
     seed: int = 0,
     haystack: Sequence[str] | None = None,
     max_new_tokens: int | None = None,
+    chat_template: bool = True,
+    threshold: float = RULER_THRESHOLD,
+    reference_length: int | None = None,
+    keep: float = KEEP,
     records: str | os.PathLike | None = None,
     resume: bool = False,
     progress: bool = True,
@@ -499,10 +604,13 @@ def ruler(
 ) -> RulerResult:
     """RULER accuracy of ``model`` for each of ``tasks`` (default: all eleven) at each of ``lengths``.
 
-    ``samples`` prompts per task and length, each drawn from ``(seed, task, length, sample)`` only.
-    ``haystack``: texts for the essay tasks (default: the bundled held-out corpus). ``max_new_tokens``
-    replaces RULER's per-task generation budget. ``records``/``resume``/``run``/``sliding_window`` are the
-    evaluation runner's (see ``evaluation.runner``).
+    ``samples`` prompts per task and length, each drawn from ``(seed, task, length, sample)`` only; a length
+    counts the tokens to generate, as RULER's ``max_seq_length``. ``haystack``: texts for the essay tasks
+    (default: the bundled held-out corpus). ``max_new_tokens`` replaces RULER's per-task generation budget (and
+    so the prompt's share of the length). ``chat_template``: wrap the prompt in the tokenizer's chat template
+    when it has one (RULER does for instruct models); False keeps RULER's ``base`` template.
+    ``threshold``, ``reference_length`` and ``keep``: the effective lengths' (``effective.effective_lengths``).
+    ``records``/``resume``/``run``/``sliding_window`` are the evaluation runner's (see ``evaluation.runner``).
     """
     lengths = parse_lengths(lengths)
     names = check_tasks(tasks)
@@ -512,16 +620,27 @@ def ruler(
         isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1
     ):
         raise RopeExtendError(f"max_new_tokens must be a positive integer or None, got {max_new_tokens!r}")
+    check_effective_options(threshold, reference_length, keep)
     retrieval.check_can_generate(model)
+    fmt = PromptFormat(tokenizer, chat_template)
     budget = {t: max_new_tokens or GENERATE[t] for t in names}
-    runner.check_reachable(model, max(lengths), cache=True, generated=max(budget.values()))
+    runner.check_reachable(model, max(lengths), cache=True)  # the length holds the generated tokens
     hay = Haystack(haystack)
     built: dict[tuple[str, int, int], RulerPrompt] = {}
 
     def prompt(task: str, length: int, sample: int) -> RulerPrompt:
         key = (task, length, sample)
         if key not in built:
-            built[key] = build_prompt(tokenizer, task, length, seed=seed, sample=sample, haystack=hay)
+            built[key] = build_prompt(
+                tokenizer,
+                task,
+                length,
+                seed=seed,
+                sample=sample,
+                haystack=hay,
+                chat_template=fmt,
+                max_new_tokens=budget[task],
+            )
         return built[key]
 
     for task in names:  # a length a task cannot reach fails before any work
@@ -538,28 +657,29 @@ def ruler(
                 jobs.append(job)
 
     def measure(job: dict) -> dict:
-        p = prompt(job["ruler_task"], job["length"], job["sample"])
-        built.pop((job["ruler_task"], job["length"], job["sample"]), None)
+        task = job["ruler_task"]
+        p = prompt(task, job["length"], job["sample"])
+        built.pop((task, job["length"], job["sample"]), None)
         output = retrieval.greedy(model, tokenizer, p.input_ids, job["max_new_tokens"])
-        score = string_match_all(output, p.answers)
+        got = score(task, output, p.answers)
         return {
             "answers": p.answers,
             "output": output,
-            "score": score,
-            "correct": score == 1.0,
+            "score": got,
+            "correct": got == 1.0,
             "units": p.units,
-            "pad_tokens": p.pad_tokens,
+            "prompt_tokens": len(p),
         }
 
+    setting = {"seed": seed, "protocol": "ruler-synthetic", "template": fmt.setting(), "words": ruler_words.digest()}
     done = runner.run(
         model,
         tokenizer=tokenizer,
         task="ruler",
-        setting={"seed": seed, "protocol": "ruler-synthetic"},
+        setting=setting,
         jobs=jobs,
         measure=measure,
         longest=max(lengths),
-        generated=max(budget.values()),
         records=records,
         resume=resume,
         progress=progress,
@@ -567,6 +687,8 @@ def ruler(
         sliding_window=sliding_window,
         cache=True,
         unit="sample",
+        version=VERSION,
     )
-    accuracy, average = tables(done)
-    return RulerResult(done, accuracy, average)
+    t = tables(done)
+    eff = effective_lengths(t["average"], threshold=threshold, reference_length=reference_length, keep=keep)
+    return RulerResult(done, t["accuracy"], t["scores"], t["empty"], t["average"], t["tasks"], eff)

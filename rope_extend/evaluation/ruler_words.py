@@ -1,65 +1,90 @@
-"""Plain English words for RULER's keys (``adjective-noun``, as RULER draws them) and for common words
-extraction. RULER takes its lists from the ``wonderwords`` package; these are rope-extend's own, written
-for this project: everyday adjectives, nouns and verbs, lower case, one word each."""
+"""RULER's word lists, read from the ``wonderwords`` package as RULER reads them.
+
+RULER (NVIDIA/RULER ``scripts/data/synthetic/niah.py`` and ``common_words_extraction.py``) takes its words from
+wonderwords' bundled noun, adjective and verb lists, each line stripped:
+
+- a needle's word key is one of the distinct ``adjective-noun`` strings (6,171,620 with wonderwords 3.0), drawn
+  uniformly. The strings are not materialised here: an adjective and a noun are drawn uniformly and the pair is
+  kept with probability ``1 / m``, where ``m`` is the number of ways the string splits into an adjective, a
+  hyphen and a noun (``m > 1`` only for hyphenated words, e.g. ``sea`` + ``side-walk`` and ``sea-side`` +
+  ``walk``), so every distinct string is equally likely, as RULER's ``random.choice`` over the sorted set;
+- common words extraction draws from the distinct nouns, adjectives and verbs (8,166 words), put in a fixed
+  order. RULER then switches to a larger English list (``english_words.json``) for a list longer than that;
+  rope-extend does not ship it, so such a length is refused (see ``ruler.cwe``), never filled with made-up
+  words.
+
+The lists differ between wonderwords releases (3.0 changed the nouns), so their digest joins every RULER
+record's setting: records made with other lists are measured again.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import random
+from functools import cache
+from importlib import resources
 
-def _words(text: str) -> list[str]:
-    return text.split()
+from ..errors import RopeExtendError
 
 
-ADJECTIVES = _words(
-    """
-able acid angry ancient bitter black blue bold brave breezy bright broad broken busy calm careful cheap
-cheerful clean clever close cloudy cold cool crisp crooked cruel curly damp dark dear deep dense dry dull
-eager early easy elegant empty equal even exact faint fair false famous fancy fast fierce fine firm flat
-fluffy fond foolish fragile free fresh friendly full funny gentle giant glad gloomy golden good grand
-great green grumpy hairy handsome happy hard harsh heavy hidden high hollow honest huge humble hungry icy
-idle jolly juicy keen kind large late lazy light little lively lonely long loose loud lovely low loyal
-lucky mad magic mellow mighty mild misty modern narrow nasty neat nervous new nice noisy odd old open
-orange pale patient plain pleasant plump polite poor proud purple quick quiet rapid rare raw ready red
-rich right rough round royal rude rusty sad safe salty scary sharp shiny short shy silent silky silver
-simple sleepy slim slow small smart smooth soft solid sour spare spicy steady steep sticky stiff still
-strange strict strong sturdy sudden sunny super sweet swift tall tame tender thick thin tidy tiny tired
-tough tricky true ugly vast violet warm weak wealthy wet white whole wicked wide wild windy wise witty
-wooden young yellow zealous
-"""
-)
+def _read(name: str) -> tuple[str, ...]:
+    try:
+        text = resources.files("wonderwords.assets").joinpath(name).read_text(encoding="utf-8")
+    except ModuleNotFoundError as e:  # a main dependency; a broken install says so plainly
+        raise RopeExtendError(
+            "RULER's word lists come from the wonderwords package, which is not installed: pip install wonderwords"
+        ) from e
+    return tuple(w for w in (line.strip() for line in text.splitlines()) if w)
 
-NOUNS = _words(
-    """
-acorn actor airport anchor angle animal apple apron arch arm army arrow artist attic aunt baby bag bakery
-balloon banana band bank barn basket bath beach bean bear bed bee bell belt bench berry bicycle bird
-blanket boat bone book boot bottle box boy bread brick bridge brother brush bucket building bus butter
-button cabin cake camel camera candle canoe canyon car card carpet carrot castle cat cave chair cheese
-cherry chicken child church circle city clock cloud coat coffee coin comet cook corn cottage cousin cow
-crab crayon cup curtain daisy desk diamond dinner dog doll door dragon drawer dream dress drum duck eagle
-earth egg elbow engine eye face farm feather fence field finger fire fish flag flower flute fog foot
-forest fork fountain fox frog garden gate ghost gift giraffe glass glove goat gold grape grass guitar
-hammer hand harbor hat hawk heart hill honey horse hotel house island jacket jar jelly jewel kettle key
-king kitchen kite knee knife ladder lake lamp leaf lemon letter library lion lizard lock machine map
-market meadow milk mirror monkey moon mountain mouse nail needle nest night ocean onion orchard owl
-paint palace pan paper parrot pear pebble pen pencil pepper piano picture pillow pine planet plate pond
-potato pumpkin puzzle queen rabbit radio rain river road robot rock roof room rope rose sail salt sand
-school sea seed shadow sheep shell ship shoe shop shovel sister sky snake snow sock song spoon spring
-squirrel star stone storm street sugar sun swan table tail teacher tent thread tiger toast tomato tower
-town toy train tree truck tulip turtle umbrella valley vase village violin wagon wall watch water whale
-wheel window wing winter wolf wood yard zebra
-"""
-)
 
-VERBS = _words(
-    """
-accept admire answer arrive ask bake balance bathe beg behave believe blink boil borrow bounce breathe
-build burn calculate carry chase cheer chew clap climb collect comb count crawl cross cry dance decide
-deliver dig dive drag draw dream drift drink drive earn enjoy escape explain fetch fill fix float fold
-follow gather glow grab greet grin guard guess hammer hang help hike hop hug hunt hurry invent jog juggle
-jump kick kneel knit knock laugh learn lift listen march melt mend mix nod open paddle paint pause peel
-plant play point polish pour pray promise pull push race rattle reach read relax remember repair rescue
-rest ride ring roll row rush scatter scream scrub search shake shiver shout sing skate skip sleep slide
-smile sneeze snore spill spin splash sprint squeeze stack stare steer stir stretch swim swing talk tap
-teach throw tickle tiptoe travel trot tumble twist unlock vanish wade wait walk wander wash watch wave
-whisper whistle wiggle win wink wish wobble wonder worry yawn yell zoom
-"""
-)
+@cache
+def nouns() -> tuple[str, ...]:
+    return tuple(sorted(set(_read("nounlist.txt"))))
+
+
+@cache
+def adjectives() -> tuple[str, ...]:
+    return tuple(sorted(set(_read("adjectivelist.txt"))))
+
+
+@cache
+def verbs() -> tuple[str, ...]:
+    return tuple(sorted(set(_read("verblist.txt"))))
+
+
+@cache
+def _sets() -> tuple[frozenset[str], frozenset[str]]:
+    return frozenset(adjectives()), frozenset(nouns())
+
+
+def splits(key: str) -> int:
+    """In how many ways ``key`` is ``adjective-noun``: the number of (adjective, noun) pairs that give it."""
+    adj, noun = _sets()
+    return sum(key[:i] in adj and key[i + 1 :] in noun for i, c in enumerate(key) if c == "-")
+
+
+def draw_key(rng: random.Random) -> str:
+    """A distinct ``adjective-noun`` string, uniformly (see the module docstring)."""
+    adj, noun = adjectives(), nouns()
+    while True:
+        key = f"{rng.choice(adj)}-{rng.choice(noun)}"
+        # one hyphen: one split; else keep with probability 1/m
+        if key.count("-") == 1 or rng.random() * splits(key) < 1:
+            return key
+
+
+@cache
+def common_words() -> tuple[str, ...]:
+    """The distinct nouns, adjectives and verbs, in a fixed shuffled order (cwe's source)."""
+    words = sorted(set(nouns()) | set(adjectives()) | set(verbs()))
+    random.Random("ruler-cwe-words").shuffle(words)
+    return tuple(words)
+
+
+@cache
+def digest() -> str:
+    """Of the three lists, as read: records made with other word lists are not reused."""
+    h = hashlib.sha256()
+    for words in (nouns(), adjectives(), verbs()):
+        h.update("\n".join(words).encode() + b"\0")
+    return h.hexdigest()[:16]

@@ -14,9 +14,10 @@ from . import base
 
 @dataclass(kw_only=True)
 class RulerOptions(base.TextOptions):
-    """RULER's synthetic tasks; ``data`` is the essay haystack (niah_multivalue, niah_multiquery)."""
+    """RULER's synthetic tasks; ``data`` is the essay haystack (niah_single_2/3, niah_multikey_1, niah_multivalue,
+    niah_multiquery)."""
 
-    lengths: list[Any] = option(help="prompt lengths in tokens")
+    lengths: list[Any] = option(help="lengths in tokens; as RULER's, each holds the prompt and the tokens to generate")
     tasks: list[str] | None = option(
         None,
         help="RULER tasks: niah_single_1/2/3, niah_multikey_1/2/3, niah_multivalue, niah_multiquery, vt, cwe, fwe "
@@ -25,6 +26,9 @@ class RulerOptions(base.TextOptions):
     samples: int = option(10, help="prompts per task and length")
     seed: int = option(0, help="seed")
     max_new_tokens: int | None = option(None, help="tokens generated (default: RULER's per task)")
+    chat_template: bool = option(
+        True, help="wrap prompts in the tokenizer's chat template when it has one, as RULER does for instruct models"
+    )
     sliding_window: SlidingWindowMode = option("auto", help=base.WINDOW_HELP)
 
     def __post_init__(self):
@@ -42,68 +46,146 @@ def run(model, tokenizer, options: RulerOptions, context: base.Context) -> list[
     return ruler(model, tokenizer, haystack=context.texts, **base.harness_options(options), **context.common()).records
 
 
-def summarize(records: list[dict]) -> dict[str, list[dict]]:
-    """Per (run, RULER task, length) the mean score, and per (run, length) the average over the tasks."""
-    from ..report import label_of, proportion
+def _reference(records: list[dict], lengths: list[int]) -> int:
+    """The length the relative effective length is measured from: the model's original context when the run
+    records one (a scaled model) and it was measured, else the shortest length measured."""
+    original = {r.get("original_length") for r in records} - {None}
+    if len(original) == 1 and (n := original.pop()) in lengths:
+        return n
+    return min(lengths)
 
-    scores: dict = defaultdict(list)
+
+def summarize(records: list[dict]) -> dict[str, list[dict]]:
+    """Per (run, RULER task, length): the mean score with its Wilson interval, RULER's score (percent, rounded to
+    2 decimals) and the empty answers; per (run, length): the average of RULER's task scores and how many tasks
+    it is over; per run: the effective lengths (``effective.effective_lengths``, RULER's threshold, and 90% of
+    the score at the original context or the shortest length)."""
+    from ..effective import effective_lengths
+    from ..report import label_of, proportion
+    from ..ruler import RULER_TASKS, tables
+
+    runs: dict[str, list[dict]] = defaultdict(list)
     for r in records:
-        scores[(label_of(r), r["ruler_task"], r["length"])].append(float(r["score"]))
-    rows, means = [], defaultdict(list)
-    for (label, name, length), xs in scores.items():
-        cell = proportion(xs)
-        rows.append({"label": label, "task": name, "length": length, **cell, "samples": cell["trials"]})
-        means[(label, length)].append(sum(xs) / len(xs))
-    for (label, length), accs in means.items():
-        rows.append(
-            {"label": label, "task": "average", "length": length, "accuracy": sum(accs) / len(accs), "tasks": len(accs)}
-        )
-    return {"ruler": rows}
+        runs[label_of(r)].append(r)
+    rows, effective = [], []
+    for label, mine in runs.items():
+        t = tables(mine)
+        for name, by in t["accuracy"].items():
+            for length in by:
+                xs = [float(r["score"]) for r in mine if r["ruler_task"] == name and r["length"] == length]
+                cell = proportion(xs)
+                rows.append(
+                    {
+                        "label": label,
+                        "task": name,
+                        "length": length,
+                        **cell,
+                        "samples": cell["trials"],
+                        "score": t["scores"][name][length],
+                        "empty": t["empty"][name][length],
+                    }
+                )
+        for length, avg in t["average"].items():
+            rows.append(
+                {
+                    "label": label,
+                    "task": "average",
+                    "length": length,
+                    "score": avg,
+                    "accuracy": avg / 100,
+                    "tasks": t["tasks"],
+                    "ruler_tasks": RULER_TASKS,
+                }
+            )
+        if t["average"]:
+            eff = effective_lengths(t["average"], reference_length=_reference(mine, sorted(t["average"])))
+            effective.append({"label": label, **eff.as_dict(), "tasks": t["tasks"]})
+    return {"ruler": rows, "ruler_effective": effective}
+
+
+def _cell(r: dict | None, average: bool) -> str:
+    if r is None:
+        return ""
+    if average:
+        return f"**{r['score']:.2f}**"
+    empty = f"; {r['empty']} empty" if r.get("empty") else ""
+    if "score" not in r:  # a summary written before RULER's rounding was reported
+        return f"{100 * r['accuracy']:.1f}"
+    return f"{r['score']:.2f} (n={r['trials']}; {100 * r['low']:.0f}-{100 * r['high']:.0f}{empty})"
+
+
+def _effective_lines(eff: dict) -> list[str]:
+    from ..report import length_name
+
+    def name(n):
+        return length_name(n) if n is not None else "none (no length reaches it)"
+
+    return [
+        (
+            f"Effective length (RULER's rule: the longest length whose average is >= {eff['threshold']:g}, RULER's "
+            f"threshold, Llama-2-7B's 13-task average at 4k; this average is over {eff['tasks']} tasks): "
+            f"**{name(eff['length'])}**."
+        ),
+        "",
+        (
+            f"Relative effective length (the longest length keeping >= {100 * eff['keep']:g}% of the average at "
+            f"{length_name(eff['reference_length'])}, {eff['reference_score']:.2f}): **{name(eff['relative_length'])}**."
+        ),
+        "",
+    ]
 
 
 def render(summary: dict) -> list[str]:
-    """Per run, a task x length table of RULER accuracy (string_match_all, %) with the average over tasks;
-    with several runs first the averages side by side."""
+    """Per run, a task x length table of RULER's scores (string_match_all, percent rounded to 2 decimals as
+    RULER) with the average labelled with its task count and the effective lengths; with several runs first the
+    averages side by side."""
     from ..report import labels_of, length_name
+    from ..ruler import average_label
 
     rows = summary.get("ruler")
     if not rows:
         return []
-    lines = ["## RULER synthetic tasks (string_match_all accuracy)", ""]
+    effective = {e["label"]: e for e in summary.get("ruler_effective", [])}
+    lines = ["## RULER synthetic tasks (string_match_all, %)", ""]
     lengths = sorted({r["length"] for r in rows})
     labels = labels_of(rows)
-    if len(labels) > 1:
-        mean = {(r["label"], r["length"]): r["accuracy"] for r in rows if r["task"] == "average"}
+    averages = [r for r in rows if r["task"] == "average"]
+    counts = sorted({r["tasks"] for r in averages})
+    if len(labels) > 1 and averages:
+        mean = {(r["label"], r["length"]): r for r in averages}
         lines += [
-            "Average over tasks:",
+            f"Average ({' / '.join(average_label(c) for c in counts)}; not comparable to RULER's published averages):",
             "",
             "| length | " + " | ".join(labels) + " |",
             "|---:|" + "---:|" * len(labels),
         ]
         for n in lengths:
-            cells = [f"{100 * mean[(lb, n)]:.1f}" if (lb, n) in mean else "" for lb in labels]
+            cells = [_cell(mean.get((lb, n)), True) for lb in labels]
             lines.append(f"| {length_name(n)} | " + " | ".join(cells) + " |")
         lines.append("")
     for label in labels:
         mine = [r for r in rows if r["label"] == label]
         table = {(r["task"], r["length"]): r for r in mine}
         names = [t for t in dict.fromkeys(r["task"] for r in mine) if t != "average"]
-        lines += [f"### {label}", "", "Each cell: mean score (samples; 95% Wilson interval, %).", ""]
+        count = next((r["tasks"] for r in mine if r["task"] == "average"), len(names))
+        lines += [
+            f"### {label}",
+            "",
+            (
+                "Each cell: RULER's score, the mean sample score in % rounded to 2 decimals (samples; 95% Wilson "
+                "interval, %; answers left empty). The length holds the prompt and the tokens to generate, as RULER's."
+            ),
+            "",
+        ]
         lines += ["| task | " + " | ".join(length_name(n) for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
-        for name in [*names, "average"]:
-            cells = []
-            for n in lengths:
-                r = table.get((name, n))
-                if r and name == "average":
-                    note = f" ({r['tasks']} tasks)" if r["tasks"] != len(names) else ""
-                elif r and "low" in r:
-                    note = f" (n={r['trials']}; {100 * r['low']:.0f}-{100 * r['high']:.0f})"
-                else:
-                    note = ""
-                cells.append(f"{100 * r['accuracy']:.1f}{note}" if r else "")
-            shown = f"**{name}**" if name == "average" else name
-            lines.append(f"| {shown} | " + " | ".join(cells) + " |")
+        for name in names:
+            lines.append(f"| {name} | " + " | ".join(_cell(table.get((name, n)), False) for n in lengths) + " |")
+        if any(r["task"] == "average" for r in mine):
+            cells = [_cell(table.get(("average", n)), True) for n in lengths]
+            lines.append(f"| **{average_label(count)}** | " + " | ".join(cells) + " |")
         lines.append("")
+        if label in effective:
+            lines += _effective_lines(effective[label])
     return lines
 
 
