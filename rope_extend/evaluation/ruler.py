@@ -22,24 +22,27 @@ task                    what the prompt holds
 ======================  =========================================================================
 
 The needle is RULER's ``One of the special magic {numbers} for {key} is: {value}.``; keys are
-``adjective-noun`` words, 7-digit numbers or UUIDs, as RULER draws them; needles go at depths drawn from 40
-evenly spaced ones (essay) or at random lines (noise, needles). With one key and one value the template is
-put in the singular, as RULER does. The prompt ends with the task's answer prefix (RULER's ``base`` model
-template: no chat markup), and greedy decoding continues it for RULER's ``tokens_to_generate`` (niah 128,
-vt 30, cwe 120, fwe 50).
+``adjective-noun`` words (RULER's wonderwords pairs, ``ruler_words``), 7-digit numbers or UUIDs, as RULER draws
+them; needles go at depths drawn from 40 evenly spaced ones (essay) or at random lines (noise, needles). With one
+key and one value the template is put in the singular, as RULER does. The prompt ends with the task's answer
+prefix; with the tokenizer's chat template (``PromptFormat``; RULER wraps instruct models' prompts in theirs) the
+task is the user's turn and the prefix opens the assistant's, else it is RULER's ``base`` template.
 
-**Length.** A prompt is built to exactly ``length`` tokens of the model's tokenizer: the number of haystack
-units (sentences, needles, words) is the largest that fits (found by doubling then bisection on the
-tokenized prompt, as RULER's binary search), and the few tokens still missing are filled with the task's
-neutral filler (the noise sentence, the essay's next words, or fwe's dots) right after the context. RULER
-counts the generated tokens into its ``max_seq_length``; here the length is the prompt's, as for passkey.
-cwe uses RULER's short-context counts (common words 6 times, others once; the example 3 and 1) below 4096
-tokens and 30 / 3 from 4096 on; fwe's coded vocabulary has ``length // 50`` words. vt's worked example is
-built to 500 tokens (RULER's) or a quarter of the length when that is shorter.
+**Length, as RULER counts it.** A length holds the prompt and the task's tokens to generate (RULER's
+``tokens_to_generate``: niah 128, vt 30, cwe 120, fwe 50): the number of haystack units (sentences, needles,
+words) is the largest whose whole prompt fits in ``length - tokens_to_generate`` (doubling then bisection, as
+RULER's binary search); fwe grows by RULER's own step of budget // 32 words. Each sample is fitted on its own
+(RULER sizes once per task and length, then drops a whole step from a sample that overflows). cwe uses RULER's
+short-context counts (common words 6 times, others once; the example 3 and 1) below 4096 tokens and 30 / 3 from
+4096 on, from RULER's 8,166 wonderwords words (a length needing more is refused); fwe's coded vocabulary has
+``(length - 50) // 50`` words. vt's worked example is built to 500 tokens (RULER's) or a quarter of the length
+when that is shorter.
 
-**Scoring.** RULER's ``string_match_all``: the share of the expected strings found (case-insensitive) in
-the output, control characters turned into newlines and the output stripped. A task's accuracy at a length
-is the mean over samples; the average is the mean over tasks.
+**Scoring.** RULER's ``string_match_all`` (the share of the expected strings found, case-insensitive, in the
+output with control characters turned into newlines and stripped) for every task here; ``string_match_part``
+(any one found) is RULER's qa metric. A task's score at a length is RULER's: the mean in percent rounded to 2
+decimals; empty answers are counted; the average is over the tasks measured (11 at most; RULER's is over 13, so
+the two are never comparable).
 
 **Haystack.** The essay tasks read the texts given (``haystack``; by default the bundled held-out corpus),
 joined into one run of words as RULER joins Paul Graham's essays. A length the words cannot fill is an

@@ -1,3 +1,4 @@
+import copy
 import importlib
 import json
 import re
@@ -249,3 +250,65 @@ def test_suite_key_ruler(tmp_path, monkeypatch, tok, model):
     assert (tmp_path / "s" / "ruler_heatmap_yarn_x2.png").is_file()
     with pytest.raises(RopeExtendError, match="unknown RULER task 'niah'"):
         parse_suite({**raw, "ruler": {"lengths": [256], "tasks": ["niah"]}})
+
+
+CHAT = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def test_chat_template_wraps_the_task_and_counts_into_the_length(tok, essay):
+    chat = copy.deepcopy(tok)
+    chat.chat_template = CHAT
+    hay = R.Haystack(essay)
+    base = R.build_prompt(tok, "cwe", 1536, haystack=hay)
+    wrapped = R.build_prompt(chat, "cwe", 1536, haystack=hay)
+    assert base.answers == wrapped.answers and len(wrapped) <= wrapped.budget  # the markup is inside the budget
+    text = chat.decode(wrapped.input_ids)
+    # the worked example is an earlier turn; the answer prefix opens the assistant's turn, as RULER's templates
+    assert text.startswith("<|user|>Below is a numbered list") and text.count("<|assistant|>") == 2
+    assert text.endswith("<|end|><|assistant|>" + R.CWE_PREFIX)
+    assert "<|assistant|>Answer: The top 10 words" in text
+    assert R.build_prompt(chat, "cwe", 1536, haystack=hay, chat_template=False) == base  # the switch
+    assert R.PromptFormat(chat).setting().startswith("chat:") and R.PromptFormat(tok).setting() == "base"
+    with pytest.raises(RopeExtendError, match="chat_template must be true or false, got 'yes'"):
+        R.PromptFormat(chat, "yes")
+
+
+def test_scoring_edge_cases_as_rulers_metrics():
+    assert R.string_match_part("it is 42", ["41", "42"]) == 1.0 and R.string_match_part("none", ["a1", "b2"]) == 0.0
+    assert R.string_match_part("ABC", ["abc"]) == 1.0 and R.string_match_all("x 41", ["41", "42"]) == 0.5
+    assert dict.fromkeys(R.TASKS, "all") == R.METRIC  # string_match_part is RULER's qa metric only
+    assert R.is_empty(" \n\t\x00 ") and not R.is_empty(" 0")
+    assert R.task_score([1.0, 0.0, 0.0]) == 33.33 and R.task_score([2 / 3]) == 66.67  # RULER's round(x, 2)
+    with pytest.raises(RopeExtendError, match="string_match_part needs at least one expected string"):
+        R.string_match_part("x", [])
+    records = [
+        {"ruler_task": "vt", "length": 512, "score": s, "output": o}
+        for s, o in [(1.0, " A B"), (0.0, "  "), (0.0, "\x00")]
+    ] + [
+        {"ruler_task": "fwe", "length": 512, "score": 0.5, "output": "x"},
+        {"ruler_task": "fwe", "length": 1024, "score": 1.0, "output": "y"},
+    ]
+    t = R.tables(records)
+    assert t["empty"] == {"vt": {512: 2}, "fwe": {512: 0, 1024: 0}} and t["scores"]["vt"] == {512: 33.33}
+    assert t["average"] == {
+        512: round((33.33 + 50) / 2, 2)
+    }  # the mean of the rounded scores, rounded; 1024 lacks vt: no average there
+    assert R.average_label(11) == "avg over 11 tasks; RULER's is over 13"
+    text = markdown(summarize([dict(r, task="ruler", method="none") for r in records]))
+    assert "| vt | 33.33 (n=3; 6-79; 2 empty) |" in text
+    assert "Effective length (RULER's rule" in text and "**none (no length reaches it)**" in text
+
+
+def test_word_lists_are_rulers():
+    from rope_extend.evaluation import ruler_words as W
+
+    assert (len(W.nouns()), len(W.adjectives()), len(W.verbs()), len(W.common_words())) == (6782, 910, 1041, 8166)
+    hyphenated = [(a, n) for a in W.adjectives() for n in W.nouns() if "-" in a or "-" in n]
+    distinct = len(W.adjectives()) * len(W.nouns()) - sum(1 - 1 / W.splits(f"{a}-{n}") for a, n in hyphenated)
+    assert round(distinct) == 6_171_620  # RULER's sorted(set(adjective-noun pairs))
+    rng = __import__("random").Random(0)
+    keys = [W.draw_key(rng) for _ in range(200)]
+    assert all(W.splits(k) >= 1 for k in keys) and len(set(keys)) == 200

@@ -184,3 +184,40 @@ def test_unreadable_paths(tmp_path, capsys):
         capsys.readouterr()
         assert main(["audit", str(path)]) == 2
         assert message in capsys.readouterr().err
+
+
+def with_rope(base, tmp_path, name, rope):
+    config = json.loads((base / "config.json").read_text())
+    config["rope_parameters"] = {"rope_theta": 10000.0, **rope}
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_vllm_dynamic_is_plain_rope(base, tmp_path, capsys):
+    """vLLM 0.33.0's dynamic without max_trained_positions is plain RoPE in a table of N rows, served to factor x N
+    (its get_rope, tests/export/test_audit_engines.py): a mismatch; SGLang's static NTK at factor x N is equal."""
+    folder = with_rope(base, tmp_path, "d", {"rope_type": "dynamic", "factor": 2.0})
+    code, text = run(capsys, folder, "--engine", "vllm")
+    assert code == 1 and "frequencies differ" in text and "vLLM's dynamic is plain RoPE" in text, text
+    assert "positions past 256 have no rotary entries" in text, text
+    code, text = run(capsys, folder, "--engine", "sglang")
+    assert code == 0 and "dynamic made static at 512 tokens" in text, text
+
+
+def test_engines_ignore_a_longrope_attention_factor(base, tmp_path, capsys):
+    """vLLM and SGLang read short_mscale / long_mscale only: a longrope dict's attention_factor (transformers') is
+    not their scale; rope-extend's own engine exports write the mscales and pass (test_own_exports_pass)."""
+    folder = with_rope(base, tmp_path, "l", {"rope_type": "longrope", "attention_factor": 1.5, **LONG})
+    for engine in ("vllm", "sglang"):
+        code, text = run(capsys, folder, "--engine", engine, "--length", 200)
+        assert code == 1 and "cos/sin scale 1 vs 1.5" in text and "ignores a longrope attention_factor 1.5" in text
+
+
+def test_integer_linear_factor_is_refused(base, tmp_path, capsys):
+    folder = with_rope(base, tmp_path, "i", {"rope_type": "linear", "factor": 2})
+    capsys.readouterr()
+    assert main(["audit", str(folder), "--engine", "vllm"]) == 2
+    assert "factor 2 is an integer" in capsys.readouterr().err
+    assert run(capsys, folder)[0] == 0  # transformers itself takes it
