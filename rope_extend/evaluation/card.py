@@ -43,6 +43,7 @@ from ..io import write_json, write_text, writing
 from ..loading import load_model, load_tokenizer
 from ..patch import patch, patched, unpatch
 from .card_options import CardOptions
+from .data import default_texts
 from .engines import LlamaCppModel
 from .passkey import passkey
 from .perplexity import perplexity
@@ -71,8 +72,9 @@ class Backend:
 
 
 def default_lengths(original: int, target: int) -> list[int]:
-    """``L/2, L, 2L, 4L, ...`` up to ``target`` (``target`` itself when it is not a doubling of ``L``)."""
-    lengths, n = [original // 2, original], original
+    """``L/2`` (when ``L >= 2048``: RULER's answer budget, up to 128 tokens, leaves a prompt), ``L``, then ``2L, 4L,
+    ...`` up to ``target`` (``target`` itself when it is not a doubling of ``L``)."""
+    lengths, n = ([original // 2] if original >= 2048 else []) + [original], original
     while n * 2 <= target:
         n *= 2
         lengths.append(n)
@@ -94,6 +96,7 @@ def measure(model, tokenizer, name: str, lengths: list[int], texts, options: Car
         lengths,
         tasks=options.tasks,
         samples=options.samples,
+        max_new_tokens=options.answer_tokens,
         seed=options.seed,
         chat_template=options.chat_template,
         threshold=options.threshold,
@@ -149,10 +152,11 @@ def _plan(model, tok, model_name: str, options: CardOptions):
     lengths = options.lengths or default_lengths(L, scaling.target_length)
     if not any(n <= L for n in lengths):
         raise RopeExtendError(f"retention needs a length inside L={L}; got lengths {lengths}")
-    texts = [t for t in read_documents(options.text) if len(tok(t)["input_ids"]) >= max(lengths)]
+    source = default_texts() if options.text is None else read_documents(options.text)
+    texts = [t for t in source if len(tok(t)["input_ids"]) >= max(lengths)]
     if not texts:
         raise RopeExtendError(
-            f"no text of {options.text!r} reaches {max(lengths)} tokens: pass --text with longer ones"
+            f"no text of {options.text or 'the bundled corpus'!r} reaches {max(lengths)} tokens: pass --text with longer ones"
         )
     return scaling, lengths, texts
 
@@ -173,6 +177,10 @@ def card(
     ``model_name`` unpatched). Returns the card as a dict (what ``card.json`` holds)."""
     options = options or CardOptions()
     out = Path(out)
+    if (out / "records.jsonl").exists() and not resume:
+        raise RopeExtendError(
+            f"{out} already holds a card's records: pass resume=True (--resume) to continue it, or give another folder"
+        )
     out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     model, tok = _load(model_name, dtype)
@@ -181,7 +189,8 @@ def card(
     scaling, lengths, texts = _plan(model, tok, model_name, options)
     L = scaling.original_max_position_embeddings
     label = scaling.describe()
-    where = {"records": out / "records.jsonl", "resume": resume, "reference": L}
+    # every harness appends to one records file: what this card measured earlier is reused, nothing twice
+    where = {"records": out / "records.jsonl", "resume": True, "reference": L}
     backends: dict[str, Backend] = {}
     backends["transformers"], patched_records = measure(model, tok, label, lengths, texts, options, where)
     served: dict[str, Any] | None = None
@@ -198,7 +207,7 @@ def card(
         model = _load(original or model_name, dtype)[0]
     inside = [n for n in lengths if n <= L]
     backends["original"], original_records = measure(model, tok, "original", inside, texts, options, where)
-    kept = retention_from_records(original_records, [r for r in patched_records if r["length"] <= L], within=L)
+    kept = retention(original_records, [r for r in patched_records if r["length"] <= L], L)
     result = {
         "model": model_name,
         "original": original or model_name,
@@ -208,7 +217,7 @@ def card(
         "lengths": lengths,
         "options": asdict(options),
         "backends": {k: asdict(v) for k, v in backends.items()},
-        "retention": {k: v.as_dict() for k, v in kept.items()},
+        "retention": kept,
         "served": served,
         "agreement": (
             agreement(backends["transformers"], backends["llama.cpp"], options.trials)
@@ -223,6 +232,19 @@ def card(
     write_text(out / "card.md", markdown(result))
     figure(result, out / "card.png")
     return result
+
+
+def retention(original: list[dict], patched: list[dict], within: int) -> dict[str, dict[str, Any]]:
+    """``retention_from_records`` per measurement; one the original never scores on has no ratio: it is kept
+    with the reason (``{"undefined": ...}``) instead of failing the card."""
+    out: dict[str, dict[str, Any]] = {}
+    for task in sorted({r["task"] for r in original}):
+        mine = [r for r in original if r["task"] == task], [r for r in patched if r["task"] == task]
+        try:
+            out.update({k: v.as_dict() for k, v in retention_from_records(*mine, within=within).items()})
+        except RopeExtendError as exc:
+            out[task] = {"undefined": str(exc)}
+    return out
 
 
 def _served(model, tok, label, lengths, texts, options, where, scaling) -> dict[str, Any]:
@@ -253,7 +275,8 @@ def markdown(card: dict[str, Any]) -> str:
     """The model-card block: one table by length (each backend), effective lengths, retention, agreement."""
     b = card["backends"]
     names = [n for n in ("original", "transformers", "llama.cpp") if n in b]
-    head = ["length"] + [f"{what} ({n})" for n in names for what in ("RULER", "passkey", "ppl")]
+    shown = {"original": "original", "transformers": "patched", "llama.cpp": "served in llama.cpp"}
+    head = ["length"] + [f"{what} ({shown[n]})" for n in names for what in ("RULER", "passkey", "ppl")]
     lines = [
         f"### Long context: {card['model']}, {card['scaling']}",
         "",
@@ -291,7 +314,10 @@ def markdown(card: dict[str, Any]) -> str:
         "|---|---|---|---|",
     ]
     for k, v in card["retention"].items():
-        lines.append(f"| {k} | {v['ratio']:.3f} | {v['low']:.3f}-{v['high']:.3f} | {v['examples']} |")
+        if "undefined" in v:
+            lines.append(f"| {k} | undefined: {v['undefined']} | - | - |")
+        else:
+            lines.append(f"| {k} | {v['ratio']:.3f} | {v['low']:.3f}-{v['high']:.3f} | {v['examples']} |")
     served = card.get("served")
     if served and "engine" in served:
         a = card["agreement"]

@@ -16,13 +16,19 @@ class CardOptions:
     """What the card measures (the ``card`` command's options and ``card(options=...)``)."""
 
     lengths: list[Any] | None = option(
-        None, help="lengths in tokens, e.g. [4k, 8k, 16k] (default: L/2, L and doublings of L up to the target)"
+        None,
+        help="lengths in tokens, e.g. [4k, 8k, 16k] (default: L/2 when L >= 2048, L, and doublings of L up to the target)",
     )
     samples: int = option(5, help="RULER samples per task and length")
     tasks: list[str] | None = option(None, help="RULER tasks (default: all of them)")
+    answer_tokens: int | None = option(
+        None, help="RULER's tokens to generate, for every task (default: RULER's budget per task, up to 128)"
+    )
     trials: int = option(10, help="passkey trials per length")
     docs: int = option(1, help="perplexity documents (each at least the longest length)")
-    text: str = option("canterbury", help="the texts perplexity reads (the document reader's source)")
+    text: str | None = option(
+        None, help="the texts perplexity reads: a file, folder or canterbury (default: the bundled held-out corpus)"
+    )
     chat_template: bool = option(True, help="RULER prompts in the tokenizer's chat template when it has one")
     threshold: float = option(RULER_THRESHOLD, help="RULER's effective-length bar, percent")
     keep: float = option(KEEP, help="the share of the score at L a length must keep (relative effective length)")
