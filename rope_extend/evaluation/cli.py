@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..arguments import add_folder_arguments, add_method_arguments, scaling_from_args
 from ..schema import add_arguments
+from .card_options import CardOptions
 from .tasks.base import tasks
 
 
@@ -155,6 +156,32 @@ def _cmd_spectrum(args) -> int:
     return 0
 
 
+def _cmd_card(args) -> int:
+    """``rope-extend card MODEL``: options and scaling checked, the folder claimed, then the card measured."""
+    from .. import schema
+    from ..io import claim_output_dir
+    from .card import OWNED, card
+
+    options = schema.build(CardOptions, schema.arguments_data(args, CardOptions), where="the command line")
+    spec = scaling_from_args(args)
+    claim_output_dir(args.out, kind="card", owned=OWNED.__contains__, resume=args.resume, overwrite=args.overwrite)
+    result = card(
+        args.model,
+        args.out,
+        method=spec.method,
+        scaling_kwargs=spec.patch_kwargs(),
+        original=args.original,
+        options=options,
+        resume=args.resume,
+        dtype=args.dtype,
+    )
+    if args.json:
+        print(json.dumps({"out": args.out, "card": result}, default=str))
+    else:
+        print((Path(args.out) / "card.md").read_text(encoding="utf-8").rstrip())
+    return 0
+
+
 def register(subparsers) -> None:
     ev = subparsers.add_parser("eval", help="long-context evaluation: passkey, needle, RULER, perplexity, compare")
     sub = ev.add_subparsers(dest="eval_command", required=True, metavar="TASK")
@@ -178,6 +205,21 @@ def register(subparsers) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false")
     _json_argument(p)
     p.set_defaults(func=_cmd_compare)
+
+    p = subparsers.add_parser(
+        "card",
+        help="one context-extension claim measured as it is judged (RULER by length, effective length, retention, "
+        "passkey, perplexity; on the served GGUF too) and written as a model-card block",
+    )
+    p.add_argument("model", help="saved model folder or a name rope-extend knows (bundled, smollm2-135m)")
+    add_method_arguments(p)
+    p.add_argument("--original", help="the model retention is measured against (default: MODEL unpatched)")
+    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
+    p.add_argument("--out", required=True, help="output folder (records.jsonl, card.md, card.json, card.png)")
+    add_folder_arguments(p, "card")
+    add_arguments(p, CardOptions)
+    _json_argument(p)
+    p.set_defaults(func=_cmd_card)
 
     pl = subparsers.add_parser("plot", help="pictures: the rotary spectrum of each method")
     psub = pl.add_subparsers(dest="plot_command", required=True, metavar="PLOT")

@@ -28,7 +28,7 @@ SLACK = 1e-9
 @dataclass(frozen=True)
 class EffectiveLength:
     """``length``: the longest length with a score >= ``threshold`` (percent); ``relative_length``: the longest
-    with a score >= ``keep`` x ``reference_score``, the score at ``reference_length``."""
+    with a score >= ``keep`` x ``reference_score``, the score at ``reference_length`` (None when that score is 0)."""
 
     threshold: float
     length: int | None
@@ -93,5 +93,6 @@ def effective_lengths(
         reference_length=ref,
         reference_score=float(scores[ref]),
         keep=float(keep),
-        relative_length=effective_length(scores, keep * scores[ref]),
+        # a model that scores nothing at its own context keeps "all" of nothing at every length: no relative length
+        relative_length=effective_length(scores, keep * scores[ref]) if scores[ref] > 0 else None,
     )

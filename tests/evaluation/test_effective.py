@@ -36,9 +36,13 @@ def test_effective_length_is_the_longest_length_at_or_above(table, threshold):
 @settings(max_examples=200, deadline=None)
 @given(scores, st.floats(0.01, 1))
 def test_relative_length_keeps_the_share_of_the_reference(table, keep):
+    """(A score of 0 at the reference gives no relative length: every length would keep "all" of nothing.)"""
     ref = min(table)
     e = effective_lengths(table, keep=keep)
     assert e.reference_length == ref and e.reference_score == table[ref]
+    if table[ref] <= 0:  # nothing to keep a share of
+        assert e.relative_length is None
+        return
     assert e.relative_length == effective_length(table, keep * table[ref])
     assert e.relative_length is not None and e.relative_length >= ref  # the reference keeps all of itself
     assert e.as_dict()["keep"] == keep
@@ -55,3 +59,8 @@ def test_bad_input_names_the_parameter():
         effective_length({4096: float("inf")})
     with pytest.raises(RopeExtendError, match="needs scores at one length"):
         effective_length({})
+
+
+def test_no_relative_length_when_the_reference_scores_zero():
+    e = effective_lengths({256: 0.0, 512: 0.0, 1024: 10.0}, reference_length=256)
+    assert e.relative_length is None and e.length is None

@@ -1,0 +1,358 @@
+"""``rope-extend card``: one context-extension claim, measured the way it is judged, as a model-card block.
+
+    rope-extend card smollm2-135m --method yarn --factor 4 --out card-yarn
+    rope-extend card ./finetuned --original smollm2-135m --out card-ft      # a fine-tune, against its base
+
+What it measures, with the same prompts everywhere (every prompt is built from ``(seed, task, length, trial)``
+and the tokenizer, so two backends or two models answer the same questions):
+
+- **RULER** (``evaluation.ruler``: RULER's length accounting and chat template) at each length, its average over
+  the tasks run (labelled with their count) and both **effective lengths** (``evaluation.effective``: RULER's
+  threshold, and the share kept of the model's own score at L);
+- **passkey** accuracy by length, with Wilson intervals, and **perplexity** by length;
+- **retention** inside L (``evaluation.retention``): the same RULER samples, passkey trials and documents for the
+  original model (the unpatched model, or ``--original``) and the patched or fine-tuned one, as a ratio with a
+  paired bootstrap interval;
+- **the served artifact**: when the method exports to GGUF exactly (``export.routes``), the exported file is
+  measured in llama.cpp (``evaluation.engines``) at every length, and the card says whether the backends agree
+  within ``AGREE``: perplexity within 0.1% relative, retrieval scores within one trial's share per length.
+
+Everything goes through the evaluation runner into ``OUT/records.jsonl``; ``--resume`` reuses a record only when
+model (its digest: weights and config, or the GGUF's SHA-256), tokenizer, data and settings match. The card
+(``card.md``, ``card.json``) and one figure (``card.png``) are written when complete, under temporary names.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..documents import read_documents
+from ..errors import RopeExtendError
+from ..export import export, routes
+from ..hf.config import rotary_geometry, text_config
+from ..io import write_json, write_text, writing
+from ..loading import load_model, load_tokenizer
+from ..patch import patch, patched, unpatch
+from .card_options import CardOptions
+from .data import default_texts
+from .engines import LlamaCppModel
+from .passkey import passkey
+from .perplexity import perplexity
+from .records import RecordLog
+from .records import _config_scaling as configured
+from .report import _pyplot, wilson
+from .retention import retention_from_records
+from .ruler import ruler
+
+AGREE = {"perplexity": 1e-3}  # relative; retrieval: within 1 / trials (one answer) per length
+OWNED = {"records.jsonl", "card.md", "card.json", "card.png"}
+
+
+@dataclass
+class Backend:
+    """One model measured: RULER averages, passkey accuracy and perplexity by length."""
+
+    name: str
+    ruler: dict[int, float] = field(default_factory=dict)
+    ruler_tasks: int = 0
+    passkey: dict[int, float] = field(default_factory=dict)
+    passkey_interval: dict[int, tuple[float, float]] = field(default_factory=dict)
+    perplexity: dict[int, float] = field(default_factory=dict)
+    effective: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+
+def default_lengths(original: int, target: int) -> list[int]:
+    """``L/2`` (when ``L >= 2048``: RULER's answer budget, up to 128 tokens, leaves a prompt), ``L``, then ``2L, 4L,
+    ...`` up to ``target`` (``target`` itself when it is not a doubling of ``L``)."""
+    lengths, n = ([original // 2] if original >= 2048 else []) + [original], original
+    while n * 2 <= target:
+        n *= 2
+        lengths.append(n)
+    if lengths[-1] < target:
+        lengths.append(target)
+    return lengths
+
+
+def measure(model, tokenizer, name: str, lengths: list[int], texts, options: CardOptions, where: dict[str, Any]):
+    """RULER, passkey and perplexity of ``model`` at ``lengths``. ``where``: ``records`` (the file records are
+    appended to), ``resume`` and ``reference`` (the length whose RULER score the relative effective length keeps,
+    L)."""
+
+    start = time.perf_counter()
+    common = {"records": where["records"], "resume": where["resume"], "progress": True, "run": {"label": name}}
+    r = ruler(
+        model,
+        tokenizer,
+        lengths,
+        tasks=options.tasks,
+        samples=options.samples,
+        max_new_tokens=options.answer_tokens,
+        seed=options.seed,
+        chat_template=options.chat_template,
+        threshold=options.threshold,
+        keep=options.keep,
+        reference_length=where["reference"] if where["reference"] in lengths else None,
+        **common,
+    )
+    p = passkey(model, tokenizer, lengths, trials=options.trials, seed=options.seed, **common)
+    ppl = perplexity(model, tokenizer, texts, lengths, max_docs=options.docs, **common)
+    out = Backend(name, dict(r.average), r.tasks, dict(p.accuracy_by_length))
+    out.passkey_interval = {n: wilson(a * options.trials, options.trials) for n, a in p.accuracy_by_length.items()}
+    out.perplexity = dict(ppl.perplexity)
+    out.effective = r.effective.as_dict() if r.effective is not None else None
+    out.seconds = round(time.perf_counter() - start, 1)
+    return out, r.records + p.records + ppl.records
+
+
+def agreement(a: Backend, b: Backend, trials: int) -> dict[str, Any]:
+    """Where two backends measured the same thing: the largest differences and whether they are within ``AGREE``."""
+    common = sorted(set(a.perplexity) & set(b.perplexity))
+    ppl = max((abs(a.perplexity[n] - b.perplexity[n]) / a.perplexity[n] for n in common), default=0.0)
+    pk = max((abs(a.passkey[n] - b.passkey[n]) for n in common), default=0.0)
+    ru = max((abs(a.ruler[n] - b.ruler[n]) / 100 for n in common if n in a.ruler and n in b.ruler), default=0.0)
+    one = 1 / trials + 1e-9
+    return {
+        "perplexity_rel_diff": ppl,
+        "passkey_abs_diff": pk,
+        "ruler_abs_diff": ru,
+        "agree": ppl <= AGREE["perplexity"] and pk <= one and ru <= one,
+    }
+
+
+def hardware() -> dict[str, Any]:
+    info = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def _load(name: str, dtype: str):
+    return load_model(name, dtype=dtype, attn_implementation="sdpa"), load_tokenizer(name)
+
+
+def _plan(model, tok, model_name: str, options: CardOptions):
+    """``(scaling, lengths, texts)``: the scaling the card measures and what it measures it on, all checked."""
+    scaling = patched(model) or configured(model)
+    if scaling is None:
+        raise RopeExtendError(
+            f"{model_name} is neither patched nor configured with a scaling: give --method (the card measures a "
+            "context extension)"
+        )
+    L = scaling.original_max_position_embeddings
+    lengths = options.lengths or default_lengths(L, scaling.target_length)
+    if not any(n <= L for n in lengths):
+        raise RopeExtendError(f"retention needs a length inside L={L}; got lengths {lengths}")
+    source = default_texts() if options.text is None else read_documents(options.text)
+    texts = [t for t in source if len(tok(t)["input_ids"]) >= max(lengths)]
+    if not texts:
+        raise RopeExtendError(
+            f"no text of {options.text or 'the bundled corpus'!r} reaches {max(lengths)} tokens: pass --text with longer ones"
+        )
+    return scaling, lengths, texts
+
+
+def card(
+    model_name: str,
+    out: str | os.PathLike,
+    *,
+    method: str = "none",
+    scaling_kwargs: dict[str, Any] | None = None,
+    original: str | None = None,
+    options: CardOptions | None = None,
+    resume: bool = False,
+    dtype: str = "float32",
+) -> dict[str, Any]:
+    """Measure the card of ``model_name`` patched with ``method`` (or as configured, ``method="none"``) and write
+    it into ``out`` (see the module docstring). ``original``: the model retention is measured against (default:
+    ``model_name`` unpatched). Returns the card as a dict (what ``card.json`` holds)."""
+    options = options or CardOptions()
+    out = Path(out)
+    if (out / "records.jsonl").exists() and not resume:
+        raise RopeExtendError(
+            f"{out} already holds a card's records: pass resume=True (--resume) to continue it, or give another folder"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    began = time.perf_counter()
+    model, tok = _load(model_name, dtype)
+    if method != "none":
+        patch(model, method, **(scaling_kwargs or {}))
+    scaling, lengths, texts = _plan(model, tok, model_name, options)
+    L = scaling.original_max_position_embeddings
+    label = scaling.describe()
+    # every harness appends to one records file: what this card measured earlier is reused, nothing twice
+    where = {"records": out / "records.jsonl", "resume": True, "reference": L}
+    backends: dict[str, Backend] = {}
+    backends["transformers"], patched_records = measure(model, tok, label, lengths, texts, options, where)
+    served: dict[str, Any] | None = None
+    decision = routes.decide(scaling, "gguf", *rotary_geometry(text_config(model.config)))
+    if options.engine and decision.status == routes.EXPORTED:
+        served = _served(model, tok, label, lengths, texts, options, where, scaling)
+        backends["llama.cpp"] = served.pop("backend")
+    elif options.engine:
+        served = {"skipped": decision.message(scaling.method.name, "gguf")}
+    # the original (unpatched, or --original) inside L: the same examples
+    if original is None and method != "none":
+        unpatch(model)
+    else:
+        model = _load(original or model_name, dtype)[0]
+    inside = [n for n in lengths if n <= L]
+    backends["original"], original_records = measure(model, tok, "original", inside, texts, options, where)
+    kept = retention(original_records, [r for r in patched_records if r["length"] <= L], L)
+    result = {
+        "model": model_name,
+        "original": original or model_name,
+        "scaling": label,
+        "original_length": L,
+        "target_length": scaling.target_length,
+        "lengths": lengths,
+        "options": asdict(options),
+        "backends": {k: asdict(v) for k, v in backends.items()},
+        "retention": kept,
+        "served": served,
+        "agreement": (
+            agreement(backends["transformers"], backends["llama.cpp"], options.trials)
+            if "llama.cpp" in backends
+            else None
+        ),
+        "seconds": round(time.perf_counter() - began, 1),
+        "hardware": hardware(),
+        "records": len(RecordLog(where["records"], resume=True).records),
+    }
+    write_json(out / "card.json", result)
+    write_text(out / "card.md", markdown(result))
+    figure(result, out / "card.png")
+    return result
+
+
+def retention(original: list[dict], patched: list[dict], within: int) -> dict[str, dict[str, Any]]:
+    """``retention_from_records`` per measurement; one the original never scores on has no ratio: it is kept
+    with the reason (``{"undefined": ...}``) instead of failing the card."""
+    out: dict[str, dict[str, Any]] = {}
+    for task in sorted({r["task"] for r in original}):
+        mine = [r for r in original if r["task"] == task], [r for r in patched if r["task"] == task]
+        try:
+            out.update({k: v.as_dict() for k, v in retention_from_records(*mine, within=within).items()})
+        except RopeExtendError as exc:
+            out[task] = {"undefined": str(exc)}
+    return out
+
+
+def _served(model, tok, label, lengths, texts, options, where, scaling) -> dict[str, Any]:
+    """The GGUF export of the patched model, measured in llama.cpp at every length (the file in a temporary
+    folder: records name its SHA-256, which is the same for the same model and export)."""
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result = export(model, "gguf", Path(tmp) / "served.gguf", tokenizer=tok)  # the patched model's scaling
+        n_ctx = max(lengths) + 256  # RULER's budgets are inside the length; passkey adds 10 tokens
+        with LlamaCppModel(
+            result.out,
+            n_ctx=n_ctx,
+            method=scaling.method.name,
+            factor=scaling.factor,
+            original_length=scaling.original_max_position_embeddings,
+        ) as served:
+            backend, _ = measure(served, tok, f"{label} (llama.cpp)", lengths, texts, options, where)
+            digest = served.digest
+    return {"engine": "llama.cpp", "how": result.how, "file_digest": digest, "backend": backend}
+
+
+# ----------------------------------------------------------------------------------------------- writing
+def _pct(x: float | None) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1f}"
+
+
+def markdown(card: dict[str, Any]) -> str:
+    """The model-card block: one table by length (each backend), effective lengths, retention, agreement."""
+    b = card["backends"]
+    names = [n for n in ("original", "transformers", "llama.cpp") if n in b]
+    shown = {"original": "original", "transformers": "patched", "llama.cpp": "served in llama.cpp"}
+    head = ["length"] + [f"{what} ({shown[n]})" for n in names for what in ("RULER", "passkey", "ppl")]
+    lines = [
+        f"### Long context: {card['model']}, {card['scaling']}",
+        "",
+        (
+            f"Trained context L = {card['original_length']}, target {card['target_length']}. RULER: average over "
+            f"{b['transformers']['ruler_tasks']} tasks ({card['options']['samples']} samples each; RULER's own average "
+            f"is over 13, so the numbers are not comparable with its tables); passkey: {card['options']['trials']} "
+            "trials (95% Wilson interval); perplexity: token-weighted."
+        ),
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for n in card["lengths"]:
+        row = [str(n)]
+        for name in names:
+            x = b[name]
+            lo_hi = x["passkey_interval"].get(str(n)) or x["passkey_interval"].get(n)
+            pk = x["passkey"].get(str(n), x["passkey"].get(n))
+            row += [
+                _pct(x["ruler"].get(str(n), x["ruler"].get(n))),
+                "-" if pk is None else f"{100 * pk:.0f}% ({100 * lo_hi[0]:.0f}-{100 * lo_hi[1]:.0f})",
+                "-" if (p := x["perplexity"].get(str(n), x["perplexity"].get(n))) is None else f"{p:.3f}",
+            ]
+        lines.append("| " + " | ".join(row) + " |")
+    eff = b["transformers"].get("effective") or {}
+    lines += [
+        "",
+        (
+            f"Effective length (RULER's rule, average >= {eff.get('threshold')}): {eff.get('length') or 'none'}; "
+            f"keeping {eff.get('keep')} of the score at {eff.get('reference_length')}: {eff.get('relative_length') or 'none'}."
+        ),
+        "",
+        "| retention inside L | ratio | 95% interval | examples |",
+        "|---|---|---|---|",
+    ]
+    for k, v in card["retention"].items():
+        if "undefined" in v:
+            lines.append(f"| {k} | undefined: {v['undefined']} | - | - |")
+        else:
+            lines.append(f"| {k} | {v['ratio']:.3f} | {v['low']:.3f}-{v['high']:.3f} | {v['examples']} |")
+    served = card.get("served")
+    if served and "engine" in served:
+        a = card["agreement"]
+        lines += [
+            "",
+            f"Served: the GGUF export ({served['how']}) in llama.cpp, the same prompts: perplexity within "
+            f"{100 * a['perplexity_rel_diff']:.3f}%, passkey within {100 * a['passkey_abs_diff']:.0f} points, RULER "
+            f"within {100 * a['ruler_abs_diff']:.1f} points of transformers: "
+            + ("agrees." if a["agree"] else "DOES NOT AGREE within the stated limits."),
+        ]
+    elif served:
+        lines += ["", f"Served: not measured ({served['skipped']})."]
+    hw = card["hardware"]
+    lines += ["", f"Measured in {card['seconds']:.0f} s on {hw.get('gpu') or hw['cpu']} ({hw['cores']} cores)."]
+    return "\n".join(lines) + "\n"
+
+
+def figure(card: dict[str, Any], path: Path) -> None:
+    """RULER average, passkey accuracy and perplexity by length, one line per backend."""
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    for name, x in card["backends"].items():
+        for ax, key, scale in ((axes[0], "ruler", 1), (axes[1], "passkey", 100), (axes[2], "perplexity", 1)):
+            pts = sorted((int(n), v * scale) for n, v in x[key].items())
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", label=name)
+    for ax, title in zip(axes, ("RULER average (%)", "passkey (%)", "perplexity"), strict=True):
+        ax.set_xscale("log", base=2)
+        ax.axvline(card["original_length"], color="grey", linestyle=":", linewidth=1)
+        ax.set_title(title)
+        ax.set_xlabel("tokens")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{card['model']}: {card['scaling']}", fontsize=10)
+    fig.tight_layout()
+    with writing(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)

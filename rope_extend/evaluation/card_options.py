@@ -1,0 +1,44 @@
+"""The ``card`` command's options (a module of its own: the command line builds them without loading torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import RopeExtendError
+from ..schema import option
+from .data import parse_lengths
+from .effective import KEEP, RULER_THRESHOLD
+
+
+@dataclass
+class CardOptions:
+    """What the card measures (the ``card`` command's options and ``card(options=...)``)."""
+
+    lengths: list[Any] | None = option(
+        None,
+        help="lengths in tokens, e.g. [4k, 8k, 16k] (default: L/2 when L >= 2048, L, and doublings of L up to the target)",
+    )
+    samples: int = option(5, help="RULER samples per task and length")
+    tasks: list[str] | None = option(None, help="RULER tasks (default: all of them)")
+    answer_tokens: int | None = option(
+        None, help="RULER's tokens to generate, for every task (default: RULER's budget per task, up to 128)"
+    )
+    trials: int = option(10, help="passkey trials per length")
+    docs: int = option(1, help="perplexity documents (each at least the longest length)")
+    text: str | None = option(
+        None, help="the texts perplexity reads: a file, folder or canterbury (default: the bundled held-out corpus)"
+    )
+    chat_template: bool = option(True, help="RULER prompts in the tokenizer's chat template when it has one")
+    threshold: float = option(RULER_THRESHOLD, help="RULER's effective-length bar, percent")
+    keep: float = option(KEEP, help="the share of the score at L a length must keep (relative effective length)")
+    engine: bool = option(True, help="also measure the GGUF export in llama.cpp when the method exports exactly")
+    seed: int = option(0, help="seed of every prompt")
+
+    def __post_init__(self):
+        for name in ("samples", "trials", "docs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise RopeExtendError(f"{name} must be a positive integer, got {value!r}")
+        if self.lengths is not None:
+            self.lengths = parse_lengths(self.lengths)
