@@ -14,16 +14,16 @@ import pytest
 
 import rope_extend
 from rope_extend.errors import RopeExtendError
-from rope_extend.export import export
 from rope_extend.evaluation import passkey, perplexity
 from rope_extend.evaluation.prompts import FILLER
+from rope_extend.export import export
 from tests.tiny import tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.engines
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("gguf")
 
-from rope_extend.evaluation.engines import LlamaCppModel  # noqa: E402 - after the skips
+from rope_extend.evaluation.engines import LlamaCppModel
 
 LENGTHS = [200, 480]  # inside and past L = 256 (yarn x2 reaches 512)
 
@@ -53,7 +53,7 @@ def test_passkey_outputs_are_the_same_strings(backends):
 
 
 def test_perplexity_agrees_within_1e_4(backends):
-    model, served, tok, folder = backends
+    model, served, tok, _folder = backends
     texts = [" ".join([FILLER] * 40)]
     a = perplexity(model, tok, texts, LENGTHS, stride=100, progress=False)
     b = perplexity(served, tok, texts, LENGTHS, stride=100, progress=False)
