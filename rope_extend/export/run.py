@@ -227,9 +227,12 @@ def _write_model(model, tokenizer, source, folder: Path) -> None:
             tokenizer.save_pretrained(folder)
 
 
-def _adaptive_updates(cfg, scaling, buckets, base) -> tuple[dict[str, Any], adaptive.Plan]:
+def _adaptive_updates(model, cfg, scaling, buckets, base) -> tuple[dict[str, Any], adaptive.Plan]:
     """The config keys of a folder served by rope-extend's vLLM plugin (``adaptive``, ``vllm_plugin``)."""
-    arch = adaptive.check_architecture(getattr(cfg, "architectures", None))
+    # a model built in memory has no architectures yet (save_pretrained writes its class name)
+    arch = adaptive.check_architecture(
+        getattr(cfg, "architectures", None) or ([type(model).__name__] if model is not None else None)
+    )
     own = config_scaling(cfg)
     if own is not None:
         raise UnsupportedModelError(
@@ -257,7 +260,7 @@ def _adaptive_updates(cfg, scaling, buckets, base) -> tuple[dict[str, Any], adap
 
 
 def _export_adaptive(model, tokenizer, source, cfg, scaling, buckets, base, out):
-    updates, plan = _adaptive_updates(cfg, scaling, buckets, base)
+    updates, plan = _adaptive_updates(model, cfg, scaling, buckets, base)
     factors = ", ".join(f"x{s:g}" for s in plan.factors[1:])
     how = (
         f"per request, from prompt + max_tokens: the model's own RoPE up to L={plan.original}, else yarn at the "

@@ -4,7 +4,7 @@ running this file again).
 
     python tests/export/vllm_run.py SPEC.json OUT.json
 
-SPEC: ``{"model": folder, "max_model_len": n, "prefix_caching": bool, "batches": [[request, ...], ...]}``, each
+SPEC: ``{"model": folder, "max_model_len": n, "prefix_caching": bool, "enforce_eager": bool, "batches": [[request, ...], ...]}``, each
 request ``{"ids": [...], "max_tokens": n, "prompt_logprobs": bool}``, greedy. OUT: per batch, per request: the
 prompt tokens' log-probs (None for the first), the generated tokens and their log-probs, the number of prompt
 tokens vLLM read from its prefix cache; and each batch's wall time.
@@ -24,13 +24,15 @@ def main(spec_path: str, out_path: str) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    spec = json.loads(open(spec_path, encoding="utf-8").read())
+    with open(spec_path, encoding="utf-8") as f:
+        spec = json.load(f)
     llm = LLM(
         spec["model"],
         dtype="float32",
         max_model_len=spec["max_model_len"],
         enable_prefix_caching=spec["prefix_caching"],
         seed=0,
+        enforce_eager=spec.get("enforce_eager", False),
     )
     results = []
     for batch in spec["batches"]:
