@@ -277,6 +277,11 @@ def _export_adaptive(model, tokenizer, source, cfg, scaling, buckets, base, out)
             f"(without max_tokens a request may grow to {plan.longest} tokens, so it gets x{plan.factors[-1]:g})"
         ),
         f"do not serve past {plan.longest} tokens: the table ends there",
+        (
+            "past L a request gets its bucket's factor from its first token, where transformers' dynamic_yarn uses "
+            "l / L at the current length l (and turns cached keys as it grows): the two agree inside L and at "
+            "each bucket's edge"
+        ),
     ]
     with writing(out) as tmp:
         _write_model(model, tokenizer, source, tmp)
