@@ -22,6 +22,7 @@ def _cmd(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         tokenizer_pre=args.tokenizer_pre,
         trust_remote_code=args.trust_remote_code,
+        **({"buckets": args.buckets} if args.buckets is not None else {}),
         **amounts,
     )
     print_result(result.as_dict(), as_json=args.json)
@@ -44,6 +45,11 @@ def register(sub) -> None:
         action="store_true",
         help="export a method the engine serves only approximately (dynamic methods made static, LongRoPE's "
         "switch, llama.cpp's group attention); the output says what changes",
+    )
+    p.add_argument(
+        "--buckets",
+        help="dynamic_yarn to vllm: the factors a request can get, comma-separated (default: powers of two up to "
+        "the factor, then the factor), each request the smallest covering its prompt + max_tokens",
     )
     p.add_argument("--dtype", default="f32", help="GGUF weights: f32, f16 or q8_0 (default f32)")
     p.add_argument(

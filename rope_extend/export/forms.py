@@ -9,7 +9,8 @@ into the one of those that computes the same cos/sin, or says there is none:
 - ``dynamic`` and ``dynamic_yarn`` change with the length; their frequencies at the target length
   (``dynamic``: ``alpha = s^2 - s + 1``; ``dynamic_yarn``: YaRN at ``s``) are the closest static scaling,
   exact at the target and different below ``L`` (where the dynamic methods are plain RoPE), so they are
-  offered only on request (``approximate``);
+  offered only on request (``approximate``); vLLM serves ``dynamic_yarn`` per request instead, through
+  rope-extend's plugin (``adaptive``);
 - the attention methods keep plain frequencies and change positions inside attention: an engine needs an
   attention kernel of its own for them (``routes``).
 

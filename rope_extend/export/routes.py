@@ -34,6 +34,8 @@ class Decision:
     form: Form | None
     reason: str = ""
     nearest: str = ""
+    adaptive: bool = False  # served by rope-extend's vLLM plugin, one factor per request (``adaptive``); ``form`` is
+    # the static fallback, exported only with approximate (what changes is in ``form.changes``)
 
     def message(self, method: str, target: str) -> str:
         engine = ENGINES[target]
@@ -102,6 +104,8 @@ def decide(scaling: registry.Scaling | None, target: str, dim: int, base: float)
             "keys; rope-extend's changes the base on a grid of lengths and re-rotates the cache (logits differ "
             "by about 1e-4 past L, the same below)",
         )
+    if name == "dynamic_yarn" and form.changes and target == "vllm":
+        return Decision(EXPORTED, form, adaptive=True)
     if form.changes:
         return Decision(APPROXIMATE, form, form.changes)
     if form.kind == LONGROPE and target != "transformers4":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from ..loading import check_weights, load_config, load_model, load_tokenizer, re
 from ..methods._common import rope_frequencies
 from ..patch import patched
 from ..version import __version__
-from . import configs, llamacpp
+from . import adaptive, configs, llamacpp
 from .forms import DEFAULT
 from .gguf_families import FAMILIES, rope_layer
 from .routes import APPROXIMATE, ENGINES, REFUSED, Decision, check_target, decide
@@ -146,6 +147,7 @@ def export(
     dtype: str = "f32",
     tokenizer_pre: str | None = None,
     trust_remote_code: bool = False,
+    buckets=None,
     **params,
 ) -> ExportResult:
     """Export ``model`` (a loaded model, patched or not, or a saved folder / a name rope-extend knows) for ``to``.
@@ -154,7 +156,10 @@ def export(
     folder is exported with that scaling; without it, the scaling the model was patched or configured with.
     ``gguf`` needs the tokenizer (``tokenizer=``, read from the folder when ``model`` is one) and takes
     ``dtype`` (f32, f16, q8_0) and ``tokenizer_pre`` (llama.cpp's pre-tokenizer name, when rope-extend does not
-    know the tokenizer). Returns an ``ExportResult`` whose ``command`` serves the export at the target length.
+    know the tokenizer). ``dynamic_yarn`` to ``vllm`` is served per request by rope-extend's vLLM plugin, with
+    YaRN at the smallest of ``buckets`` (factors, default powers of two up to the factor) that covers the prompt
+    plus ``max_tokens`` (``adaptive``); with ``approximate`` it is made static instead. Returns an
+    ``ExportResult`` whose ``command`` serves the export at the target length.
     """
     check_target(to)
     out = Path(out)
@@ -181,6 +186,10 @@ def export(
     decision: Decision = decide(scaling, to, dim, base)
     if decision.status == REFUSED or (decision.status == APPROXIMATE and not approximate):
         raise RopeExtendError(decision.message(name, to))
+    if buckets is not None and not (decision.adaptive and not approximate):
+        raise RopeExtendError("buckets goes with dynamic_yarn exported to vllm (without --approximate)")
+    if decision.adaptive and approximate:  # the static fallback: YaRN at the target for every request
+        decision = Decision(APPROXIMATE, decision.form, decision.form.changes)
     notes = [decision.reason] if decision.status == APPROXIMATE else []
     length = scaling.target_length if scaling is not None else int(cfg.max_position_embeddings)
     if to == "gguf":
@@ -191,6 +200,8 @@ def export(
         return _export_gguf(
             loaded, tokenizer, scaling, name, decision, out, length, dim, base, dtype, tokenizer_pre, notes, fam
         )
+    if decision.adaptive:
+        return _export_adaptive(loaded, tokenizer, source, cfg, scaling, buckets, base, out)
     return _export_folder(loaded, tokenizer, source, name, decision, to, out, length, notes)
 
 
@@ -218,6 +229,80 @@ def _export_gguf(model, tokenizer, scaling, name, decision, out, length, dim, ba
     return ExportResult(out, "gguf", ENGINES["gguf"], name, how, command, notes)
 
 
+def _write_model(model, tokenizer, source, folder: Path) -> None:
+    if source is not None:
+        shutil.copytree(source, folder, ignore=shutil.ignore_patterns(MARKER, INFO, ".*"))
+    else:
+        model.save_pretrained(folder)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+
+
+def _adaptive_updates(model, cfg, scaling, buckets, base) -> tuple[dict[str, Any], adaptive.Plan]:
+    """The config keys of a folder served by rope-extend's vLLM plugin (``adaptive``, ``vllm_plugin``)."""
+    # a model built in memory has no architectures yet (save_pretrained writes its class name)
+    arch = adaptive.check_architecture(
+        getattr(cfg, "architectures", None) or ([type(model).__name__] if model is not None else None)
+    )
+    own = config_scaling(cfg)
+    if own is not None:
+        raise UnsupportedModelError(
+            f"the model ships {own.method.name} scaling; the adaptive vLLM export serves short requests with plain "
+            "RoPE, so it needs a model without one: pass --approximate for static yarn"
+        )
+    plan = adaptive.Plan.of(scaling.original_max_position_embeddings, adaptive.check_buckets(buckets, scaling.factor))
+    values = {k: v for k, v in dataclasses.asdict(scaling.params).items() if v is not None}
+    adaptive.scaling(plan, values)  # refuses finetuned and bad parameters before anything is written
+    rope = {
+        "rope_type": adaptive.METHOD,
+        "factor": float(scaling.factor),
+        "original_max_position_embeddings": plan.original,
+        **values,
+        "rope_theta": float(base),
+    }
+    updates = {
+        "architectures": [adaptive.PREFIX + arch],
+        # vLLM serves max_position_embeddings x factor for a rope type it does not know as already scaled
+        "max_position_embeddings": plan.original,
+        "rope_parameters": rope,
+        adaptive.CONFIG_KEY: {**plan.as_config(), "architecture": arch},
+    }
+    return updates, plan
+
+
+def _export_adaptive(model, tokenizer, source, cfg, scaling, buckets, base, out):
+    updates, plan = _adaptive_updates(model, cfg, scaling, buckets, base)
+    factors = ", ".join(f"x{s:g}" for s in plan.factors[1:])
+    how = (
+        f"per request, from prompt + max_tokens: the model's own RoPE up to L={plan.original}, else yarn at the "
+        f"smallest of {factors} that covers it (rope-extend's vLLM plugin, RopeExtendAdaptive{updates[adaptive.CONFIG_KEY]['architecture']})"
+    )
+    command = configs.serve_command("vllm", str(out), None, plan.longest)
+    notes = [
+        (
+            "serve with rope-extend installed in vLLM's environment: its vllm.general_plugins entry point registers "
+            "the architecture (without it vLLM refuses the folder)"
+        ),
+        (
+            "give each request max_tokens: its factor is chosen from prompt + max_tokens and kept for its life "
+            f"(without max_tokens a request may grow to {plan.longest} tokens, so it gets x{plan.factors[-1]:g})"
+        ),
+        f"do not serve past {plan.longest} tokens: the table ends there",
+        (
+            "past L a request gets its bucket's factor from its first token, where transformers' dynamic_yarn uses "
+            "l / L at the current length l (and turns cached keys as it grows): the two agree inside L and at "
+            "each bucket's edge"
+        ),
+    ]
+    with writing(out) as tmp:
+        _write_model(model, tokenizer, source, tmp)
+        _rewrite_config(tmp, updates, "vllm")
+        info = {"tool": f"rope-extend {__version__}", "engine": ENGINES["vllm"], "method": adaptive.METHOD, "how": how}
+        write_json(tmp / INFO, {**info, "command": command, "notes": notes})
+        normal_permissions(tmp)
+    return ExportResult(out, "vllm", ENGINES["vllm"], adaptive.METHOD, how, command, notes)
+
+
 def _export_folder(model, tokenizer, source, name, decision, to, out, length, notes):
     form = decision.form
     updates = configs.config_updates(form, length, to)
@@ -226,12 +311,7 @@ def _export_folder(model, tokenizer, source, name, decision, to, out, length, no
     if to in configs.LONGER:  # before the info file is written, so that it carries the note too
         notes.append(f"to serve past {length} tokens: {configs.LONGER[to]}")
     with writing(out) as tmp:
-        if source is not None:
-            shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(MARKER, INFO, ".*"))
-        else:
-            model.save_pretrained(tmp)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(tmp)
+        _write_model(model, tokenizer, source, tmp)
         _rewrite_config(tmp, updates, to)
         info = {"tool": f"rope-extend {__version__}", "engine": ENGINES[to], "method": name, "how": how}
         write_json(tmp / INFO, {**info, "command": command, "notes": notes})

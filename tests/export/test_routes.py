@@ -26,7 +26,8 @@ def test_table_covers_every_method_and_target():
     for row in rows.values():
         assert set(row) == set(routes.TARGETS)
     assert rows["yarn"] == dict.fromkeys(routes.TARGETS, routes.EXPORTED)
-    assert rows["dynamic_yarn"]["vllm"] == routes.APPROXIMATE
+    assert rows["dynamic_yarn"]["vllm"] == routes.EXPORTED  # per request, by rope-extend's plugin (test_adaptive)
+    assert rows["dynamic_yarn"]["sglang"] == routes.APPROXIMATE
     assert rows["self_extend"] == {
         "gguf": routes.APPROXIMATE,
         "vllm": routes.REFUSED,
@@ -92,7 +93,8 @@ def test_ntk_by_parts_is_yarn_at_scale_one():
 def test_finetuned_dynamic_yarn_is_exact():
     s = scaling("dynamic_yarn", factor=4.0, finetuned=True)
     assert routes.decide(s, "vllm", 64, 10000.0).status == routes.EXPORTED
-    assert routes.decide(scaling("dynamic_yarn"), "vllm", 64, 10000.0).status == routes.APPROXIMATE
+    assert routes.decide(scaling("dynamic_yarn"), "sglang", 64, 10000.0).status == routes.APPROXIMATE
+    assert not routes.decide(s, "vllm", 64, 10000.0).adaptive
 
 
 def test_readme_table_is_generated():

@@ -1,0 +1,188 @@
+"""Length-adaptive YaRN for a serving engine: one factor per request, chosen when the request is admitted.
+
+Static YaRN at ``s`` serves ``s L`` tokens but changes every short prompt too (Qwen's documentation warns of it;
+YaRN x4 on SmolLM2-135M: perplexity 49.69 against 43.04 at 4k, inside L). rope-extend's ``dynamic_yarn`` is
+plain RoPE up to ``L`` and YaRN at ``l / L`` past it, which needs cached keys turned as ``l`` grows; an engine
+that pages its KV cache cannot turn them. The engine form fixes each request's factor at admission instead:
+
+- ``need = min(prompt tokens + max_tokens, max_model_len)``, the longest the request can grow;
+- ``need <= L``: the model's own frequencies (``dynamic_yarn`` at ``L``, plain RoPE), exactly the unscaled model;
+- else YaRN at the smallest factor ``s_k`` of the bucket set with ``need <= s_k L`` (``dynamic_yarn`` at
+  ``s_k L``, the same as ``yarn`` at ``s_k``), kept for the request's whole life, so no key is ever turned.
+
+One cos/sin table holds every segment, one after another (segment 0: ``L`` rows of plain RoPE; segment ``k``:
+``s_k L`` rows of YaRN at ``s_k``), and each token looks up row ``offset_k + position``: the per-token offset
+vLLM uses for LongRoPE's short and long factors (``phi3_long_rope_scaled_rope.py``), chosen here per request.
+Requests of different segments must never share cached blocks: ``salt`` gives each segment its own prefix-cache
+salt (vLLM hashes the salt into a request's first block, and every later block hashes its parent).
+
+Plain numbers in, plain numbers out (and the table, a tensor); nothing here imports an engine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import RopeExtendError, UnsupportedModelError
+from ..methods import registry
+
+CONFIG_KEY = "rope_extend_adaptive"  # the exported config.json's key: buckets, L, the model's own architecture
+PREFIX = "RopeExtendAdaptive"  # the exported architecture: PREFIX + the model's own (vLLM's plugin registers it)
+ARCHITECTURES = ("LlamaForCausalLM",)  # checked end to end in vLLM (SmolLM2-135M, tests/export/test_vllm_adaptive)
+METHOD = "dynamic_yarn"
+
+
+def default_buckets(factor: float) -> tuple[float, ...]:
+    """The powers of two below ``factor``, then ``factor``: x2, x4, x8 for ``factor`` 8; x2, x3 for 3."""
+    out, s = [], 2.0
+    while s < factor:
+        out.append(s)
+        s *= 2
+    return (*out, float(factor))
+
+
+def check_buckets(buckets, factor: float) -> tuple[float, ...]:
+    """``buckets`` (an iterable of factors, or a comma-separated string) sorted, each above 1; the largest must be
+    ``factor`` (the length the engine serves). None gives ``default_buckets``."""
+    if buckets is None:
+        return default_buckets(factor)
+    if isinstance(buckets, str):
+        try:
+            buckets = [float(b) for b in buckets.split(",") if b.strip()]
+        except ValueError:
+            raise RopeExtendError(f"buckets must be comma-separated factors such as 2,4,8, got {buckets!r}") from None
+    values = sorted({float(b) for b in buckets})
+    if not values or values[0] <= 1.0 or not all(math.isfinite(v) for v in values):
+        raise RopeExtendError(f"buckets must be factors above 1, such as 2,4,8; got {list(buckets)}")
+    if not math.isclose(values[-1], factor, rel_tol=1e-9):
+        raise RopeExtendError(
+            f"the largest bucket must be the factor {factor:g} (the length served is factor x L), got buckets "
+            f"{','.join(f'{v:g}' for v in values)}"
+        )
+    return tuple(values)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The segments of one table: ``factors[0] = 1`` (plain), then the buckets; ``lengths[k] = floor(s_k L)``
+    rows at ``offsets[k]``."""
+
+    original: int
+    factors: tuple[float, ...]
+
+    def __post_init__(self):
+        if not isinstance(self.original, int) or self.original < 1:
+            raise RopeExtendError(f"original_max_position_embeddings must be a positive integer, got {self.original!r}")
+        if self.factors[0] != 1.0 or list(self.factors) != sorted(set(self.factors)):
+            raise RopeExtendError(f"the plan's factors must be 1 then increasing buckets, got {self.factors}")
+
+    @classmethod
+    def of(cls, original: int, buckets) -> Plan:
+        return cls(int(original), (1.0, *(float(b) for b in buckets)))
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        return tuple(math.floor(s * self.original) for s in self.factors)
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        out, at = [], 0
+        for n in self.lengths:
+            out.append(at)
+            at += n
+        return tuple(out)
+
+    @property
+    def rows(self) -> int:
+        return sum(self.lengths)
+
+    @property
+    def longest(self) -> int:
+        return self.lengths[-1]
+
+    def segment(self, need: int) -> int:
+        """The segment of a request that can grow to ``need`` tokens: the first whose length covers it."""
+        for k, n in enumerate(self.lengths):
+            if need <= n:
+                return k
+        raise RopeExtendError(
+            f"a request of {need} tokens is longer than the longest bucket ({self.longest} tokens, x{self.factors[-1]:g})"
+        )
+
+    def as_config(self) -> dict[str, Any]:
+        return {"original_max_position_embeddings": self.original, "buckets": list(self.factors[1:])}
+
+    @classmethod
+    def from_config(cls, value: Any) -> Plan:
+        if not isinstance(value, dict) or "buckets" not in value or "original_max_position_embeddings" not in value:
+            raise RopeExtendError(
+                f"config {CONFIG_KEY} must be a dict with buckets and original_max_position_embeddings, got {value!r}"
+            )
+        return cls.of(value["original_max_position_embeddings"], value["buckets"])
+
+
+def need(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
+    """The longest a request can grow: its prompt plus ``max_tokens``, at most ``max_model_len`` (the engine
+    stops a request there); without ``max_tokens`` the engine lets it grow to ``max_model_len``."""
+    if max_tokens is None:
+        return int(max_model_len)
+    return min(int(prompt_tokens) + int(max_tokens), int(max_model_len))
+
+
+def salt(plan: Plan, segment: int, user_salt: str | None) -> str:
+    """The prefix-cache salt of a request in ``segment``: the segment's factor before the user's own salt.
+
+    Every request gets one (plain ones too), so two requests share a cached block only when they are in the
+    same segment and gave the same salt: the factor part ends at the first ``|``, which no factor contains."""
+    return f"rope-extend yarn x{plan.factors[segment]:g}|{user_salt or ''}"
+
+
+def offsets_per_token(plan: Plan, segments, counts) -> Any:
+    """``offsets[segment]`` repeated ``counts`` times each: the row offset of every scheduled token, for requests in
+    batch order with ``counts`` tokens each (numpy arrays in, a numpy int64 array out)."""
+    table = np.asarray(plan.offsets, dtype=np.int64)
+    return np.repeat(table[np.asarray(segments, dtype=np.int64)], np.asarray(counts, dtype=np.int64))
+
+
+def scaling(plan: Plan, params: dict[str, Any] | None = None) -> registry.Scaling:
+    """rope-extend's ``dynamic_yarn`` at the largest bucket with ``params`` (beta_fast, beta_slow, truncate,
+    attention_factor, mscale, mscale_all_dim): its frequencies at ``s_k L`` are each segment's."""
+    resolved = registry.resolve(
+        registry.get(METHOD),
+        factor=plan.factors[-1],
+        original_max_position_embeddings=plan.original,
+        params=dict(params or {}),
+    )
+    if resolved.params.finetuned:
+        raise RopeExtendError(
+            "dynamic_yarn with finetuned=true keeps the factor inside L too: it is static yarn, exported as such"
+        )
+    return resolved
+
+
+def table(plan: Plan, method: registry.Scaling, dim: int, base: float) -> torch.Tensor:
+    """The cos/sin table of every segment, float32 ``[rows, dim]``: ``cat(cos, sin)`` over the ``dim / 2``
+    frequencies (vLLM's ``cos_sin_cache`` layout), each times the segment's attention scale, as transformers
+    computes ``cos(position * inv_freq) * attention_scaling``."""
+    parts = []
+    for n in plan.lengths:
+        inv_freq, scale = method.compute(dim, base, n)  # dynamic_yarn at n = s L: yarn at s
+        angles = torch.arange(n, dtype=torch.float32)[:, None] * inv_freq[None, :].to(torch.float32)
+        parts.append(torch.cat((angles.cos() * scale, angles.sin() * scale), dim=-1))
+    return torch.cat(parts, dim=0)
+
+
+def check_architecture(architectures) -> str:
+    """The model's own architecture, if the adaptive engine form is built for it; else refused."""
+    found = list(architectures or [])
+    if len(found) != 1 or found[0] not in ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"vLLM's length-adaptive dynamic_yarn (rope-extend's plugin) is built for {', '.join(ARCHITECTURES)}; "
+            f"this model is {', '.join(found) or 'of no stated architecture'}: pass --approximate for static yarn"
+        )
+    return found[0]

@@ -1,0 +1,109 @@
+"""The model classes of rope-extend's vLLM plugin (``vllm_plugin``): vLLM's own architecture, rotary embeddings
+replaced by one table of every segment (``adaptive``). Imported by vLLM's model registry only, never by
+rope-extend itself (it imports vLLM at its top).
+
+Refused before the model loads, each with the reason: another vLLM version (the plugin wraps 0.32's internals),
+another platform than CPU (checked there; on CUDA the positions buffer is captured by CUDA graphs, untried),
+speculative decoding (the drafter reads positions too), the V2 model runner (another class), a max_model_len past
+the largest bucket (rows past the table would be read).
+"""
+
+from __future__ import annotations
+
+import torch
+import vllm
+from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+from vllm.model_executor.models.llama import LlamaForCausalLM
+from vllm.platforms import current_platform
+
+from ..errors import UnsupportedModelError
+from . import adaptive, vllm_plugin
+
+OWN_KEYS = ("rope_type", "factor", "original_max_position_embeddings", "rope_theta")
+
+
+class AdaptiveRotaryEmbedding(RotaryEmbedding):
+    """vLLM's rotary embedding over ``table`` (every segment's cos/sin); positions arrive already shifted."""
+
+    def __init__(self, like: RotaryEmbedding, table: torch.Tensor):
+        super().__init__(
+            like.head_size, like.rotary_dim, table.shape[0], like.base, like.is_neox_style, like.dtype, init_cache=False
+        )
+        self.register_buffer("cos_sin_cache", table.to(like.dtype), persistent=False)
+
+
+def _refuse(why: str):
+    raise UnsupportedModelError(f"rope-extend's adaptive dynamic_yarn in vLLM {vllm.__version__}: {why}")
+
+
+def _check_engine(vllm_config, plan: adaptive.Plan) -> None:
+    if not vllm.__version__.startswith(vllm_plugin.VLLM_SERIES):
+        _refuse(
+            f"the plugin wraps vLLM {vllm_plugin.VLLM_SERIES}x's model runner and engine core; install that version"
+        )
+    if not current_platform.is_cpu():
+        _refuse("checked on vLLM's CPU build only; on this platform it is not served yet")
+    if vllm_config.speculative_config is not None:
+        _refuse("speculative decoding reads the positions too (the drafter would see the shifted ones)")
+    if vllm_config.use_v2_model_runner:
+        _refuse("the V2 model runner is not wrapped: set VLLM_USE_V2_MODEL_RUNNER=0")
+    if vllm_config.model_config.max_model_len > plan.longest:
+        _refuse(
+            f"max_model_len {vllm_config.model_config.max_model_len} is past the largest bucket "
+            f"({plan.longest} tokens, x{plan.factors[-1]:g})"
+        )
+
+
+def _scaling(hf_config, plan: adaptive.Plan):
+    rope = dict(hf_config.rope_parameters or {})
+    if rope.get("rope_type") != adaptive.METHOD:
+        _refuse(f"config rope_type is {rope.get('rope_type')!r}, not {adaptive.METHOD!r}")
+    if float(rope.get("factor", 0)) != plan.factors[-1] or int(rope.get("original_max_position_embeddings", 0)) != int(
+        plan.original
+    ):
+        _refuse(f"rope_parameters {rope} disagree with {adaptive.CONFIG_KEY} {plan.as_config()}")
+    return adaptive.scaling(plan, {k: v for k, v in rope.items() if k not in OWN_KEYS})
+
+
+class _Adaptive:
+    """Mixed in before vLLM's class: builds it with plain RoPE, then swaps every rotary embedding."""
+
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        hf_config = vllm_config.model_config.hf_config
+        plan = vllm_plugin.plan_of(hf_config)
+        if plan is None:
+            _refuse(f"the config has no {adaptive.CONFIG_KEY} (export the model with rope-extend)")
+        _check_engine(vllm_config, plan)
+        scaling = _scaling(hf_config, plan)
+        rope = hf_config.rope_parameters
+        # vLLM's get_rope knows no dynamic_yarn: the layers are built plain, then given the table
+        hf_config.rope_parameters = {"rope_type": "default", "rope_theta": rope["rope_theta"]}
+        try:
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
+        finally:
+            hf_config.rope_parameters = rope
+        self._swap_rotary(plan, scaling)
+        vllm_plugin.wrap_runner()
+
+    def _swap_rotary(self, plan, scaling) -> None:
+        shared: dict[tuple, AdaptiveRotaryEmbedding] = {}
+        swapped = 0
+        for module in list(self.modules()):
+            for name, child in list(module.named_children()):
+                if not isinstance(child, RotaryEmbedding):
+                    continue
+                if type(child) is not RotaryEmbedding:
+                    _refuse(f"{name} is a {type(child).__name__}, where plain RoPE was asked for")
+                key = (child.head_size, child.rotary_dim, float(child.base), child.is_neox_style, child.dtype)
+                if key not in shared:
+                    shared[key] = AdaptiveRotaryEmbedding(
+                        child, adaptive.table(plan, scaling, child.rotary_dim, float(child.base))
+                    )
+                setattr(module, name, shared[key])
+                swapped += 1
+        if swapped == 0:
+            _refuse(f"{type(self).__name__} has no rotary embedding to replace")
+
+
+class RopeExtendAdaptiveLlamaForCausalLM(_Adaptive, LlamaForCausalLM):
+    """``LlamaForCausalLM`` (SmolLM2, Llama 2, Llama 3 without its llama3 scaling) with per-request YaRN."""

@@ -1,0 +1,152 @@
+"""rope-extend's vLLM plugin: length-adaptive YaRN, one factor per request (``adaptive`` says what and why).
+
+vLLM loads it in each of its processes through the ``vllm.general_plugins`` entry point (pyproject.toml), when
+rope-extend is installed in vLLM's environment. ``register`` only names the architectures of exported folders
+(``RopeExtendAdaptive<Arch>``, the model classes of ``vllm_models``) and wraps one method of vLLM's engine core;
+a model that is not a rope-extend adaptive export is served as if the plugin were absent.
+
+How a request's factor reaches the rotary embedding (vLLM 0.32, V1 engine; file and line of the wheel in
+docs/serving.md):
+
+- admission (engine core, ``EngineCore.preprocess_add_request``, before the request's block hashes are computed):
+  the segment from the prompt length and ``max_tokens``; the request's prefix-cache salt gets the segment's
+  factor in front of the user's own salt, so blocks are never shared across factors;
+- each step (model runner, ``GPUModelRunner._preprocess``, the base of the CPU runner): vLLM computes the positions
+  and the slot mapping from them, then hands ``positions`` to the model alone; the wrapper adds each token's
+  segment offset to the model's copy, after the slot mapping was computed, so the KV cache layout is untouched;
+- the model (``vllm_models``): vLLM's own architecture with every rotary embedding replaced by one whose table is
+  ``adaptive.table`` (all segments, one after another), looked up by vLLM's own rotary kernel at the shifted
+  positions. The runner wrapper is installed by the model, so only processes serving such a model have it.
+
+vLLM gives the model no per-request channel: ``_model_forward`` passes ``input_ids``, ``positions``,
+``intermediate_tensors``, ``inputs_embeds`` and ``_init_model_kwargs`` (pooling token types only). Hence the two
+wrappers; they rely on vLLM 0.32's internals, and the model refuses every other version before it loads.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from . import adaptive
+
+VLLM_SERIES = "0.32."  # the wrapped internals are read from this release; other versions are refused
+
+
+def register() -> None:
+    """The entry point: vLLM calls it once per process, before any model is built."""
+    from vllm import ModelRegistry
+
+    for arch in adaptive.ARCHITECTURES:
+        name = adaptive.PREFIX + arch
+        ModelRegistry.register_model(name, f"rope_extend.export.vllm_models:{name}")
+    _wrap_admission()
+
+
+def plan_of(hf_config) -> adaptive.Plan | None:
+    """The adaptive plan a model config carries, or None for every other model."""
+    value = getattr(hf_config, adaptive.CONFIG_KEY, None)
+    return None if value is None else adaptive.Plan.from_config(value)
+
+
+def request_segment(plan: adaptive.Plan, prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
+    """The segment of a request: the engine core (admission) and the model runner (every step) both call this,
+    with the same numbers, so the salt and the rotation agree."""
+    return plan.segment(adaptive.need(prompt_tokens, max_tokens, max_model_len))
+
+
+def _prompt_tokens(token_ids, embeds) -> int:
+    if token_ids is not None:
+        return len(token_ids)
+    return int(embeds.shape[0])
+
+
+# ------------------------------------------------------------------------------------------ admission
+def _wrap_admission() -> None:
+    from vllm.v1.engine.core import EngineCore
+
+    original = EngineCore.preprocess_add_request
+    if getattr(original, "_rope_extend", False):  # plugins may be loaded more than once per process
+        return
+
+    @functools.wraps(original)
+    def preprocess_add_request(self, request):
+        salt_request(self.vllm_config, request)
+        return original(self, request)
+
+    preprocess_add_request._rope_extend = True
+    EngineCore.preprocess_add_request = preprocess_add_request
+
+
+def salt_request(vllm_config, request) -> None:
+    """Give an adaptive model's request its segment's prefix-cache salt (in place, before vLLM hashes it)."""
+    model_config = vllm_config.model_config
+    plan = plan_of(model_config.hf_config)
+    if plan is None:
+        return
+    if getattr(request, "resumable", False):
+        raise ValueError(
+            "rope-extend's adaptive dynamic_yarn fixes a request's factor at admission from its prompt and "
+            "max_tokens; a streaming-input session (resumable) grows its prompt later, so it is not served"
+        )
+    params = request.sampling_params
+    max_tokens = params.max_tokens if params is not None else None
+    count = _prompt_tokens(request.prompt_token_ids, request.prompt_embeds)
+    segment = request_segment(plan, count, max_tokens, model_config.max_model_len)
+    request.cache_salt = adaptive.salt(plan, segment, request.cache_salt)
+
+
+# ------------------------------------------------------------------------------------------ every step
+def wrap_runner() -> None:
+    """Wrap ``GPUModelRunner._preprocess`` (the CPU runner's base): the model's positions get each token's segment
+    offset. Installed by the model class; a runner serving any other model is unchanged."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = GPUModelRunner._preprocess
+    if getattr(original, "_rope_extend", False):
+        return
+
+    @functools.wraps(original)
+    def _preprocess(self, scheduler_output, num_input_tokens, intermediate_tensors=None):
+        out = original(self, scheduler_output, num_input_tokens, intermediate_tensors)
+        plan = plan_of(self.model_config.hf_config)
+        if plan is not None:
+            shift_positions(self, plan, scheduler_output, out[2])
+        return out
+
+    _preprocess._rope_extend = True
+    GPUModelRunner._preprocess = _preprocess
+
+
+def _segment_of(runner, plan: adaptive.Plan, req_id: str) -> int:
+    state = runner.requests[req_id]
+    segment = getattr(state, "rope_extend_segment", None)
+    if segment is None:  # first step of the request: the same numbers admission used
+        params = state.sampling_params
+        count = _prompt_tokens(state.prompt_token_ids, state.prompt_embeds)
+        max_tokens = params.max_tokens if params is not None else None
+        segment = request_segment(plan, count, max_tokens, runner.model_config.max_model_len)
+        state.rope_extend_segment = segment
+    return segment
+
+
+def shift_positions(runner, plan: adaptive.Plan, scheduler_output, positions: Any) -> None:
+    """Add each scheduled token's segment offset to ``positions`` (in place: the tokens come in the batch's request
+    order, ``input_batch.req_ids``, each request's ``num_scheduled_tokens`` in a row, as ``_prepare_inputs``
+    laid them out); the padding after them stays at 0. Raises if a position falls outside its segment."""
+    import numpy as np
+    import torch
+
+    req_ids = list(runner.input_batch.req_ids)
+    counts = np.array([scheduler_output.num_scheduled_tokens[r] for r in req_ids], dtype=np.int64)
+    segments = np.array([_segment_of(runner, plan, r) for r in req_ids], dtype=np.int64)
+    total = int(counts.sum())
+    view = positions[:total]
+    limits = np.repeat(np.asarray(plan.lengths, dtype=np.int64)[segments], counts)
+    if bool((view.cpu().numpy() >= limits).any()):
+        raise RuntimeError(
+            "rope-extend adaptive dynamic_yarn: a token's position is past its request's bucket "
+            f"(lengths {plan.lengths}); the request grew beyond prompt + max_tokens"
+        )
+    if segments.any():
+        view += torch.from_numpy(adaptive.offsets_per_token(plan, segments, counts)).to(view.device, view.dtype)

@@ -1,0 +1,233 @@
+"""Length-adaptive dynamic_yarn for vLLM, the parts that need no engine: buckets, the segment a request gets,
+the table and its offsets, the prefix-cache salt, the plugin's two wrappers run on stand-ins of vLLM's objects,
+and the exported folder (the engine itself: test_vllm_adaptive.py)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+import transformers as T
+
+import rope_extend
+from rope_extend.errors import RopeExtendError, UnsupportedModelError
+from rope_extend.export import adaptive, export, routes, vllm_plugin
+from rope_extend.methods import registry
+from rope_extend.methods._common import rope_frequencies
+from tests.tiny import tiny_model, tiny_tokenizer
+
+PLAN = adaptive.Plan.of(1024, (2, 4))
+
+
+def test_default_buckets_are_powers_of_two_then_the_factor():
+    assert adaptive.default_buckets(8) == (2.0, 4.0, 8.0)
+    assert adaptive.default_buckets(3) == (2.0, 3.0)
+    assert adaptive.default_buckets(2) == (2.0,)
+    assert adaptive.check_buckets("8, 2,4", 8.0) == (2.0, 4.0, 8.0)
+
+
+@pytest.mark.parametrize(
+    ("buckets", "match"), [("1,4", "above 1"), ("2,4", "largest bucket must be the factor 8"), ("a", "comma")]
+)
+def test_bad_buckets(buckets, match):
+    with pytest.raises(RopeExtendError, match=match):
+        adaptive.check_buckets(buckets, 8.0)
+
+
+def test_segments_lengths_and_offsets():
+    assert PLAN.factors == (1.0, 2.0, 4.0)
+    assert PLAN.lengths == (1024, 2048, 4096) and PLAN.offsets == (0, 1024, 3072) and PLAN.rows == 7168
+    assert [PLAN.segment(n) for n in (1, 1024, 1025, 2048, 2049, 4096)] == [0, 0, 1, 1, 2, 2]
+    with pytest.raises(RopeExtendError, match="longer than the longest bucket"):
+        PLAN.segment(4097)
+    assert adaptive.Plan.from_config(PLAN.as_config()) == PLAN
+
+
+def test_a_request_needs_its_prompt_and_max_tokens():
+    assert adaptive.need(1000, 24, 4096) == 1024
+    assert adaptive.need(1000, 25, 4096) == 1025
+    assert adaptive.need(1000, None, 4096) == 4096  # without max_tokens vLLM lets it grow to max_model_len
+    assert adaptive.need(4000, 500, 4096) == 4096
+
+
+def test_offsets_per_token_follow_the_batch_order():
+    got = adaptive.offsets_per_token(PLAN, [0, 2, 1], [2, 1, 3])
+    assert got.tolist() == [0, 0, 3072, 1024, 1024, 1024]
+
+
+def test_salts_differ_per_factor_and_cannot_be_forged():
+    salts = {adaptive.salt(PLAN, k, None) for k in range(3)}
+    assert len(salts) == 3
+    # a plain request whose own salt spells a factor's salt still gets another salt than that factor's requests
+    forged = adaptive.salt(PLAN, 1, None)
+    assert adaptive.salt(PLAN, 0, forged) != forged
+    assert adaptive.salt(PLAN, 2, "user") == "rope-extend yarn x4|user"
+
+
+def test_table_segments_are_plain_rope_and_yarn_at_each_bucket():
+    dim, base = 64, 100000.0
+    method = adaptive.scaling(PLAN, {"beta_fast": 32.0, "beta_slow": 1.0})
+    table = adaptive.table(PLAN, method, dim, base)
+    assert table.shape == (PLAN.rows, dim)
+    expected = [(rope_frequencies(dim, base), 1.0)]
+    for s in (2.0, 4.0):
+        yarn = registry.resolve(registry.get("yarn"), factor=s, original_max_position_embeddings=1024, params={})
+        expected.append(yarn.compute(dim, base))
+    for k, (freqs, scale) in enumerate(expected):
+        rows = table[PLAN.offsets[k] : PLAN.offsets[k] + PLAN.lengths[k]]
+        angles = torch.arange(PLAN.lengths[k], dtype=torch.float32)[:, None] * freqs[None, :]
+        torch.testing.assert_close(rows, torch.cat((angles.cos() * scale, angles.sin() * scale), -1), rtol=0, atol=0)
+    assert expected[2][1] == pytest.approx(0.1 * torch.log(torch.tensor(4.0)).item() + 1)
+
+
+def test_finetuned_dynamic_yarn_is_static_yarn_not_adaptive():
+    with pytest.raises(RopeExtendError, match="finetuned"):
+        adaptive.scaling(PLAN, {"finetuned": True})
+
+
+# ------------------------------------------------------------------------- the plugin, on stand-ins of vLLM
+def _config(plan=PLAN):
+    hf = SimpleNamespace(**{adaptive.CONFIG_KEY: {**plan.as_config(), "architecture": "LlamaForCausalLM"}})
+    return SimpleNamespace(hf_config=hf, max_model_len=plan.longest)
+
+
+def _request(prompt, max_tokens, salt=None, resumable=False):
+    return SimpleNamespace(
+        prompt_token_ids=list(range(prompt)),
+        prompt_embeds=None,
+        sampling_params=SimpleNamespace(max_tokens=max_tokens),
+        cache_salt=salt,
+        resumable=resumable,
+    )
+
+
+def test_admission_salts_each_request_with_its_factor():
+    config = SimpleNamespace(model_config=_config())
+    requests = [_request(1000, 24), _request(1000, 25, salt="tenant"), _request(3000, None)]
+    for r in requests:
+        vllm_plugin.salt_request(config, r)
+    assert [r.cache_salt for r in requests] == [
+        "rope-extend yarn x1|",
+        "rope-extend yarn x2|tenant",
+        "rope-extend yarn x4|",
+    ]
+    with pytest.raises(ValueError, match="streaming-input session"):
+        vllm_plugin.salt_request(config, _request(10, 5, resumable=True))
+    other = SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace(), max_model_len=4096))
+    untouched = _request(1000, 24, salt="tenant")
+    vllm_plugin.salt_request(other, untouched)  # any other model: nothing changes
+    assert untouched.cache_salt == "tenant"
+
+
+def _runner(requests, computed):
+    states = {
+        rid: SimpleNamespace(
+            prompt_token_ids=list(range(p)), prompt_embeds=None, sampling_params=SimpleNamespace(max_tokens=m)
+        )
+        for rid, (p, m) in requests.items()
+    }
+    return SimpleNamespace(
+        requests=states,
+        input_batch=SimpleNamespace(req_ids=list(requests), num_computed_tokens_cpu=computed),
+        model_config=_config(),
+    )
+
+
+def test_each_token_gets_its_requests_offset():
+    # a: plain (prompt 500 + 8); b: x4 (3000 + 100), a decode step at position 3050; c: x2 (1500 + 8), a chunk
+    runner = _runner({"a": (500, 8), "b": (3000, 100), "c": (1500, 8)}, None)
+    scheduled = SimpleNamespace(num_scheduled_tokens={"a": 3, "b": 1, "c": 2})
+    positions = torch.tensor([0, 1, 2, 3050, 700, 701, 0, 0])  # two padding tokens after the six scheduled
+    vllm_plugin.shift_positions(runner, PLAN, scheduled, positions)
+    assert positions.tolist() == [0, 1, 2, 3050 + 3072, 700 + 1024, 701 + 1024, 0, 0]
+    assert [runner.requests[r].rope_extend_segment for r in "abc"] == [0, 2, 1]
+
+
+def test_a_position_past_its_bucket_is_refused():
+    runner = _runner({"a": (500, 8)}, None)
+    with pytest.raises(RuntimeError, match="past its request's bucket"):
+        vllm_plugin.shift_positions(runner, PLAN, SimpleNamespace(num_scheduled_tokens={"a": 1}), torch.tensor([1024]))
+
+
+# ------------------------------------------------------------------------------------------- the export
+def _saved(tmp_path, family="llama"):
+    folder = tmp_path / "model"
+    tiny_model(family).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def test_route_is_exported_and_static_needs_approximate():
+    scaling = registry.resolve(
+        registry.get("dynamic_yarn"), factor=4.0, original_max_position_embeddings=256, params={}
+    )
+    decision = routes.decide(scaling, "vllm", 64, 10000.0)
+    assert decision.status == routes.EXPORTED and decision.adaptive and decision.form.changes
+    assert routes.decide(scaling, "sglang", 64, 10000.0).status == routes.APPROXIMATE
+
+
+def test_export_writes_the_plugins_folder(tmp_path):
+    folder = _saved(tmp_path)
+    result = export(
+        str(folder), "vllm", tmp_path / "a", method="dynamic_yarn", factor=8, original_max_position_embeddings=64
+    )
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert config["architectures"] == ["RopeExtendAdaptiveLlamaForCausalLM"]
+    assert config["max_position_embeddings"] == 64  # vLLM serves 64 x factor 8 for this rope type
+    assert config["rope_parameters"]["rope_type"] == "dynamic_yarn" and config["rope_parameters"]["factor"] == 8.0
+    assert config[adaptive.CONFIG_KEY] == {
+        "original_max_position_embeddings": 64,
+        "buckets": [2.0, 4.0, 8.0],
+        "architecture": "LlamaForCausalLM",
+    }
+    assert result.command.endswith("--max-model-len 512") and "x2, x4, x8" in result.how
+    assert not any("VLLM_ALLOW_LONG_MAX_MODEL_LEN" in n for n in result.notes)
+    # transformers with rope-extend reads the folder as rope-extend's dynamic_yarn (plain transformers refuses it)
+    model = tiny_model("llama").eval()
+    reloaded = T.AutoModelForCausalLM.from_pretrained(tmp_path / "a").eval()
+    ids = torch.randint(3, 500, (1, 100))
+    with torch.no_grad():
+        inside = model(ids[:, :40]).logits
+        rope_extend.patch(model, "dynamic_yarn", factor=8, original_max_position_embeddings=64)
+        torch.testing.assert_close(reloaded(ids[:, :40]).logits, inside, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(reloaded(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_export_buckets_and_the_static_fallback(tmp_path):
+    folder = _saved(tmp_path)
+    export(
+        str(folder),
+        "vllm",
+        tmp_path / "b",
+        method="dynamic_yarn",
+        factor=8,
+        original_max_position_embeddings=64,
+        buckets="4,8",
+    )
+    assert json.loads((tmp_path / "b" / "config.json").read_text())[adaptive.CONFIG_KEY]["buckets"] == [4.0, 8.0]
+    static = export(
+        str(folder),
+        "vllm",
+        tmp_path / "s",
+        method="dynamic_yarn",
+        factor=8,
+        original_max_position_embeddings=64,
+        approximate=True,
+    )
+    config = json.loads((tmp_path / "s" / "config.json").read_text())
+    assert config["rope_parameters"]["rope_type"] == "yarn" and config["architectures"] == ["LlamaForCausalLM"]
+    assert "made static" in static.notes[0]
+    with pytest.raises(RopeExtendError, match="buckets goes with dynamic_yarn"):
+        export(str(folder), "vllm", tmp_path / "c", method="yarn", factor=8, buckets="2,8")
+
+
+def test_export_refuses_what_the_plugin_does_not_serve(tmp_path):
+    with pytest.raises(UnsupportedModelError, match="built for LlamaForCausalLM.*Qwen2ForCausalLM.*--approximate"):
+        export(str(_saved(tmp_path / "q", "qwen2")), "vllm", tmp_path / "q2", method="dynamic_yarn", factor=4)
+    model = tiny_model("llama")
+    model.config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    with pytest.raises(UnsupportedModelError, match="ships linear scaling"):
+        export(model, "vllm", tmp_path / "l", method="dynamic_yarn", factor=4)
+    assert not (tmp_path / "q2").exists() and not (tmp_path / "l").exists()
