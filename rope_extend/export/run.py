@@ -180,7 +180,7 @@ def export(
         return _export_gguf(
             loaded, tokenizer, scaling, name, decision, out, length, dim, base, dtype, tokenizer_pre, notes
         )
-    return _export_folder(loaded, tokenizer, source, name, decision, to, out, length, notes)
+    return _export_folder(loaded, tokenizer, source, name, decision, to, out, length, notes, _dtype(cfg, loaded))
 
 
 def _export_gguf(model, tokenizer, scaling, name, decision, out, length, dim, base, dtype, tokenizer_pre, notes):
@@ -207,13 +207,24 @@ def _export_gguf(model, tokenizer, scaling, name, decision, out, length, dim, ba
     return ExportResult(out, "gguf", ENGINES["gguf"], name, how, command, notes)
 
 
-def _export_folder(model, tokenizer, source, name, decision, to, out, length, notes):
+def _dtype(config, model) -> str | None:
+    """The dtype the served model should compute in: a loaded model's own, else the folder's config's (what
+    transformers loads it in); ``float32``, ``bfloat16`` or ``float16``, None when the config does not say."""
+    dtype = next(model.parameters()).dtype if model is not None else getattr(config, "dtype", None)
+    if dtype is None:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    return name if name in ("float32", "bfloat16", "float16") else None
+
+
+def _export_folder(model, tokenizer, source, name, decision, to, out, length, notes, dtype):
     form = decision.form
     updates = configs.config_updates(form, length, to)
     how = json.dumps(updates.get("rope_parameters", updates.get("rope_scaling")) or {"rope_theta": form.base})
-    command = configs.serve_command(to, str(out), form, length)
-    if to in configs.LONGER:  # before the info file is written, so that it carries the note too
-        notes.append(f"to serve past {length} tokens: {configs.LONGER[to]}")
+    command = configs.serve_command(to, str(out), form, length, dtype)
+    longer = configs.longer_note(to, form, length)
+    if longer:  # before the info file is written, so that it carries the note too
+        notes.append(longer)
     with writing(out) as tmp:
         if source is not None:
             shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(MARKER, INFO, ".*"))
