@@ -264,7 +264,8 @@ def tiny_rows(cases: list[Case], tmp: Path) -> list[dict]:
 
 
 def smollm2_rows(specs: list[str], tokens: int | None, tmp: Path) -> list[dict]:
-    """SmolLM2-135M (trained to 8192) exported with ``method:factor:L`` (a smaller L reaches past it sooner)."""
+    """SmolLM2-135M (trained to 8192) exported with ``method:factor:L[:tokens]`` (a smaller L reaches past it
+    sooner); the prompt is ``tokens`` long, else ``--tokens``, else the target minus ``NEW``."""
     from rope_extend.documents import read_documents
     from rope_extend.loading import resolve_name
 
@@ -272,25 +273,24 @@ def smollm2_rows(specs: list[str], tokens: int | None, tmp: Path) -> list[dict]:
     text = tokenizer(read_documents("canterbury/lcet10.txt")[0])["input_ids"]
     rows = []
     for i, spec in enumerate(specs):
-        method, factor, original = spec.split(":")
+        method, factor, original, *count = spec.split(":")
         case = Case("smollm2-135m", method, float(factor), int(original))
-        count = tokens or case.target(int(model.config.max_position_embeddings)) - NEW
+        count = int(count[0]) if count else tokens or case.target(int(model.config.max_position_embeddings)) - NEW
         rows.append(measure(case, model, resolve_name("smollm2-135m"), text[:count], tmp / f"export-{i}"))
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
-def markdown(rows: list[dict]) -> str:
-    lines = [
-        "| family | method | tokens (L) | ppl transformers | ppl vLLM | rel diff | max abs dlogp | greedy |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+def markdown(rows: list[dict], engine: str) -> str:
+    head = "| family | method | engine | tokens (L) | ppl patched | ppl served | rel diff | max abs dlogp | greedy"
+    lines = [f"{head} {NEW} |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        same = f"identical ({NEW})" if r["greedy_identical"] else f"differs at {r['greedy_first_difference']}"
+        same = "identical" if r["greedy_identical"] else f"differs at {r['greedy_first_difference']}"
         method = r["method"] + ("" if r["reference"] == "patched" else f" (as {r['reference'].split()[0]})")
         lines.append(
-            f"| {r['family']} | {method} | {r['tokens']} ({r['original']}) | {r['ppl_transformers']:.4f} | "
-            f"{r['ppl_vllm']:.4f} | {r['ppl_rel_diff']:.1e} | {r['logprob_max_abs_diff']:.1e} | {same} |"
+            f"| {r['family']} | {method} | {engine} | {r['tokens']} ({r['original']}) | "
+            f"{r['ppl_transformers']:.4f} | {r['ppl_vllm']:.4f} | {r['ppl_rel_diff']:.1e} | "
+            f"{r['logprob_max_abs_diff']:.1e} | {same} |"
         )
     return "\n".join(lines)
 
@@ -310,7 +310,7 @@ def main(argv=None) -> int:
             rows += tiny_rows(tiny_cases(), Path(tmp))
         if args.smollm2:
             rows += smollm2_rows(args.smollm2.split(","), args.tokens, Path(tmp))
-    print(f"\nvLLM {vllm.__version__} (CPU), float32\n\n{markdown(rows)}")
+    print(f"\n{markdown(rows, f'vLLM {vllm.__version__} CPU')}")
     from rope_extend.io import write_json
 
     write_json(args.out, {"vllm": vllm.__version__, "rows": rows})
