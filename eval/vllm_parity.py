@@ -45,7 +45,7 @@ def configure_environment() -> None:
     defaults = {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in this process: no spawn, no __main__ guard
         "VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, cpus)),  # "auto" leaves one thread on a 2-core machine
-        "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB: 1 holds 16k tokens of SmolLM2-135M in float32
+        "VLLM_CPU_KVCACHE_SPACE": "2",  # GiB: SmolLM2-135M x4 (32768 tokens, 46 kB each in float32) needs 1.4
         "VLLM_LOGGING_LEVEL": "WARNING",
         "TOKENIZERS_PARALLELISM": "false",
     }
@@ -276,7 +276,7 @@ def smollm2_rows(specs: list[str], tokens: int | None, tmp: Path) -> list[dict]:
         method, factor, original, *count = spec.split(":")
         case = Case("smollm2-135m", method, float(factor), int(original))
         count = int(count[0]) if count else tokens or case.target(int(model.config.max_position_embeddings)) - NEW
-        rows.append(measure(case, model, resolve_name("smollm2-135m"), text[:count], tmp / f"export-{i}"))
+        rows.append(measure(case, model, resolve_name("smollm2-135m"), text[:count], tmp / f"smollm2-{i}"))
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
