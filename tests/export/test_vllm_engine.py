@@ -70,7 +70,7 @@ def test_smollm2_yarn_past_its_length(tmp_path):
     ids = tokenizer(text)["input_ids"][:2560]  # L=1024 below: 2.5 L
     case = vp.Case("smollm2-135m", "yarn", 4.0, 1024)
     row = vp.measure(case, model, resolve_name("smollm2-135m"), ids, tmp_path / "export")
-    check(row, rel=5e-5)  # measured 8e-6 at 4088 tokens; vLLM's default bfloat16 gives 2e-3
+    check(row, rel=5e-5)  # measured 8e-6 at 4088 tokens; vLLM's default bfloat16 gives 9e-4
 
 
 def test_past_the_exported_length_every_log_prob_is_nan(tmp_path, monkeypatch):
