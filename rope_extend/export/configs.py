@@ -10,13 +10,30 @@ Read from each engine's source at a pinned version (the wheels on PyPI):
   ``max_model_len > original_max_position_embeddings``, ``phi3_long_rope_scaled_rope.py``); ``dynamic`` is
   static at ``factor x max_position_embeddings``. Its longest length (``vllm/config/model.py``,
   ``_get_and_verify_max_len``) is ``max_position_embeddings`` times the ``factor`` of every type but yarn,
-  llama3 and longrope, whose ``max_position_embeddings`` is already the extended one; beyond it
-  ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``. ``dual_chunk_attention_config`` is read by the Qwen2/Qwen3 families'
-  rotary module, but no attention backend of 0.33.0 implements it (``vllm/v1/attention/backends``).
+  llama3 and longrope, whose ``max_position_embeddings`` is already the extended one.
+  ``dual_chunk_attention_config`` is read by the Qwen2/Qwen3 families' rotary module, but no attention backend
+  of 0.33.0 implements it (``vllm/v1/attention/backends``).
+- **Serving past the export's length N in vLLM** (read in vLLM 0.32.0, whose rotary files say the same as
+  0.33.0's here, and run in its CPU build, ``tests/export/test_vllm_engine.py``): its rotary table has N rows
+  (``rotary_embedding/base.py`` line 97, ``torch.arange(self.max_position_embeddings)``; ``L x factor`` rows
+  for linear (``linear_scaling_rope.py`` line 91) and yarn (``yarn_scaling_rope.py`` line 78); N for llama3
+  and longrope's long table (``phi3_long_rope_scaled_rope.py`` line 118)), and nothing extends it: with
+  ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1`` a longer ``--max-model-len`` starts, but every log-prob past N is NaN
+  (vLLM's own warning says so, ``config/model.py`` lines 2651-2658). So the export says not to serve past N.
+- **dtype**: vLLM (``config/model.py``, ``_resolve_auto_dtype``, line 2423) and SGLang (``model_config.py``,
+  ``_get_and_verify_dtype``) load a float32 model in 16 bits unless ``--dtype`` says otherwise, which moves
+  every log-prob (yarn x4 on SmolLM2 at 6144 tokens: perplexity 27.512 against 27.487 in vLLM 0.32, greedy
+  tokens parting at the 6th): the command names the model's dtype.
 - **SGLang 0.5.23** (``sglang/srt/layers/rotary_embedding/factory.py``): the same dict through
   ``config.rope_scaling`` (transformers 5 aliases it to ``rope_parameters``); its ``yarn`` reads ``attn_factor``,
   a multiplier on YaRN's own ``0.1 ln s + 1``, and ignores ``attention_factor``: a scale other than the default
   must be written as ``attn_factor = scale / (0.1 ln s + 1)``. No dual-chunk attention backend either.
+  Past N (``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1``) it extends the rotary table to the context length
+  at load (``sglang/srt/model_executor/model_runner.py`` line 1399, ``sglang/srt/utils/common.py``
+  ``reserve_rope_cache_for_long_sequences``) with each class's ``_ensure_cos_sin_cache_length``: the base
+  class (plain, ntk) and llama3 continue with their own frequencies and yarn with its own
+  (``rotary_embedding/yarn.py`` line 163), as transformers would past the target; linear inherits the base
+  class's, which computes unscaled positions (``base.py`` lines 268-296), and LongRoPE's class has none.
 - **transformers 4** (4.45 onwards): ``rope_scaling`` with ``rope_type`` (and the older ``type``) and a top-level
   ``rope_theta``; ``yarn`` reads ``attention_factor``, ``beta_fast``, ``beta_slow`` and
   ``original_max_position_embeddings`` (``truncate`` from 4.56 on).
@@ -82,17 +99,33 @@ def config_updates(form: Form, target_length: int, target: str) -> dict[str, Any
     return updates
 
 
-def serve_command(target: str, model: str, form: Form, target_length: int) -> str:
-    """The command that serves the exported folder at ``target_length`` tokens."""
+def serve_command(target: str, model: str, form: Form, target_length: int, dtype: str | None = None) -> str:
+    """The command that serves the exported folder at ``target_length`` tokens, in ``dtype`` (the model's:
+    ``float32``, ``bfloat16``, ``float16``; the engines load a float32 model in 16 bits unless told)."""
+    flag = f" --dtype {dtype}" if dtype else ""
     if target == "vllm":
-        return f"vllm serve {model} --max-model-len {target_length}"
+        return f"vllm serve {model} --max-model-len {target_length}{flag}"
     if target == "sglang":
-        return f"python -m sglang.launch_server --model-path {model} --context-length {target_length}"
+        return f"python -m sglang.launch_server --model-path {model} --context-length {target_length}{flag}"
     return ""
 
 
-LONGER = {  # what lets each engine serve past the length its config allows
-    "vllm": "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
-    "sglang": "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1",
-}
+def longer_note(target: str, form: Form, target_length: int) -> str | None:
+    """What serving past ``target_length`` tokens gives in ``target`` (None for a target without a command)."""
+    if target == "vllm":
+        return (
+            f"do not serve past {target_length} tokens: vLLM's rotary table ends there (max_position_embeddings "
+            "rows), so VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 makes every log-prob past it NaN"
+        )
+    if target == "sglang":
+        if form.kind in (LINEAR, LONGROPE):
+            what = "unscaled positions" if form.kind == LINEAR else "no rows (LongRoPE's table is not extended)"
+            return f"do not serve past {target_length} tokens: SGLang extends its rotary table past it with {what}"
+        return (
+            f"past {target_length} tokens (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1) SGLang extends its rotary "
+            "table with the same frequencies, as transformers does: the scaling past the length it was set for"
+        )
+    return None
+
+
 OVERRIDE_FLAG = {"vllm": "--hf-overrides", "sglang": "--json-model-override-args"}

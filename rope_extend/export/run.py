@@ -201,8 +201,8 @@ def export(
             loaded, tokenizer, scaling, name, decision, out, length, dim, base, dtype, tokenizer_pre, notes, fam
         )
     if decision.adaptive:
-        return _export_adaptive(loaded, tokenizer, source, cfg, scaling, buckets, base, out)
-    return _export_folder(loaded, tokenizer, source, name, decision, to, out, length, notes)
+        return _export_adaptive(loaded, tokenizer, source, cfg, scaling, buckets, base, out, _dtype(cfg, loaded))
+    return _export_folder(loaded, tokenizer, source, name, decision, to, out, length, notes, _dtype(cfg, loaded))
 
 
 def _export_gguf(model, tokenizer, scaling, name, decision, out, length, dim, base, dtype, tokenizer_pre, notes, fam):
@@ -227,6 +227,16 @@ def _export_gguf(model, tokenizer, scaling, name, decision, out, length, dim, ba
         normal_permissions(tmp)
     command = llamacpp.serve_command(out, length, extra, tool)
     return ExportResult(out, "gguf", ENGINES["gguf"], name, how, command, notes)
+
+
+def _dtype(config, model) -> str | None:
+    """The dtype the served model should compute in: a loaded model's own, else the folder's config's (what
+    transformers loads it in); ``float32``, ``bfloat16`` or ``float16``, None when the config does not say."""
+    dtype = next(model.parameters()).dtype if model is not None else getattr(config, "dtype", None)
+    if dtype is None:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    return name if name in ("float32", "bfloat16", "float16") else None
 
 
 def _write_model(model, tokenizer, source, folder: Path) -> None:
@@ -270,14 +280,14 @@ def _adaptive_updates(model, cfg, scaling, buckets, base) -> tuple[dict[str, Any
     return updates, plan
 
 
-def _export_adaptive(model, tokenizer, source, cfg, scaling, buckets, base, out):
+def _export_adaptive(model, tokenizer, source, cfg, scaling, buckets, base, out, dtype):
     updates, plan = _adaptive_updates(model, cfg, scaling, buckets, base)
     factors = ", ".join(f"x{s:g}" for s in plan.factors[1:])
     how = (
         f"per request, from prompt + max_tokens: the model's own RoPE up to L={plan.original}, else yarn at the "
         f"smallest of {factors} that covers it (rope-extend's vLLM plugin, RopeExtendAdaptive{updates[adaptive.CONFIG_KEY]['architecture']})"
     )
-    command = configs.serve_command("vllm", str(out), None, plan.longest)
+    command = configs.serve_command("vllm", str(out), None, plan.longest, dtype)
     notes = [
         (
             "serve with rope-extend installed in vLLM's environment: its vllm.general_plugins entry point registers "
@@ -303,13 +313,14 @@ def _export_adaptive(model, tokenizer, source, cfg, scaling, buckets, base, out)
     return ExportResult(out, "vllm", ENGINES["vllm"], adaptive.METHOD, how, command, notes)
 
 
-def _export_folder(model, tokenizer, source, name, decision, to, out, length, notes):
+def _export_folder(model, tokenizer, source, name, decision, to, out, length, notes, dtype):
     form = decision.form
     updates = configs.config_updates(form, length, to)
     how = json.dumps(updates.get("rope_parameters", updates.get("rope_scaling")) or {"rope_theta": form.base})
-    command = configs.serve_command(to, str(out), form, length)
-    if to in configs.LONGER:  # before the info file is written, so that it carries the note too
-        notes.append(f"to serve past {length} tokens: {configs.LONGER[to]}")
+    command = configs.serve_command(to, str(out), form, length, dtype)
+    longer = configs.longer_note(to, form, length)
+    if longer:  # before the info file is written, so that it carries the note too
+        notes.append(longer)
     with writing(out) as tmp:
         _write_model(model, tokenizer, source, tmp)
         _rewrite_config(tmp, updates, to)

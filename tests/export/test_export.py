@@ -58,7 +58,8 @@ def test_engine_configs(tmp_path):
     assert rope["attention_factor"] == 1.5 and rope["attn_factor"] == pytest.approx(
         1.5 / (0.1 * 1.3862943611198906 + 1)
     )
-    assert r.command.endswith("--context-length 1024") and (tmp_path / "s" / "model.safetensors").is_file()
+    assert r.command.endswith("--context-length 1024 --dtype float32")
+    assert (tmp_path / "s" / "model.safetensors").is_file()
     info = json.loads((tmp_path / "s" / "rope-extend-export.json").read_text())
     assert info["notes"] == r.notes and any("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1" in n for n in r.notes)
     export(str(folder), "vllm", tmp_path / "v", method="linear", factor=4)
@@ -282,8 +283,41 @@ def test_cli_prints_a_readable_summary_and_json_on_request(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["out:", str(tmp_path / "a")]
     assert ["target:", "vllm"] in [line.split() for line in lines]
-    assert any(line.startswith("command:") and "--max-model-len 1024" in line for line in lines)
-    assert "  - to serve past 1024 tokens: VLLM_ALLOW_LONG_MAX_MODEL_LEN=1" in lines  # a note a line
+    assert any(line.startswith("command:") and line.endswith("--max-model-len 1024 --dtype float32") for line in lines)
+    # a note a line; past the target vLLM's rotary table has no rows (tests/export/test_vllm_engine.py runs it)
+    note = "  - do not serve past 1024 tokens: vLLM's rotary table ends there (max_position_embeddings rows), so "
+    assert note + "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 makes every log-prob past it NaN" in lines
     assert main([*args, "--out", str(tmp_path / "b"), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["target"] == "vllm" and result["overrides"]["max_position_embeddings"] == 1024
+
+
+@pytest.mark.parametrize(("dtype", "name"), [(torch.float32, "float32"), (torch.bfloat16, "bfloat16")])
+def test_command_names_the_dtype_of_a_model_or_a_folder(tmp_path, dtype, name):
+    # vLLM and SGLang load a float32 model in 16 bits unless --dtype says otherwise
+    model = tiny_model("llama").to(dtype)
+    r = export(model, "vllm", tmp_path / "m", method="yarn", factor=2)
+    assert r.command.endswith(f"--max-model-len 512 --dtype {name}")
+    folder = tmp_path / "f"
+    model.save_pretrained(folder)
+    r = export(str(folder), "sglang", tmp_path / "s", method="yarn", factor=2)
+    assert r.command.endswith(f"--context-length 512 --dtype {name}")
+
+
+@pytest.mark.parametrize(
+    ("method", "says"),
+    [
+        ("linear", "do not serve past 1024 tokens: SGLang extends its rotary table past it with unscaled positions"),
+        ("yarn", "past 1024 tokens (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1) SGLang extends its rotary table"),
+    ],
+)
+def test_notes_say_what_serving_past_the_target_gives(tmp_path, method, says):
+    folder = saved(tmp_path)
+    r = export(str(folder), "sglang", tmp_path / "s", method=method, factor=4)
+    assert [n for n in r.notes if n.startswith(says)] and not any("ALLOW_LONG_MAX_MODEL_LEN" in n for n in r.notes)
+    r = export(str(folder), "vllm", tmp_path / "v", method=method, factor=4)
+    vllm_note = (
+        "do not serve past 1024 tokens: vLLM's rotary table ends there (max_position_embeddings rows), so "
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 makes every log-prob past it NaN"
+    )
+    assert r.notes == [vllm_note]
