@@ -182,7 +182,7 @@ def test_export_writes_the_plugins_folder(tmp_path):
         "buckets": [2.0, 4.0, 8.0],
         "architecture": "LlamaForCausalLM",
     }
-    assert result.command.endswith("--max-model-len 512") and "x2, x4, x8" in result.how
+    assert result.command.endswith("--max-model-len 512 --dtype float32") and "x2, x4, x8" in result.how
     assert not any("VLLM_ALLOW_LONG_MAX_MODEL_LEN" in n for n in result.notes)
     # transformers with rope-extend reads the folder as rope-extend's dynamic_yarn (plain transformers refuses it)
     model = tiny_model("llama").eval()
