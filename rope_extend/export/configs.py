@@ -7,8 +7,10 @@ Read from each engine's source at a pinned version (the wheels on PyPI):
   ``original_max_position_embeddings``, ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim``,
   ``attention_factor`` (the final scale, as transformers) and ``truncate``; ``llama3`` and ``longrope`` as
   transformers (``longrope``'s scale from ``short_mscale`` / ``long_mscale``, and its long factors whenever
-  ``max_model_len > original_max_position_embeddings``, ``phi3_long_rope_scaled_rope.py``); ``dynamic`` is
-  static at ``factor x max_position_embeddings``. Its longest length (``vllm/config/model.py``,
+  ``max_model_len > original_max_position_embeddings``, ``phi3_long_rope_scaled_rope.py``); vLLM's own
+  ``dynamic`` is plain RoPE (without ``max_trained_positions`` its NTK base factor is 1, and its table has only
+  ``max_position_embeddings`` rows: ``get_rope``, ``dynamic_ntk_scaling_rope.py``; checked by the audit's engines
+  test), so rope-extend never writes it: ``dynamic`` is exported as its static NTK form at the target. Its longest length (``vllm/config/model.py``,
   ``_get_and_verify_max_len``) is ``max_position_embeddings`` times the ``factor`` of every type but yarn,
   llama3 and longrope, whose ``max_position_embeddings`` is already the extended one.
   ``dual_chunk_attention_config`` is read by the Qwen2/Qwen3 families' rotary module, but no attention backend
