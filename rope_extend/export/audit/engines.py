@@ -39,8 +39,9 @@ import math
 from typing import Any
 
 from ...errors import RopeExtendError
+from ...methods.yarn import mscale
 from . import reference
-from .rope import Rope, mscale
+from .rope import Rope
 
 ENGINES = {"vllm": "vLLM 0.33.0", "sglang": "SGLang 0.5.23"}
 KNOWN = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")

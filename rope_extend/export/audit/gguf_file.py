@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from ...errors import RopeExtendError
-from .rope import Rope, mscale, yarn_ramp
+from ...methods.yarn import correction_range, mscale
+from .rope import Rope
 
 ENGINE = "llama.cpp 0c1e57098"
 # arch: (pattern, swa base (None: the global base), swa frequency scale (None: the global scale))
@@ -101,7 +102,7 @@ def _rope(n_rot: int, base: float, fs: float, divisors, attn: float, yarn_origin
     extrap = 1.0 / base ** (np.arange(0, n_rot, 2, dtype=np.float64) / n_rot) / divisors
     if yarn_original is None:
         return fs * extrap, attn
-    low, high = yarn_ramp(n_rot, base, yarn_original, betas[0], betas[1], truncate=True)
+    low, high = correction_range(n_rot, base, yarn_original, betas[0], betas[1], truncate=True)
     mix = 1 - np.clip((np.arange(n_rot // 2) - low) / max(0.001, high - low), 0, 1)
     return fs * extrap * (1 - mix) + extrap * mix, attn * (1.0 + 0.1 * np.log(1.0 / fs))
 

@@ -47,22 +47,3 @@ def differences(got: Rope, want: Rope) -> list[str]:
     if abs(got.scale / want.scale - 1.0) > SCALE_RTOL:
         out.append(f"cos/sin scale {got.scale:.6g} vs {want.scale:.6g}")
     return out
-
-
-def mscale(factor: float, m: float = 1.0) -> float:
-    """YaRN's temperature ``0.1 m ln s + 1`` (1 for ``s <= 1``), as transformers, vLLM, SGLang and llama.cpp
-    compute it."""
-    return 1.0 if factor <= 1.0 else 0.1 * m * float(np.log(factor)) + 1.0
-
-
-def yarn_ramp(dim: int, base: float, original: float, beta_fast: float, beta_slow: float, truncate: bool):
-    """``(low, high)``: the pair indices where YaRN's ramp between extrapolation and interpolation starts and ends
-    (Peng et al. 2023, section 3.2); ``truncate`` floors and ceils them (transformers' default, llama.cpp always)."""
-
-    def corr(rot: float) -> float:
-        return dim * np.log(original / (rot * 2 * np.pi)) / (2 * np.log(base))
-
-    low, high = corr(beta_fast), corr(beta_slow)
-    if truncate:
-        low, high = np.floor(low), np.ceil(high)
-    return max(low, 0.0), min(high, dim - 1.0)
