@@ -136,8 +136,8 @@ def hardware() -> dict[str, Any]:
     return info
 
 
-def _load(name: str, dtype: str):
-    return load_model(name, dtype=dtype, attn_implementation="sdpa"), load_tokenizer(name)
+def _model(name: str, dtype: str):
+    return load_model(name, dtype=dtype, attn_implementation="sdpa")
 
 
 def _plan(model, tok, model_name: str, options: CardOptions):
@@ -183,7 +183,7 @@ def card(
         )
     out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
-    model, tok = _load(model_name, dtype)
+    model, tok = _model(model_name, dtype), load_tokenizer(model_name)
     if method != "none":
         patch(model, method, **(scaling_kwargs or {}))
     scaling, lengths, texts = _plan(model, tok, model_name, options)
@@ -204,7 +204,7 @@ def card(
     if original is None and method != "none":
         unpatch(model)
     else:
-        model = _load(original or model_name, dtype)[0]
+        model = _model(original or model_name, dtype)  # the prompts stay those of MODEL's tokenizer
     inside = [n for n in lengths if n <= L]
     backends["original"], original_records = measure(model, tok, "original", inside, texts, options, where)
     kept = retention(original_records, [r for r in patched_records if r["length"] <= L], L)
