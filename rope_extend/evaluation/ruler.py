@@ -30,9 +30,13 @@ task is the user's turn and the prefix opens the assistant's, else it is RULER's
 
 **Length, as RULER counts it.** A length holds the prompt and the task's tokens to generate (RULER's
 ``tokens_to_generate``: niah 128, vt 30, cwe 120, fwe 50): the number of haystack units (sentences, needles,
-words) is the largest whose whole prompt fits in ``length - tokens_to_generate`` (doubling then bisection, as
-RULER's binary search); fwe grows by RULER's own step of budget // 32 words. Each sample is fitted on its own
-(RULER sizes once per task and length, then drops a whole step from a sample that overflows). cwe uses RULER's
+words) is sized as RULER sizes it: once per task and length, on one draw, the largest whose whole prompt fits
+in ``length - tokens_to_generate`` (doubling then bisection, as RULER's binary search; fwe grows by RULER's own
+step of budget // 32 words and steps back once); then each sample takes that size and drops RULER's step
+(``incremental``: 500 essay words, 25 needles or noise sentences, 5 of them below 4096 tokens; 10 vt noise
+sentences, 5 below 4096; 10 cwe words; fwe's budget // 32; halved where it would leave no haystack, where RULER
+loops forever) while its own draw overflows. So a sample can be a
+step short of the budget, as in RULER (its niah_multikey_2 at 4096 holds 3015-3967 prompt tokens). cwe uses RULER's
 short-context counts (common words 6 times, others once; the example 3 and 1) below 4096 tokens and 30 / 3 from
 4096 on, from RULER's 8,166 wonderwords words (a length needing more is refused); fwe's coded vocabulary has
 ``(length - 50) // 50`` words. vt's worked example is built to 500 tokens (RULER's) or a quarter of the length
@@ -130,7 +134,8 @@ GENERATE = {**{t: 128 for t in NIAH}, "vt": 30, "cwe": 120, "fwe": 50}  # RULER'
 # string_match_part is its qa tasks' (any one of the references counts)
 METRIC = dict.fromkeys(TASKS, "all")
 ESSAY = tuple(t for t, spec in NIAH.items() if spec.haystack == "essay")
-VERSION = 2  # the protocol: 2 = RULER's length accounting, chat template, wonderwords lists (1: exact-length pad)
+VERSION = 3  # the protocol: 3 = RULER's sizing (once per task and length, a step dropped per sample on overflow);
+# 2 = each sample fitted on its own; 1 = exact-length pad
 
 
 def check_tasks(tasks: str | Iterable[str] | None) -> list[str]:
@@ -381,6 +386,7 @@ class RulerPrompt:
     answers: list[str]
     units: int  # haystack units (sentences, needles, list words, coded words)
     budget: int  # the most prompt tokens: the length less the tokens to generate
+    sized: int = 0  # the units this task and length were sized to (``units`` is less when this sample dropped steps)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -479,6 +485,22 @@ def _fit_fwe(measure: Callable[[int], int], budget: int) -> int:
     return n
 
 
+def ruler_step(task: str, length: int, budget: int) -> int:
+    """RULER's ``incremental`` for ``task`` at ``length``: the haystack units a sample that overflows drops
+    (``niah.py``: 500 essay words, 25 noise sentences or needles, 5 below 4096 tokens; ``variable_tracking.py``:
+    10 noise sentences, 5 below 4096; ``common_words_extraction.py``: 10 words; ``freq_words_extraction.py``:
+    ``budget // 32`` coded words)."""
+    if task == "fwe":
+        return max(1, budget // 32)
+    if task == "cwe":
+        return 10
+    if task == "vt":
+        return 5 if length < 4096 else 10
+    if NIAH[task].haystack == "essay":
+        return 500
+    return 5 if length < 4096 else 25
+
+
 def build_prompt(
     tokenizer,
     task: str,
@@ -503,25 +525,40 @@ def build_prompt(
             f"the length, as in RULER; use lengths > {generate}"
         )
     draft_fn, low, high = _draft_fn(task, length, budget, haystack, tokenizer)
+
+    def measuring(rng: Callable[[], random.Random]) -> Callable[[int], int]:
+        return lambda n: len(fmt.ids(draft_fn(rng(), n)))
+
+    # RULER sizes the haystack once per task and length, on one draw (here the draw numbered -1) ...
+    sizing = measuring(sample_rng(task, seed, length, -1))
+    n = _fit_fwe(sizing, budget) if task == "fwe" else _fit(sizing, budget, low, high)
     fresh = sample_rng(task, seed, length, sample)
+    measure = measuring(fresh)
 
-    def measure(n: int) -> int:
-        return len(fmt.ids(draft_fn(fresh(), n)))
-
-    n = _fit_fwe(measure, budget) if task == "fwe" else _fit(measure, budget, low, high)
-    if n is None or measure(n) > budget:
-        raise RopeExtendError(
+    def too_short() -> RopeExtendError:
+        return RopeExtendError(
             f"length {length} is too short for RULER task {task}: its smallest prompt already takes "
             f"{measure(low)} tokens of this tokenizer, and {generate} more are generated; use lengths >= "
             f"{measure(low) + generate}"
         )
+
+    if n is None:
+        raise too_short()
     if high is not None and n == high:
         what = "the essay haystack" if task in NIAH else "RULER's wonderwords list for cwe"
         raise RopeExtendError(
             f"{what} ({high} words) cannot fill length {length} for RULER task {task}: with all of them the prompt "
-            f"has {measure(high)} tokens of a {budget}-token budget; "
+            f"has {sizing(high)} tokens of a {budget}-token budget; "
             + ("give longer texts (--data) or shorter lengths" if task in NIAH else "use shorter lengths")
         )
+    # ... and a sample whose own draw overflows drops RULER's step until it fits
+    step, sized = ruler_step(task, length, budget), n
+    while measure(n) > budget:
+        while n - step < low and step > 1:
+            step //= 2  # RULER's step would leave no haystack (RULER loops forever there): a finer one
+        if n - step < low:
+            raise too_short()
+        n -= step
     if task == "fwe":
         counts = fwe_counts(n, fwe_vocab(budget))
         if not counts[1] > counts[2] > counts[3] > counts[4]:
@@ -531,7 +568,7 @@ def build_prompt(
             )
     draft = draft_fn(fresh(), n)
     ids = fmt.ids(draft)
-    return RulerPrompt(task, ids, list(draft.answers), n, budget)
+    return RulerPrompt(task, ids, list(draft.answers), n, budget, sized)
 
 
 # ------------------------------------------------------------------------------------------ harness

@@ -51,23 +51,35 @@ def essay():
 
 @pytest.mark.parametrize("task", R.TASKS)
 def test_prompts_fill_the_budget_as_ruler_and_hold_every_answer(tok, essay, task):
-    """RULER's length: the prompt plus the task's tokens to generate fit in the length, with the most haystack
-    that fits (one unit more would not; fwe steps by RULER's own coarse step, budget // 32 words)."""
+    """RULER's length and sizing: the haystack is sized once per task and length on one draw (the most units that
+    fit; one more would not; fwe steps by RULER's coarse budget // 32 words), and each sample takes that size less
+    the fewest of RULER's steps that make its own draw fit."""
     hay = R.Haystack(essay)
     fmt = R.PromptFormat(tok)
     for length in LENGTHS[task]:
         budget = length - R.GENERATE[task]
         draft, _, _ = R._draft_fn(task, length, budget, hay, tok)
+
+        def tokens(sample, n, draft=draft, length=length):
+            return len(fmt.ids(draft(R.sample_rng(task, 3, length, sample)(), n)))
+
+        grow = max(1, budget // 32) if task == "fwe" else 1
+        step = R.ruler_step(task, length, budget)
         for sample in range(2):
             p = R.build_prompt(tok, task, length, seed=3, sample=sample, haystack=hay)
-            assert p.budget == budget and len(p.input_ids) <= budget
-            step = max(1, budget // 32) if task == "fwe" else 1
-            more = fmt.ids(draft(R.sample_rng(task, 3, length, sample)(), p.units + step))
-            assert len(more) > budget, (task, length, len(p), len(more))
+            sized = p.sized
+            assert p.budget == budget and len(p.input_ids) <= budget and p.units <= sized
+            if sized - step >= 1:  # RULER's step (halved only where it would leave no haystack)
+                assert (sized - p.units) % step == 0, (task, length, sized, p.units, step)
+            if (
+                p.units < sized and p.units + step <= sized
+            ):  # dropped: one step more would overflow this sample's own draw
+                assert tokens(sample, p.units + step) > budget
             text = tok.decode(p.input_ids)
             head, _, tail = text.rpartition("\n")
             assert p.answers and all(a in head for a in p.answers), (task, p.answers)
             assert p.units >= 1
+        assert tokens(-1, sized) <= budget < tokens(-1, sized + grow), (task, length, sized)
     # the answer prefix ends the prompt
     prefix = {"vt": "they are:", "cwe": "in the list are:", "fwe": "words are:"}.get(task, "provided text")
     assert prefix in tail
@@ -185,7 +197,7 @@ def test_end_to_end_through_the_runner_with_resume(tok, model, tmp_path, monkeyp
     rec = r.records[0]
     assert rec["task"] == "ruler" and rec["ruler_task"] == "niah_single_1" and rec["method"] == "none"
     assert {"answers", "output", "score", "correct", "sample", "length", "prompt_tokens"} <= set(rec)
-    assert rec["task_version"] == R.VERSION == 2
+    assert rec["task_version"] == R.VERSION == 3
     assert len(records.read_text().splitlines()) == 8
     calls.clear()
     again = ruler(model, tok, [384, 450], tasks=tasks, samples=3, seed=1, records=records, resume=True, progress=False)
