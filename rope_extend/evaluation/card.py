@@ -29,6 +29,7 @@ import os
 import platform
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ from .records import RecordLog
 from .records import _config_scaling as configured
 from .report import _pyplot, wilson
 from .retention import retention_from_records
-from .ruler import ruler
+from .ruler import ESSAY, build_prompt, check_tasks, ruler
 
 AGREE = {"perplexity": 1e-3}  # relative; retrieval: within 1 / trials (one answer) per length
 OWNED = {"records.jsonl", "card.md", "card.json", "card.png"}
@@ -158,6 +159,18 @@ def _plan(model, tok, model_name: str, options: CardOptions):
         raise RopeExtendError(
             f"no text of {options.text or 'the bundled corpus'!r} reaches {max(lengths)} tokens: pass --text with longer ones"
         )
+    # RULER's prompts that can be refused (too short a length; an essay haystack too small), built before anything
+    # is written: the shortest length for every task, the longest for the essay tasks
+    for task in check_tasks(options.tasks):
+        for n in {min(lengths), max(lengths)} if task in ESSAY else {min(lengths)}:
+            build_prompt(
+                tok,
+                task,
+                n,
+                seed=options.seed,
+                chat_template=options.chat_template,
+                max_new_tokens=options.answer_tokens,
+            )
     return scaling, lengths, texts
 
 
@@ -171,22 +184,27 @@ def card(
     options: CardOptions | None = None,
     resume: bool = False,
     dtype: str = "float32",
+    claim: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
     """Measure the card of ``model_name`` patched with ``method`` (or as configured, ``method="none"``) and write
     it into ``out`` (see the module docstring). ``original``: the model retention is measured against (default:
-    ``model_name`` unpatched). Returns the card as a dict (what ``card.json`` holds)."""
+    ``model_name`` unpatched). ``claim``: called once the model, scaling, lengths and texts are checked and before
+    anything is written (the CLI claims ``out`` there, so a bad input leaves no folder behind). Returns the card as
+    a dict (what ``card.json`` holds)."""
     options = options or CardOptions()
     out = Path(out)
     if (out / "records.jsonl").exists() and not resume:
         raise RopeExtendError(
             f"{out} already holds a card's records: pass resume=True (--resume) to continue it, or give another folder"
         )
-    out.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     model, tok = _model(model_name, dtype), load_tokenizer(model_name)
     if method != "none":
         patch(model, method, **(scaling_kwargs or {}))
     scaling, lengths, texts = _plan(model, tok, model_name, options)
+    if claim is not None:
+        claim()  # everything checked: now write
+    out.mkdir(parents=True, exist_ok=True)
     L = scaling.original_max_position_embeddings
     label = scaling.describe()
     # every harness appends to one records file: what this card measured earlier is reused, nothing twice
@@ -267,6 +285,10 @@ def _served(model, tok, label, lengths, texts, options, where, scaling) -> dict[
 
 
 # ----------------------------------------------------------------------------------------------- writing
+# what each backend's numbers are called in the card's table and figure (one mapping for both)
+SHOWN = {"original": "original", "transformers": "patched", "llama.cpp": "served in llama.cpp"}
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1f}"
 
@@ -274,9 +296,8 @@ def _pct(x: float | None) -> str:
 def markdown(card: dict[str, Any]) -> str:
     """The model-card block: one table by length (each backend), effective lengths, retention, agreement."""
     b = card["backends"]
-    names = [n for n in ("original", "transformers", "llama.cpp") if n in b]
-    shown = {"original": "original", "transformers": "patched", "llama.cpp": "served in llama.cpp"}
-    head = ["length"] + [f"{what} ({shown[n]})" for n in names for what in ("RULER", "passkey", "ppl")]
+    names = [n for n in SHOWN if n in b]
+    head = ["length"] + [f"{what} ({SHOWN[n]})" for n in names for what in ("RULER", "passkey", "ppl")]
     lines = [
         f"### Long context: {card['model']}, {card['scaling']}",
         "",
@@ -344,7 +365,7 @@ def figure(card: dict[str, Any], path: Path) -> None:
         for ax, key, scale in ((axes[0], "ruler", 1), (axes[1], "passkey", 100), (axes[2], "perplexity", 1)):
             pts = sorted((int(n), v * scale) for n, v in x[key].items())
             if pts:
-                ax.plot(*zip(*pts, strict=True), marker="o", label=name)
+                ax.plot(*zip(*pts, strict=True), marker="o", label=SHOWN.get(name, name))
     for ax, title in zip(axes, ("RULER average (%)", "passkey (%)", "perplexity"), strict=True):
         ax.set_xscale("log", base=2)
         ax.axvline(card["original_length"], color="grey", linestyle=":", linewidth=1)

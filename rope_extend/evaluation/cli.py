@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 
@@ -164,7 +165,10 @@ def _cmd_card(args) -> int:
 
     options = schema.build(CardOptions, schema.arguments_data(args, CardOptions), where="the command line")
     spec = scaling_from_args(args)
-    claim_output_dir(args.out, kind="card", owned=OWNED.__contains__, resume=args.resume, overwrite=args.overwrite)
+    claim = functools.partial(
+        claim_output_dir, args.out, kind="card", owned=OWNED.__contains__, resume=args.resume, overwrite=args.overwrite
+    )
+    claim(check_only=True)  # refused before a model is loaded; claimed once the inputs are checked (card's claim)
     result = card(
         args.model,
         args.out,
@@ -174,6 +178,7 @@ def _cmd_card(args) -> int:
         options=options,
         resume=args.resume,
         dtype=args.dtype,
+        claim=claim,
     )
     if args.json:
         print(json.dumps({"out": args.out, "card": result}, default=str))

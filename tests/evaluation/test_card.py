@@ -83,6 +83,26 @@ def test_cli_bad_option_is_one_line_exit_2(tmp_path, capsys):
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.parametrize(
+    "args, why",
+    [
+        (["--method", "yarn", "--factor", "4", "--lengths", "512", "1024"], "needs a length inside L=256"),
+        (["--lengths", "128", "256"], "neither patched nor configured"),  # no --method: no scaling
+        (["--method", "yarn", "--factor", "4", "--lengths", "120", "256"], "leaves no prompt for RULER"),
+        (["--method", "yarn", "--factor", "4", "--lengths", "160", "256"], "too short for RULER"),
+    ],
+)
+def test_cli_input_refused_after_loading_leaves_no_folder(tmp_path, capsys, args, why):
+    """The folder is claimed only once the model, scaling, lengths and texts are checked: a bad input found after
+    loading the model leaves nothing behind."""
+    code = main(
+        ["card", "bundled", *args, "--out", str(tmp_path / "c"), "--samples", "1", "--trials", "1", "--no-engine"]
+    )
+    assert code == 2
+    assert why in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+
+
 @pytest.mark.engines
 def test_the_served_gguf_agrees_with_transformers(tmp_path):
     pytest.importorskip("llama_cpp")
