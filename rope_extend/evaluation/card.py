@@ -153,6 +153,9 @@ def _plan(model, tok, model_name: str, options: CardOptions):
     lengths = options.lengths or default_lengths(L, scaling.target_length)
     if not any(n <= L for n in lengths):
         raise RopeExtendError(f"retention needs a length inside L={L}; got lengths {lengths}")
+    extra = sorted(set(options.engine_lengths or ()) - set(lengths))
+    if extra:
+        raise RopeExtendError(f"engine_lengths {extra} are not among the card's lengths {lengths}")
     source = default_texts() if options.text is None else read_documents(options.text)
     texts = [t for t in source if len(tok(t)["input_ids"]) >= max(lengths)]
     if not texts:
@@ -214,7 +217,7 @@ def card(
     served: dict[str, Any] | None = None
     decision = routes.decide(scaling, "gguf", *rotary_geometry(text_config(model.config)))
     if options.engine and decision.status == routes.EXPORTED:
-        served = _served(model, tok, label, lengths, texts, options, where, scaling)
+        served = _served(model, tok, label, options.engine_lengths or lengths, texts, options, where, scaling)
         backends["llama.cpp"] = served.pop("backend")
     elif options.engine:
         served = {"skipped": decision.message(scaling.method.name, "gguf")}
@@ -281,7 +284,7 @@ def _served(model, tok, label, lengths, texts, options, where, scaling) -> dict[
         ) as served:
             backend, _ = measure(served, tok, f"{label} (llama.cpp)", lengths, texts, options, where)
             digest = served.digest
-    return {"engine": "llama.cpp", "how": result.how, "file_digest": digest, "backend": backend}
+    return {"engine": "llama.cpp", "how": result.how, "file_digest": digest, "backend": backend, "lengths": lengths}
 
 
 # ----------------------------------------------------------------------------------------------- writing
@@ -344,7 +347,8 @@ def markdown(card: dict[str, Any]) -> str:
         a = card["agreement"]
         lines += [
             "",
-            f"Served: the GGUF export ({served['how']}) in llama.cpp, the same prompts: perplexity within "
+            f"Served: the GGUF export ({served['how']}) in llama.cpp, the same prompts at "
+            f"{', '.join(str(n) for n in served.get('lengths', card['lengths']))}: perplexity within "
             f"{100 * a['perplexity_rel_diff']:.3f}%, passkey within {100 * a['passkey_abs_diff']:.0f} points, RULER "
             f"within {100 * a['ruler_abs_diff']:.1f} points of transformers: "
             + ("agrees." if a["agree"] else "DOES NOT AGREE within the stated limits."),

@@ -33,6 +33,11 @@ class CardOptions:
     threshold: float = option(RULER_THRESHOLD, help="RULER's effective-length bar, percent")
     keep: float = option(KEEP, help="the share of the score at L a length must keep (relative effective length)")
     engine: bool = option(True, help="also measure the GGUF export in llama.cpp when the method exports exactly")
+    engine_lengths: list[Any] | None = option(
+        None,
+        help="the lengths the served GGUF is measured at, some of --lengths (default: all of them; llama.cpp as "
+        "built by pip is several times slower than torch on a CPU)",
+    )
     seed: int = option(0, help="seed of every prompt")
 
     def __post_init__(self):
@@ -42,3 +47,5 @@ class CardOptions:
                 raise RopeExtendError(f"{name} must be a positive integer, got {value!r}")
         if self.lengths is not None:
             self.lengths = parse_lengths(self.lengths)
+        if self.engine_lengths is not None:
+            self.engine_lengths = parse_lengths(self.engine_lengths)

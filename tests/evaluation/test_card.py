@@ -113,3 +113,21 @@ def test_the_served_gguf_agrees_with_transformers(tmp_path):
     assert result["agreement"]["perplexity_rel_diff"] < 1e-3
     assert set(served["passkey"]) == {256, 512}
     assert "served in llama.cpp" in (tmp_path / "c" / "card.md").read_text()
+
+
+@pytest.mark.engines
+def test_the_served_gguf_at_some_lengths_only(tmp_path):
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("gguf")
+    options = CardOptions(**SMALL, engine_lengths=[512])
+    result = card("bundled", tmp_path / "c", method="yarn", scaling_kwargs={"factor": 4}, options=options)
+    assert set(result["backends"]["llama.cpp"]["passkey"]) == {512} and result["served"]["lengths"] == [512]
+    assert result["agreement"]["agree"], result["agreement"]
+    assert "the same prompts at 512:" in (tmp_path / "c" / "card.md").read_text()
+
+
+def test_engine_lengths_outside_the_lengths_are_refused(tmp_path):
+    options = CardOptions(**SMALL, engine_lengths=[1024])
+    with pytest.raises(RopeExtendError, match=r"engine_lengths \[1024\] are not among the card's lengths \[256, 512\]"):
+        card("bundled", tmp_path / "c", method="yarn", scaling_kwargs={"factor": 4}, options=options)
+    assert not (tmp_path / "c").exists()
