@@ -62,9 +62,11 @@ class Rules:
     def key_position(self, kind: str, j: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    # key_position(j) - j is constant over each run of this many keys from 0 (Dual Chunk's chunks); None: no
-    # such runs. With runs, a few queries over many keys turn the queries once per run instead of every key.
-    run_length: int | None = None
+    @property
+    def run_length(self) -> int | None:
+        """``key_position(j) - j`` is constant over each run of this many keys from 0 (Dual Chunk's chunks); None:
+        no such runs. With runs, a few queries over many keys turn the queries once per run instead of every key."""
+        return None
 
     def key_group(self, kind: str) -> str | None:
         """Kinds with the same group share key positions; None: the kind keeps the true positions of queries

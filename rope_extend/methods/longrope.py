@@ -58,7 +58,7 @@ def longrope_attention_scale(factor: float, original_max_position_embeddings: in
 def longrope(params: LongRopeParams, geo: Geometry, factor: float, seq_len: int | None) -> tuple[torch.Tensor, float]:
     """See the module docstring; the operations follow transformers' so the numbers match exactly."""
     long = seq_len is not None and seq_len > geo.original_max_position_embeddings
-    factors = params.long_factor if long else params.short_factor
+    factors = (params.long_factor if long else params.short_factor) or ()  # both set: __post_init__ checked them
     if len(factors) != geo.dim // 2:
         raise RopeExtendError(
             f"longrope {'long' if long else 'short'}_factor has {len(factors)} entries; the rotary dimension "
