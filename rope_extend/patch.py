@@ -114,21 +114,15 @@ def _pristine_config(config, state: PatchState | None):
     return config
 
 
-def _plan(model, modules, state, method, factor, target_length, original_max_position_embeddings, params):
+def _plan(model, modules, state, method: str, kwargs: dict[str, Any]):
     """``(plans, scaling, shipped)``: per rotary module ``(module, config, {layer_type: Entry})``, checked
-    against the unpatched configs; raises before anything is touched."""
+    against the unpatched configs; raises before anything is touched. ``kwargs``: ``hf.plan``'s (``factor``,
+    ``target_length``, ``original_max_position_embeddings`` and the method's parameters)."""
     plans, scaling, shipped = [], None, set()
     for _, module in modules:
         config = rotary.module_config(model, module)
         pristine = _pristine_config(config, state)
-        scaling = hf.plan(
-            pristine,
-            method,
-            factor=factor,
-            target_length=target_length,
-            original_max_position_embeddings=original_max_position_embeddings,
-            **params,
-        )
+        scaling = hf.plan(pristine, method, **kwargs)
         entries = {}
         present = rotary.module_layer_types(module)
         for lt in hf.scaled_layer_types(pristine):
@@ -217,9 +211,13 @@ def patch(
     # 1. Plan everything against the unpatched configs; raise before touching anything.
     with hf.naming(getattr(model, "config", None) or model, method):
         modules = rotary.rotary_modules(model)
-        plans, scaling, shipped = _plan(
-            model, modules, state, method, factor, target_length, original_max_position_embeddings, params
-        )
+        kwargs = {
+            "factor": factor,
+            "target_length": target_length,
+            "original_max_position_embeddings": original_max_position_embeddings,
+            **params,
+        }
+        plans, scaling, shipped = _plan(model, modules, state, method, kwargs)
         attention_plans = []
         if scaling.in_attention:
             config = rotary.module_config(model, modules[0][1])

@@ -157,8 +157,10 @@ def _coerce(value: Any, hint: Any, path: str, error: type[RopeExtendError], wher
 
 
 def _check_value(
-    value: Any, hint: Any, path: str, cls, name: str, error: type[RopeExtendError], where: str | None
+    value: Any, hint: Any, path: str, cls, name: str, *, error: type[RopeExtendError], where: str | None
 ) -> Any:
+    """``value`` coerced to ``hint``, or ``error`` naming ``where``, the dotted ``path``, the value and what
+    ``cls.name`` expects (its help text too)."""
     try:
         return _coerce(value, hint, path, error, where)
     except _Mismatch as exc:
@@ -191,7 +193,7 @@ def build(
             problems.append(f"unknown key {prefix + str(key)!r}{hint} (valid keys in {section}: {', '.join(names)})")
             continue
         try:
-            kwargs[key] = _check_value(value, hints[key], prefix + key, cls, key, error, where)
+            kwargs[key] = _check_value(value, hints[key], prefix + key, cls, key, error=error, where=where)
         except error as exc:  # a nested section's problems come back with the same head
             problems.append(str(exc).removeprefix(head))
     missing = [f.name for f in fields if f.name not in data and f.default is _MISSING and f.default_factory is _MISSING]

@@ -115,3 +115,67 @@ def test_the_version_agrees_with_pyproject():
 
     text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
     assert re.search(r'^version = "([^"]+)"', text, re.MULTILINE).group(1) == rope_extend.__version__
+
+
+# issue 56: being split. hf/attention.py, hf/config.py, hf/layout.py and export/run.py are changed by other work
+# of the issue; until it lands they are excused from the two limits below. A module that keeps to both limits (or
+# is gone) must leave this set, so it only shrinks; empty it when that work lands.
+PENDING = {"hf/attention.py", "hf/config.py", "hf/layout.py", "export/run.py"}
+MAX_LINES = 450
+MAX_POSITIONAL = 6
+
+
+def positional_parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    """The parameters a call may pass by position, ``self`` / ``cls`` left out (``*args`` and keyword-only
+    parameters are not counted)."""
+    names = [a.arg for a in node.args.posonlyargs + node.args.args]
+    return names[1:] if names and names[0] in ("self", "cls") else names
+
+
+def _long_modules() -> dict[str, int]:
+    """``{module path: lines}`` for every module of the package over ``MAX_LINES`` lines."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > MAX_LINES:
+            out[path.relative_to(PACKAGE).as_posix()] = lines
+    return out
+
+
+def _wide_functions() -> dict[str, list[str]]:
+    """``{module path: ["line name(parameters)", ...]}`` for every function of the package with more than
+    ``MAX_POSITIONAL`` positional parameters."""
+    out: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                params = positional_parameters(node)
+                if len(params) > MAX_POSITIONAL:
+                    where = path.relative_to(PACKAGE).as_posix()
+                    out.setdefault(where, []).append(f"{node.lineno} {node.name}({', '.join(params)})")
+    return out
+
+
+def test_no_module_is_over_450_lines():
+    long = {name: n for name, n in _long_modules().items() if name not in PENDING}
+    assert long == {}, f"modules over {MAX_LINES} lines (split them): {long}"
+
+
+def test_no_function_takes_more_than_6_positional_parameters():
+    wide = {name: fs for name, fs in _wide_functions().items() if name not in PENDING}
+    assert wide == {}, (
+        f"functions with more than {MAX_POSITIONAL} positional parameters (make the rest keyword-only or pass a "
+        f"small dataclass): {wide}"
+    )
+
+
+def test_pending_modules_still_need_their_excuse():
+    fine = PENDING - set(_long_modules()) - set(_wide_functions())
+    assert fine == set(), f"PENDING excuses modules that keep both limits now (or are gone): remove {sorted(fine)}"
+
+
+def test_positional_parameters_are_counted_as_a_call_passes_them():
+    tree = ast.parse("def f(a, b, c, /, d, e, f, g, *args, h=1): ...\nclass C:\n    def m(self, a, *, b): ...")
+    f, m = (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
+    assert positional_parameters(f) == ["a", "b", "c", "d", "e", "f", "g"]
+    assert positional_parameters(m) == ["a"]

@@ -367,16 +367,10 @@ VOCABULARY = sorted(set(FIRST + LAST + TOWNS + JOBS + COLOURS + THINGS + PLACES 
 DRILLS = ("words", "pseudo", "numbers", "fragments")
 DRILL_TOKENS = {"words": 1.0, "pseudo": 3.2, "numbers": 6.0, "fragments": 1.6}  # rough tokens per item
 # every word the templates use, for fragments: word starts the tokenizer knows, in orders it never saw
-_TEMPLATE_WORDS = sorted(
-    set(
-        re.findall(
-            r"[A-Za-z]{2,}",
-            " ".join(
-                NARRATIVE + RECALL + [TASK, FILLER, KEY_LINE, QUESTION, Person("", "", "", 0, "", "").introduction()]
-            ),
-        )
-    )
+_TEMPLATE_TEXT = " ".join(
+    NARRATIVE + RECALL + [TASK, FILLER, KEY_LINE, QUESTION, Person("", "", "", 0, "", "").introduction()]
 )
+_TEMPLATE_WORDS = sorted(set(re.findall(r"[A-Za-z]{2,}", _TEMPLATE_TEXT)))
 
 
 def copy_drill(rng: random.Random, items: int, *, kind: str = "words") -> str:

@@ -84,13 +84,25 @@ def default_lengths(original: int, target: int) -> list[int]:
     return lengths
 
 
-def measure(model, tokenizer, name: str, lengths: list[int], texts, options: CardOptions, where: dict[str, Any]):
-    """RULER, passkey and perplexity of ``model`` at ``lengths``. ``where``: ``records`` (the file records are
-    appended to), ``resume`` and ``reference`` (the length whose RULER score the relative effective length keeps,
-    L)."""
+@dataclass(frozen=True)
+class Bench:
+    """What every backend of a card is measured on: ``texts`` (perplexity's), the ``options``, the ``records`` file
+    every harness appends to (with ``resume``: what the card measured earlier is reused, nothing twice) and the
+    ``reference`` length whose RULER score the relative effective length keeps (L)."""
+
+    texts: list[str]
+    options: CardOptions
+    records: Path
+    reference: int
+    resume: bool = True
+
+
+def measure(model, tokenizer, name: str, lengths: list[int], bench: Bench):
+    """RULER, passkey and perplexity of ``model`` at ``lengths``, on ``bench``."""
 
     start = time.perf_counter()
-    common = {"records": where["records"], "resume": where["resume"], "progress": True, "run": {"label": name}}
+    options = bench.options
+    common = {"records": bench.records, "resume": bench.resume, "progress": True, "run": {"label": name}}
     r = ruler(
         model,
         tokenizer,
@@ -102,11 +114,11 @@ def measure(model, tokenizer, name: str, lengths: list[int], texts, options: Car
         chat_template=options.chat_template,
         threshold=options.threshold,
         keep=options.keep,
-        reference_length=where["reference"] if where["reference"] in lengths else None,
+        reference_length=bench.reference if bench.reference in lengths else None,
         **common,
     )
     p = passkey(model, tokenizer, lengths, trials=options.trials, seed=options.seed, **common)
-    ppl = perplexity(model, tokenizer, texts, lengths, max_docs=options.docs, **common)
+    ppl = perplexity(model, tokenizer, bench.texts, lengths, max_docs=options.docs, **common)
     out = Backend(name, dict(r.average), r.tasks, dict(p.accuracy_by_length))
     out.passkey_interval = {n: wilson(a * options.trials, options.trials) for n, a in p.accuracy_by_length.items()}
     out.perplexity = dict(ppl.perplexity)
@@ -211,13 +223,13 @@ def card(
     L = scaling.original_max_position_embeddings
     label = scaling.describe()
     # every harness appends to one records file: what this card measured earlier is reused, nothing twice
-    where = {"records": out / "records.jsonl", "resume": True, "reference": L}
+    bench = Bench(texts, options, out / "records.jsonl", L)
     backends: dict[str, Backend] = {}
-    backends["transformers"], patched_records = measure(model, tok, label, lengths, texts, options, where)
+    backends["transformers"], patched_records = measure(model, tok, label, lengths, bench)
     served: dict[str, Any] | None = None
     decision = routes.decide(scaling, "gguf", *rotary_geometry(text_config(model.config)))
     if options.engine and decision.status == routes.EXPORTED:
-        served = _served(model, tok, label, options.engine_lengths or lengths, texts, options, where, scaling)
+        served = _served(model, tok, label, options.engine_lengths or lengths, bench, scaling)
         backends["llama.cpp"] = served.pop("backend")
     elif options.engine:
         served = {"skipped": decision.message(scaling.method.name, "gguf")}
@@ -227,7 +239,7 @@ def card(
     else:
         model = _model(original or model_name, dtype)  # the prompts stay those of MODEL's tokenizer
     inside = [n for n in lengths if n <= L]
-    backends["original"], original_records = measure(model, tok, "original", inside, texts, options, where)
+    backends["original"], original_records = measure(model, tok, "original", inside, bench)
     kept = retention(original_records, [r for r in patched_records if r["length"] <= L], L)
     result = {
         "model": model_name,
@@ -247,7 +259,7 @@ def card(
         ),
         "seconds": round(time.perf_counter() - began, 1),
         "hardware": hardware(),
-        "records": len(RecordLog(where["records"], resume=True).records),
+        "records": len(RecordLog(bench.records, resume=True).records),
     }
     write_json(out / "card.json", result)
     write_text(out / "card.md", markdown(result))
@@ -268,7 +280,7 @@ def retention(original: list[dict], patched: list[dict], within: int) -> dict[st
     return out
 
 
-def _served(model, tok, label, lengths, texts, options, where, scaling) -> dict[str, Any]:
+def _served(model, tok, label: str, lengths: list[int], bench: Bench, scaling) -> dict[str, Any]:
     """The GGUF export of the patched model, measured in llama.cpp at every length (the file in a temporary
     folder: records name its SHA-256, which is the same for the same model and export)."""
 
@@ -282,7 +294,7 @@ def _served(model, tok, label, lengths, texts, options, where, scaling) -> dict[
             factor=scaling.factor,
             original_length=scaling.original_max_position_embeddings,
         ) as served:
-            backend, _ = measure(served, tok, f"{label} (llama.cpp)", lengths, texts, options, where)
+            backend, _ = measure(served, tok, f"{label} (llama.cpp)", lengths, bench)
             digest = served.digest
     return {"engine": "llama.cpp", "how": result.how, "file_digest": digest, "backend": backend, "lengths": lengths}
 

@@ -66,9 +66,8 @@ def _array(values: Iterable[float], name: str) -> np.ndarray:
     return a
 
 
-def _interval(
-    kind: str, draws: np.ndarray, ratio: float, n: int, orig: float, pat: float, confidence, resamples, seed
-) -> Retention:
+def _interval(draws: np.ndarray, confidence: float) -> tuple[float, float]:
+    """The ``confidence`` percentile interval of the bootstrap ratios ``draws`` (nan draws dropped)."""
     draws = draws[~np.isnan(draws)]
     if draws.size == 0:  # every resample had no ratio (cannot happen when the full sample has one)
         raise RopeExtendError("retention: no bootstrap resample gave a ratio")
@@ -76,9 +75,7 @@ def _interval(
     # no interpolation between draws: an infinite draw (original 0 in that resample) then stays an open upper end
     # instead of making the quantile inf - inf
     low, high = np.quantile(draws, [tail, 1 - tail], method="inverted_cdf")
-    return Retention(
-        float(ratio), float(low), float(high), float(confidence), n, orig, pat, kind, METHOD, resamples, seed
-    )
+    return float(low), float(high)
 
 
 def _pair(original, patched, what: str) -> int:
@@ -110,8 +107,18 @@ def retention(
     om, pm = o[idx].mean(axis=1), p[idx].mean(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         draws = pm / om  # 0/0 -> nan (dropped), x/0 -> inf
-    return _interval(
-        "score", draws, p.mean() / o.mean(), n, float(o.mean()), float(p.mean()), confidence, resamples, seed
+    low, high = _interval(draws, confidence)
+    return Retention(
+        ratio=float(p.mean() / o.mean()),
+        low=low,
+        high=high,
+        confidence=float(confidence),
+        examples=n,
+        original=float(o.mean()),
+        patched=float(p.mean()),
+        kind="score",
+        resamples=resamples,
+        seed=seed,
     )
 
 
@@ -142,7 +149,19 @@ def perplexity_retention(
     # ppl_o / ppl_p = exp((nll_o - nll_p) / tokens)
     draws = np.exp((on[idx].sum(axis=1) - pn[idx].sum(axis=1)) / tok)
     ppl_o, ppl_p = math.exp(on.sum() / ot.sum()), math.exp(pn.sum() / pt.sum())
-    return _interval("perplexity", draws, ppl_o / ppl_p, n, ppl_o, ppl_p, confidence, resamples, seed)
+    low, high = _interval(draws, confidence)
+    return Retention(
+        ratio=float(ppl_o / ppl_p),
+        low=low,
+        high=high,
+        confidence=float(confidence),
+        examples=n,
+        original=ppl_o,
+        patched=ppl_p,
+        kind="perplexity",
+        resamples=resamples,
+        seed=seed,
+    )
 
 
 # ------------------------------------------------------------------------------------------ from records

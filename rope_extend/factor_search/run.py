@@ -111,7 +111,9 @@ def _tokens(tokenizer, texts, length: int) -> list[list[int]]:
     return kept
 
 
-def _settings(model, factor, dim, base, length, docs, population, seed) -> dict[str, Any]:
+def _settings(model, docs, *, factor, dim, base, length, population, seed) -> dict[str, Any]:
+    """What a resumed search must share with the saved one: the model, the scaling and geometry, a digest of the
+    token ids, and the search's own settings."""
     digest = hashlib.sha1(json.dumps(docs).encode()).hexdigest()[:16]
     name = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
     return {"model": str(name), "factor": factor, "dim": dim, "base": base, "target_length": length,
@@ -128,10 +130,11 @@ class _Run:
         head,
         ids,
         space: evolution.Space,
+        *,
         factor: float,
         population: int,
         rng: random.Random,
-        max_evaluations,
+        max_evaluations: int | None,
     ):
         self.model, self.head, self.ids, self.space = model, head, ids, space
         self.factor, self.population, self.rng, self.max_evaluations = factor, population, rng, max_evaluations
@@ -362,11 +365,22 @@ def search(
     length = round(float(factor) * L)
     docs = _tokens(tokenizer, texts, length)
     check_reachable(model, length, cache=False)
-    settings = _settings(model, float(factor), dim, base, length, docs, population, seed)
+    settings = _settings(
+        model, docs, factor=float(factor), dim=dim, base=base, length=length, population=population, seed=seed
+    )
     head = hf_head.lm_head(model, decoder=True)
     device = next(model.parameters()).device
     ids = [torch.tensor(d, device=device) for d in docs]
-    run = _Run(model, head, ids, space, float(factor), population, random.Random(seed), max_evaluations)
+    run = _Run(
+        model,
+        head,
+        ids,
+        space,
+        factor=float(factor),
+        population=population,
+        rng=random.Random(seed),
+        max_evaluations=max_evaluations,
+    )
 
     state_path = _open_state(out, settings, run, resume=resume, overwrite=overwrite)
 

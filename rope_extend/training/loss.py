@@ -22,6 +22,7 @@ final hidden states, computes the summed token loss into a side slot, and return
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -33,12 +34,23 @@ from ..hf.head import LMHead, lm_head, unwrap
 IGNORE = -100
 
 
+@dataclass(frozen=True)
+class Chunking:
+    """How ``ChunkedLinearCrossEntropy`` walks the tokens: ``size`` tokens at a time, with the family's logit
+    transform (``softcap``: Gemma's cap or None; ``multiplier``: Cohere's scale, Granite's 1 / divisor)."""
+
+    size: int
+    softcap: float | None = None
+    multiplier: float = 1.0
+
+
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """Sum over tokens of ``cross_entropy(softcap(m * (hidden @ weight.T + bias)), targets)``; targets -100
     skipped; ``m`` is the family's logit multiplier (1 for most)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, chunk_size: int, softcap: float | None, multiplier: float = 1.0):
+    def forward(ctx, hidden, weight, bias, targets, how: Chunking):
+        chunk_size, softcap, multiplier = how.size, how.softcap, how.multiplier
         shape = hidden.shape
         h = hidden.reshape(-1, shape[-1])
         t = targets.reshape(-1)
@@ -96,7 +108,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         gh = (grad_h * grad_out.to(grad_h.dtype)).view(ctx.shape) if grad_h is not None else None
         gw = (grad_w * grad_out).to(ctx.dtypes[0]) if grad_w is not None else None
         gb = (grad_b * grad_out).to(ctx.dtypes[1]) if grad_b is not None else None
-        return gh, gw, gb, None, None, None, None
+        return gh, gw, gb, None, None
 
 
 def chunked_loss(
@@ -113,9 +125,8 @@ def chunked_loss(
     lm = head if isinstance(head, LMHead) else LMHead(head, softcap=softcap)
     module = lm.output
     if type(module) is nn.Linear:
-        return ChunkedLinearCrossEntropy.apply(
-            hidden, module.weight, module.bias, targets, chunk_size, lm.softcap, lm.multiplier
-        )
+        how = Chunking(chunk_size, lm.softcap, lm.multiplier)
+        return ChunkedLinearCrossEntropy.apply(hidden, module.weight, module.bias, targets, how)
     forward = head_forward or module.forward
     h = hidden.reshape(-1, hidden.shape[-1])
     t = targets.reshape(-1)

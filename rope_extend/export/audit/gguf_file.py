@@ -96,7 +96,7 @@ def _divisors(tensors: dict[str, np.ndarray], served: int, original: int, n_rot:
     return divisors, which
 
 
-def _rope(n_rot: int, base: float, fs: float, divisors, attn: float, yarn_original: int | None, betas) -> tuple:
+def _rope(n_rot: int, base: float, fs: float, divisors, attn: float, *, yarn_original: int | None, betas) -> tuple:
     """One layer's ``(frequencies, scale)`` as ggml's ``rope_yarn`` computes them (YaRN when ``yarn_original``
     is given: ``ext_factor`` 1, the ramp floored and ceiled)."""
     extrap = 1.0 / base ** (np.arange(0, n_rot, 2, dtype=np.float64) / n_rot) / divisors
@@ -154,7 +154,7 @@ def layers(keys: dict[str, Any], tensors: dict[str, np.ndarray], served: int) ->
         layer_type = ("sliding_attention" if local else "full_attention") if any(swa) else None
         if layer_type not in cache:
             b, fs = (swa_base, swa_scale) if local else (base, freq_scale)
-            freqs, scale = _rope(n_rot, b, fs, divisors, attn, original if yarn else None, betas)
+            freqs, scale = _rope(n_rot, b, fs, divisors, attn, yarn_original=original if yarn else None, betas=betas)
             what = f"{ENGINE}: {arch}, freq_base {b:g}, scaling {kind}" + (f" x{1 / fs:g}" if fs != 1.0 else "")
             what += (
                 (f", original {original}" if yarn else "") + f", attn_factor {attn:g}" + (f", {which}" if which else "")

@@ -1,0 +1,147 @@
+"""``ruler()``: RULER's synthetic tasks on a model at each length, through the evaluation runner."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import RopeExtendError
+from .. import retrieval, ruler_words, runner
+from ..data import parse_lengths
+from ..effective import KEEP, RULER_THRESHOLD, EffectiveLength, check_effective_options, effective_lengths
+from .scoring import score, tables
+from .sizing import Haystack, PromptFormat, RulerPrompt, build_prompt
+from .tasks import ESSAY, GENERATE, VERSION, check_tasks
+
+
+@dataclass
+class RulerResult:
+    """Every sample's record and RULER's tables.
+
+    ``accuracy[task][length]``: the mean sample score (a share); ``scores[task][length]``: RULER's number, that
+    mean in percent rounded to 2 decimals; ``empty[task][length]``: the samples whose answer was empty after
+    RULER's post-processing; ``average[length]``: the mean of ``scores`` over the tasks measured (percent; over
+    ``tasks`` of them, never RULER's 13: see ``RULER_TASKS``); ``effective``: the effective lengths
+    (``effective.EffectiveLength``) of ``average``."""
+
+    records: list[dict]
+    accuracy: dict[str, dict[int, float]] = field(default_factory=dict)
+    scores: dict[str, dict[int, float]] = field(default_factory=dict)
+    empty: dict[str, dict[int, int]] = field(default_factory=dict)
+    average: dict[int, float] = field(default_factory=dict)
+    tasks: int = 0
+    effective: EffectiveLength | None = None
+
+
+def ruler(
+    model,
+    tokenizer,
+    lengths: str | Iterable[Any],
+    *,
+    tasks: str | Iterable[str] | None = None,
+    samples: int = 10,
+    seed: int = 0,
+    haystack: Sequence[str] | None = None,
+    max_new_tokens: int | None = None,
+    chat_template: bool = True,
+    threshold: float = RULER_THRESHOLD,
+    reference_length: int | None = None,
+    keep: float = KEEP,
+    records: str | os.PathLike | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    run: dict[str, Any] | None = None,
+    sliding_window: str = "auto",
+) -> RulerResult:
+    """RULER accuracy of ``model`` for each of ``tasks`` (default: all eleven) at each of ``lengths``.
+
+    ``samples`` prompts per task and length, each drawn from ``(seed, task, length, sample)`` only; a length
+    counts the tokens to generate, as RULER's ``max_seq_length``. ``haystack``: texts for the essay tasks
+    (default: the bundled held-out corpus). ``max_new_tokens`` replaces RULER's per-task generation budget (and
+    so the prompt's share of the length). ``chat_template``: wrap the prompt in the tokenizer's chat template
+    when it has one (RULER does for instruct models); False keeps RULER's ``base`` template.
+    ``threshold``, ``reference_length`` and ``keep``: the effective lengths' (``effective.effective_lengths``).
+    ``records``/``resume``/``run``/``sliding_window`` are the evaluation runner's (see ``evaluation.runner``).
+    """
+    lengths = parse_lengths(lengths)
+    names = check_tasks(tasks)
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise RopeExtendError(f"samples must be a positive integer, got {samples!r}")
+    if max_new_tokens is not None and (
+        isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1
+    ):
+        raise RopeExtendError(f"max_new_tokens must be a positive integer or None, got {max_new_tokens!r}")
+    check_effective_options(threshold, reference_length, keep)
+    retrieval.check_can_generate(model)
+    fmt = PromptFormat(tokenizer, chat_template)
+    budget = {t: max_new_tokens or GENERATE[t] for t in names}
+    runner.check_reachable(model, max(lengths), cache=True)  # the length holds the generated tokens
+    hay = Haystack(haystack)
+    built: dict[tuple[str, int, int], RulerPrompt] = {}
+
+    def prompt(task: str, length: int, sample: int) -> RulerPrompt:
+        key = (task, length, sample)
+        if key not in built:
+            built[key] = build_prompt(
+                tokenizer,
+                task,
+                length,
+                seed=seed,
+                sample=sample,
+                haystack=hay,
+                chat_template=fmt,
+                max_new_tokens=budget[task],
+            )
+        return built[key]
+
+    for task in names:  # a length a task cannot reach fails before any work
+        for length in {min(lengths), max(lengths)}:
+            prompt(task, length, 0)
+    digest = hay.digest() if any(t in ESSAY for t in names) else None
+    jobs = []
+    for task in names:
+        for length in lengths:
+            for i in range(samples):
+                job = {"ruler_task": task, "length": length, "sample": i, "max_new_tokens": budget[task]}
+                if task in ESSAY:
+                    job["haystack"] = digest
+                jobs.append(job)
+
+    def measure(job: dict) -> dict:
+        task = job["ruler_task"]
+        p = prompt(task, job["length"], job["sample"])
+        built.pop((task, job["length"], job["sample"]), None)
+        output = retrieval.greedy(model, tokenizer, p.input_ids, job["max_new_tokens"])
+        got = score(task, output, p.answers)
+        return {
+            "answers": p.answers,
+            "output": output,
+            "score": got,
+            "correct": got == 1.0,
+            "units": p.units,
+            "prompt_tokens": len(p),
+        }
+
+    setting = {"seed": seed, "protocol": "ruler-synthetic", "template": fmt.setting(), "words": ruler_words.digest()}
+    done = runner.run(
+        model,
+        tokenizer=tokenizer,
+        task="ruler",
+        setting=setting,
+        jobs=jobs,
+        measure=measure,
+        longest=max(lengths),
+        records=records,
+        resume=resume,
+        progress=progress,
+        run=run,
+        sliding_window=sliding_window,
+        cache=True,
+        unit="sample",
+        version=VERSION,
+    )
+    t = tables(done)
+    eff = effective_lengths(t["average"], threshold=threshold, reference_length=reference_length, keep=keep)
+    return RulerResult(done, t["accuracy"], t["scores"], t["empty"], t["average"], t["tasks"], eff)
