@@ -40,7 +40,7 @@ class Decision:
         return f"{engine} serves {method} only approximately: {self.reason}; pass --approximate (approximate=True) to export anyway"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ExportResult:
     """Where the export went, how the engine serves it, and what it could not keep exactly."""
 
