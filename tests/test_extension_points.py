@@ -150,7 +150,9 @@ class FrequencyFile(ExportTarget):
         freqs, scale = job.scaling.compute(job.dim, job.base, job.length)
         with writing(job.out) as tmp:
             tmp.write_text(json.dumps({"inv_freq": freqs.tolist(), "attention_scale": scale}))
-        return ExportResult(out=job.out, target=self.name, engine=self.engine, method=job.method, how="a table", command="")
+        return ExportResult(
+            out=job.out, target=self.name, engine=self.engine, method=job.method, how="a table", command=""
+        )
 
 
 @pytest.fixture
