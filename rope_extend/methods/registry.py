@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from ..errors import RopeExtendError, closest
+from ..errors import RopeExtendError
+from ..registry import Registry
 from . import attention as _attention
 from . import linear as _linear
 from . import llama3 as _llama3
@@ -22,34 +23,30 @@ from . import yarn as _yarn
 from ._common import Geometry, Method, check_factor, check_int, rotary_dim
 from ._scaling import Scaling, resolve
 
-_REGISTRY: dict[str, Method] = {}
-# called with each method registered from now on (``hf.register`` installs its rope type in transformers)
-_LISTENERS: list = []
+
+def _new_rope_type(method: Method) -> None:
+    """Two methods cannot write one ``rope_type``: a config naming it would not say which."""
+    for other in METHODS.values():
+        if other.rope_type == method.rope_type:
+            raise RopeExtendError(f"rope_type {method.rope_type!r} is already used by method {other.name!r}")
+
+
+# the scaling methods; ``hf.register`` listens, installing each one's rope type in transformers, so that after
+# ``import rope_extend`` a config naming it validates, builds and reloads (the registry stays free of transformers)
+METHODS: Registry[Method] = Registry("method", check=_new_rope_type)
+_REGISTRY = METHODS._items  # the same dict, for code and tests that remove an entry with ``del``
 
 
 def on_register(listener) -> None:
-    """Call ``listener(method)`` for every method registered after this call (the registry stays free of
-    transformers: ``hf.register`` listens)."""
-    _LISTENERS.append(listener)
+    """Call ``listener(method)`` for every method registered after this call (``hf.register`` listens)."""
+    METHODS.on_register(listener)
 
 
 def register(method: Method) -> Method:
     """Add a method. Its name and its config ``rope_type`` must both be new. After ``import rope_extend`` its
     rope type is installed in transformers at once (as the built-in ones are at import), so a config that
-    names it validates, builds and reloads."""
-    if method.name in _REGISTRY:
-        raise RopeExtendError(f"a method named {method.name!r} is already registered")
-    for other in _REGISTRY.values():
-        if other.rope_type == method.rope_type:
-            raise RopeExtendError(f"rope_type {method.rope_type!r} is already used by method {other.name!r}")
-    _REGISTRY[method.name] = method
-    try:
-        for listener in _LISTENERS:
-            listener(method)
-    except Exception:
-        del _REGISTRY[method.name]  # all or nothing: a method transformers cannot take is not registered
-        raise
-    return method
+    names it validates, builds and reloads; one transformers cannot take is not registered."""
+    return METHODS.register(method)
 
 
 for _m in (
@@ -69,19 +66,17 @@ for _m in (
 
 def names() -> list[str]:
     """The registered method names, in registration order."""
-    return list(_REGISTRY)
+    return METHODS.names()
 
 
 def get(name: Any) -> Method:
-    """The method called ``name``; an unknown name raises, listing the known ones."""
-    if name in _REGISTRY:
-        return _REGISTRY[name]
-    raise RopeExtendError(f"unknown method {name!r}{closest(name, _REGISTRY)}; known methods: {', '.join(_REGISTRY)}")
+    """The method called ``name``; an unknown name raises, naming the closest known one and all of them."""
+    return METHODS.get(name)
 
 
 def by_rope_type(rope_type: str) -> Method | None:
     """The method that writes ``rope_type`` into configs, or None."""
-    for method in _REGISTRY.values():
+    for method in METHODS.values():
         if method.rope_type == rope_type:
             return method
     return None
@@ -114,6 +109,7 @@ def inv_freq(
 
 
 __all__ = [
+    "METHODS",
     "Geometry",
     "Method",
     "Scaling",

@@ -11,7 +11,7 @@ four functions:
 - ``render(summary) -> lines``: its markdown from the summary (empty when its sections are absent);
 - ``plot(summary, out) -> {name: path}``: its pictures (none by default).
 
-``register_task(task)`` adds it; from then on a suite takes a section of that name, ``rope-extend eval``
+``register_task(task)`` adds it to ``TASKS`` (the one ``rope_extend.registry.Registry``); from then on a suite takes a section of that name, ``rope-extend eval``
 has a subcommand of that name, and reports show it. Options that subclass ``TextOptions`` read texts (the
 one document reader) before the model is loaded, so bad data fails early. The built-in tasks are
 ``passkey``, ``niah``, ``perplexity`` and ``ruler`` (one module each in this package).
@@ -20,6 +20,7 @@ This package imports neither torch nor transformers: a task's ``run`` imports it
 """
 
 from .base import (
+    TASKS,
     WINDOW_HELP,
     Context,
     Task,
@@ -35,6 +36,7 @@ from .base import (
 )
 
 __all__ = [
+    "TASKS",
     "WINDOW_HELP",
     "Context",
     "Task",

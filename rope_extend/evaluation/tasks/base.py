@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ...documents import SampleBy
-from ...errors import RopeExtendError, closest
+from ...errors import RopeExtendError
+from ...registry import Registry
 from ...schema import option
 from ..data import default_texts, load_texts, parse_depths, parse_lengths
 
@@ -57,7 +58,6 @@ class Task:
         return issubclass(self.options, TextOptions)
 
 
-_TASKS: dict[str, Task] = {}
 # ``rope-extend eval compare`` and the keys of a suite besides its tasks
 RESERVED = frozenset(
     (
@@ -76,32 +76,28 @@ RESERVED = frozenset(
 )
 
 
+# the tasks, in registration order (the order of the report's sections); a name is a suite key and a command
+TASKS: Registry[Task] = Registry("evaluation task", reserved=RESERVED, identifiers=True)
+
+
 def register_task(task: Task) -> Task:
     """Add ``task``; its name must be new, a Python identifier (a suite key), and not one of ``RESERVED``."""
-    if not task.name.isidentifier() or task.name in RESERVED:
-        raise RopeExtendError(
-            f"a task name must be an identifier other than {', '.join(sorted(RESERVED))}, got {task.name!r}"
-        )
-    if task.name in _TASKS:
-        raise RopeExtendError(f"a task named {task.name!r} is already registered")
-    _TASKS[task.name] = task
-    return task
+    return TASKS.register(task)
 
 
 def unregister_task(name: str) -> None:
     """Remove a task (a test's toy task)."""
-    _TASKS.pop(name, None)
+    TASKS.unregister(name)
 
 
 def tasks() -> list[Task]:
     """The registered tasks, in registration order (the order of the report's sections)."""
-    return list(_TASKS.values())
+    return TASKS.values()
 
 
 def get_task(name: str) -> Task:
-    if name not in _TASKS:
-        raise RopeExtendError(f"unknown evaluation task {name!r}{closest(name, _TASKS)}; known: {', '.join(_TASKS)}")
-    return _TASKS[name]
+    """The task called ``name``; an unknown name raises, naming the closest known one and all of them."""
+    return TASKS.get(name)
 
 
 # ------------------------------------------------------------------------------------------ shared options

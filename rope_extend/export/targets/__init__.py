@@ -1,0 +1,12 @@
+"""The export targets: one module per engine, each defining a ``TARGET`` (an ``ExportTarget``, ``base``).
+
+``TARGETS`` is the one registry of them (``rope_extend.registry``); the built-in ones are registered lazily,
+by module path, so that the command line lists them without loading torch. A target of one's own is one
+module plus its test: an ``ExportTarget`` subclass registered with ``TARGETS.register(MyTarget())``.
+"""
+
+from ...registry import Registry
+
+TARGETS = Registry("export target")  # of base.ExportTarget, in the order of the README's serving table
+for _name in ("gguf", "vllm", "sglang", "transformers4"):
+    TARGETS.register_lazy(_name, f"{__name__}.{_name}:TARGET")

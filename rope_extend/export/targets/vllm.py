@@ -1,0 +1,136 @@
+"""vLLM 0.33.0: a model folder with the scaling in ``config.json``'s ``rope_parameters``, served by ``vllm serve``;
+``dynamic_yarn`` served per request by rope-extend's plugin (``adaptive``, ``vllm_plugin``).
+
+Read from vLLM's source at that version (the wheel on PyPI):
+
+- **vLLM 0.33.0** (``vllm/model_executor/layers/rotary_embedding/__init__.py``, ``get_rope``): reads transformers
+  5's ``rope_parameters`` (``rope_theta`` inside it); ``yarn`` takes ``factor``,
+  ``original_max_position_embeddings``, ``beta_fast``, ``beta_slow``, ``mscale``, ``mscale_all_dim``,
+  ``attention_factor`` (the final scale, as transformers) and ``truncate``; ``llama3`` and ``longrope`` as
+  transformers (``longrope``'s scale from ``short_mscale`` / ``long_mscale``, and its long factors whenever
+  ``max_model_len > original_max_position_embeddings``, ``phi3_long_rope_scaled_rope.py``); vLLM's own
+  ``dynamic`` is plain RoPE (without ``max_trained_positions`` its NTK base factor is 1, and its table has only
+  ``max_position_embeddings`` rows: ``get_rope``, ``dynamic_ntk_scaling_rope.py``; checked by the audit's engines
+  test), so rope-extend never writes it: ``dynamic`` is exported as its static NTK form at the target. Its longest length (``vllm/config/model.py``,
+  ``_get_and_verify_max_len``) is ``max_position_embeddings`` times the ``factor`` of every type but yarn,
+  llama3 and longrope, whose ``max_position_embeddings`` is already the extended one.
+  ``dual_chunk_attention_config`` is read by the Qwen2/Qwen3 families' rotary module, but no attention backend
+  of 0.33.0 implements it (``vllm/v1/attention/backends``).
+- **Serving past the export's length N in vLLM** (read in vLLM 0.32.0, whose rotary files say the same as
+  0.33.0's here, and run in its CPU build, ``tests/export/test_vllm_engine.py``): its rotary table has N rows
+  (``rotary_embedding/base.py`` line 97, ``torch.arange(self.max_position_embeddings)``; ``L x factor`` rows
+  for linear (``linear_scaling_rope.py`` line 91) and yarn (``yarn_scaling_rope.py`` line 78); N for llama3
+  and longrope's long table (``phi3_long_rope_scaled_rope.py`` line 118)), and nothing extends it: with
+  ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1`` a longer ``--max-model-len`` starts, but every log-prob past N is NaN
+  (vLLM's own warning says so, ``config/model.py`` lines 2651-2658). So the export says not to serve past N.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ...errors import UnsupportedModelError
+from ...hf.config import config_scaling
+from ...methods import registry
+from .. import adaptive
+from ..configs import FolderTarget, model_dtype
+from ..forms import Form
+from .base import EXPORTED, REFUSED, Decision, ExportJob, ExportResult, longrope_switch, yarn_like
+
+PLUGIN_NOTE = (
+    "serve with rope-extend installed in vLLM's environment: its vllm.general_plugins entry point registers "
+    "the architecture (without it vLLM refuses the folder)"
+)
+BUCKET_NOTE = (
+    "past L a request gets its bucket's factor from its first token, where transformers' dynamic_yarn uses "
+    "l / L at the current length l (and turns cached keys as it grows): the two agree inside L and at "
+    "each bucket's edge"
+)
+
+
+class VllmTarget(FolderTarget):
+    name = "vllm"
+    engine = "vllm 0.33.0"
+    override_flag = "--hf-overrides"
+    linear_multiplies = True
+    longrope_mscale = True
+
+    def decide(self, scaling: registry.Scaling | None, form: Form | None, base: float) -> Decision | None:
+        name = scaling.method.name if scaling is not None else "none"
+        if name == "dual_chunk":
+            lacks = (
+                "vLLM 0.33.0 reads dual_chunk_attention_config (Qwen2/Qwen3 families) but ships no attention "
+                "backend that runs it"
+            )
+            return Decision(REFUSED, None, lacks, yarn_like(scaling))
+        if name == "dynamic_yarn" and form is not None and form.changes:
+            return Decision(EXPORTED, form, adaptive=True)
+        return longrope_switch(self.engine, form)
+
+    def serve_command(self, model: str, form: Form | None, target_length: int, dtype: str | None) -> str:
+        flag = f" --dtype {dtype}" if dtype else ""
+        return f"vllm serve {model} --max-model-len {target_length}{flag}"
+
+    def longer_note(self, form: Form, target_length: int) -> str | None:
+        return (
+            f"do not serve past {target_length} tokens: vLLM's rotary table ends there (max_position_embeddings "
+            "rows), so VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 makes every log-prob past it NaN"
+        )
+
+    def write(self, job: ExportJob) -> ExportResult:
+        if not job.decision.adaptive:
+            return super().write(job)
+        updates, plan = adaptive_updates(job)
+        factors = ", ".join(f"x{s:g}" for s in plan.factors[1:])
+        arch = updates[adaptive.CONFIG_KEY]["architecture"]
+        how = (
+            f"per request, from prompt + max_tokens: the model's own RoPE up to L={plan.original}, else yarn at the "
+            f"smallest of {factors} that covers it (rope-extend's vLLM plugin, RopeExtendAdaptive{arch})"
+        )
+        command = self.serve_command(str(job.out), None, plan.longest, model_dtype(job))
+        tokens = (
+            "give each request max_tokens: its factor is chosen from prompt + max_tokens and kept for its life "
+            f"(without max_tokens a request may grow to {plan.longest} tokens, so it gets x{plan.factors[-1]:g})"
+        )
+        longest = f"do not serve past {plan.longest} tokens: the table ends there"
+        job.notes[:] = [PLUGIN_NOTE, tokens, longest, BUCKET_NOTE]
+        self.write_folder(job, updates, method=adaptive.METHOD, how=how, command=command, notes=job.notes)
+        return self.result(job, how=how, command=command, method=adaptive.METHOD)
+
+
+def adaptive_updates(job: ExportJob) -> tuple[dict[str, Any], adaptive.Plan]:
+    """The config keys of a folder served by rope-extend's vLLM plugin (``adaptive``, ``vllm_plugin``)."""
+    cfg, scaling, model = job.text, job.scaling, job.model
+    # a model built in memory has no architectures yet (save_pretrained writes its class name)
+    arch = adaptive.check_architecture(
+        getattr(cfg, "architectures", None) or ([type(model).__name__] if model is not None else None)
+    )
+    own = config_scaling(cfg)
+    if own is not None:
+        raise UnsupportedModelError(
+            f"the model ships {own.method.name} scaling; the adaptive vLLM export serves short requests with plain "
+            "RoPE, so it needs a model without one: pass --approximate for static yarn"
+        )
+    buckets = adaptive.check_buckets(job.options.buckets, scaling.factor)
+    plan = adaptive.Plan.of(scaling.original_max_position_embeddings, buckets)
+    values = {k: v for k, v in dataclasses.asdict(scaling.params).items() if v is not None}
+    adaptive.scaling(plan, values)  # refuses finetuned and bad parameters before anything is written
+    rope = {
+        "rope_type": adaptive.METHOD,
+        "factor": float(scaling.factor),
+        "original_max_position_embeddings": plan.original,
+        **values,
+        "rope_theta": float(job.base),
+    }
+    updates = {
+        "architectures": [adaptive.PREFIX + arch],
+        # vLLM serves max_position_embeddings x factor for a rope type it does not know as already scaled
+        "max_position_embeddings": plan.original,
+        "rope_parameters": rope,
+        adaptive.CONFIG_KEY: {**plan.as_config(), "architecture": arch},
+    }
+    return updates, plan
+
+
+TARGET = VllmTarget()

@@ -1,0 +1,66 @@
+"""The one generic registry (``rope_extend.registry``): names, refusals, listeners, lazy entries."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from rope_extend import RopeExtendError
+from rope_extend.registry import Registry
+
+
+def test_register_as_a_call_and_as_a_decorator_in_order():
+    things = Registry("thing")
+    first = things.register(SimpleNamespace(name="first"))
+
+    @things.register(name="second")
+    def second():
+        return 2
+
+    assert things.names() == ["first", "second"] == list(things)
+    assert things.get("first") is first and things.get("second")() == 2 and "second" in things and len(things) == 2
+    assert things.unregister("first") is first and things.names() == ["second"] and things.unregister("first") is None
+
+
+def test_unknown_duplicate_and_reserved_names_are_refused():
+    things = Registry("widget", reserved=("compare",), identifiers=True)
+    things.register(SimpleNamespace(name="spanner"))
+    with pytest.raises(
+        RopeExtendError, match=r"unknown widget 'spaner' \(did you mean 'spanner'\?\); allowed: spanner"
+    ):
+        things.get("spaner")
+    with pytest.raises(RopeExtendError, match="unknown widget"):
+        things.get(["spanner"])  # an unhashable name from YAML is unknown, not a TypeError
+    with pytest.raises(RopeExtendError, match="a widget named 'spanner' is already registered"):
+        things.register(SimpleNamespace(name="spanner"))
+    for bad in ("compare", "not-an-identifier", "", None):
+        with pytest.raises(RopeExtendError, match="must be an identifier other than compare, got"):
+            things.register(SimpleNamespace(name=bad))
+    assert things.names() == ["spanner"]
+
+
+def test_a_listener_hears_later_registrations_and_can_refuse_them():
+    heard = []
+    things = Registry("thing")
+    things.register(SimpleNamespace(name="before"))
+
+    def listener(item):
+        if item.name == "bad":
+            raise RopeExtendError("no")
+        heard.append(item.name)
+
+    things.on_register(listener)
+    things.register(SimpleNamespace(name="after"))
+    with pytest.raises(RopeExtendError, match="no"):
+        things.register(SimpleNamespace(name="bad"))
+    assert heard == ["after"] and things.names() == ["before", "after"]  # all or nothing
+
+
+def test_a_lazy_entry_is_listed_without_importing_its_module():
+    things = Registry("export target")
+    things.register_lazy("json", "json.tool:main")  # a module no test imports
+    sys.modules.pop("json.tool", None)
+    assert things.names() == ["json"] and "json.tool" not in sys.modules
+    assert things.get("json").__module__ == "json.tool" and "json.tool" in sys.modules
