@@ -127,7 +127,7 @@ def _flash_cpu(q, k, v, allow, scaling: float, causal: bool = False):
     if allow is not None:
         none = ~allow.any(-1).expand_as(lse)  # (B, 1 | H, T) -> (B, H, T)
         lse = lse.masked_fill(none, float("-inf"))
-        out = out.masked_fill(none[..., None], 0.0)
+        out = out.masked_fill(none[..., None], 0.0)  # none as (B, H, T, 1)
     return out, lse
 
 
@@ -147,7 +147,7 @@ def _partial_torch(q, k, v, allow, scaling, softcap):
         if allow is not None:
             s = s.masked_fill(~allow[..., t0 : t0 + TILE], float("-inf"))
         part_lse = torch.logsumexp(s, dim=-1)  # (B, H, T)
-        weights = torch.exp(s - part_lse.masked_fill(part_lse == float("-inf"), 0.0)[..., None])
+        weights = torch.exp(s - part_lse.masked_fill(part_lse == float("-inf"), 0.0)[..., None])  # (B, H, T, S_t)
         # (B, H, T, S_t) -> (B, H_kv, G * T, S_t) @ (B, H_kv, S_t, D_v) -> (B, H_kv, G * T, D_v)
         part = torch.matmul(weights.to(vt.dtype).reshape(b, k.shape[1], groups * n, -1), vt)
         part = part.reshape(b, h, n, -1).float()  # (B, H, T, D_v)
@@ -160,5 +160,5 @@ def _merge(out_a, lse_a, out_b, lse_b):
     lse_b)``; outputs ``(..., T, D_v)``, log-sum-exps ``(..., T)``."""
     lse = torch.logaddexp(lse_a, lse_b)
     safe = lse.masked_fill(lse == float("-inf"), 0.0)
-    wa, wb = torch.exp(lse_a - safe)[..., None], torch.exp(lse_b - safe)[..., None]
+    wa, wb = torch.exp(lse_a - safe)[..., None], torch.exp(lse_b - safe)[..., None]  # (..., T, 1)
     return out_a * wa + out_b * wb, lse

@@ -81,6 +81,7 @@ class Mask:
         return Mask(self.kind, self.data, self.n, self.m, self.device, window=self.window, index=index)
 
     def _take(self, t: torch.Tensor) -> torch.Tensor:
+        # (B, ...) -> (B', ...): the rows of ``index``; a tensor of one row serves every batch row as it is
         return t if self.index is None or t.shape[0] == 1 else t.index_select(0, self.index)
 
     def block(self, rows: slice, cols: slice) -> torch.Tensor | None:

@@ -118,7 +118,7 @@ def _check_positions(off: torch.Tensor, mask: Mask | None, n: int, m: int) -> No
     0 or 1, whatever the caller filled in); packed documents (ids restarting inside a row), PoSE's jumps and
     right padding with cumulative ids do not. Costs a pass over the mask's rows and columns of the off rows, and
     runs only when some row is off."""
-    rows_off = off.any(0).nonzero().flatten().tolist()
+    rows_off = off.any(0).nonzero().flatten().tolist()  # (B, T) -> (T,) -> the off rows' indices
     r0, r1 = rows_off[0], rows_off[-1] + 1
 
     def seen(rows: slice, cols: slice) -> torch.Tensor:  # (B | 1, rows, cols): mask and causality by slot
