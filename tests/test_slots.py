@@ -218,9 +218,9 @@ def test_fp8_quantized_cache_positions(monkeypatch):
     calls = []
     real = A._attend
 
-    def spy(module, plan, query, key, value, mask, scaling, softcap, position_ids, sinks=None):
-        out = real(module, plan, query, key, value, mask, scaling, softcap, position_ids, sinks)
-        calls.append((query, key, value, position_ids[0], scaling, out))
+    def spy(call):
+        out = real(call)
+        calls.append((call.query, call.key, call.value, call.position_ids[0], call.scaling, out))
         return out
 
     monkeypatch.setattr(A, "_attend", spy)

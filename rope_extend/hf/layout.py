@@ -25,7 +25,7 @@ reaches transformers' attention interface, is reported, and the attention method
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 
 import torch
 from torch import nn
@@ -205,6 +205,7 @@ class LayerProbe:
     layout: Layout | None = None
     kwargs: frozenset = frozenset()  # the non-None extra arguments it passes to the attention function
     error: float | None = None  # the best candidate's relative error, for an "unknown" layer
+    _: KW_ONLY  # the rest by keyword
     why: str | None = None  # for an "unknown" layer that could not be matched at all
     width: int | None = None  # the key head size its attention function received
     noncausal: str | None = None  # why its attention is not plain causal attention (``hf.causal``), or None
@@ -215,7 +216,10 @@ class _Recorder:
     def __init__(self):
         self.seen: dict[nn.Module, tuple[torch.Tensor, torch.Tensor, frozenset, str | None]] = {}
 
-    def __call__(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    def __call__(self, module, query, key, value, attention_mask, *, dropout=0.0, scaling=None, **kwargs):
+        """transformers' attention-function signature (models pass the five tensors positionally, the rest by
+        keyword): records the layer's rotated query and key, its extra arguments and whether it is causal, once
+        per module; returns zeros ``(B, T, H, D_v)``."""
         extra = frozenset(k for k, v in kwargs.items() if v is not None)
         if module not in self.seen:
             noncausal = causal.flag(module, kwargs.get("is_causal"))
