@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .errors import NotPatchedError, UnsupportedModelError
-from .hf import attention, cache, generation, rotary
+from .hf import attach, attention, cache, generation, rotary
 from .hf import config as hf
 from .methods import registry
 
@@ -44,7 +44,7 @@ class PatchState:
     scaling: registry.Scaling
     configs: list[tuple[Any, dict]] = field(default_factory=list)
     modules: list[tuple[nn.Module, _ModuleSnapshot]] = field(default_factory=list)
-    hooks: list[tuple[nn.Module, int]] = field(default_factory=list)  # cache keepers patch installed
+    hooks: list[tuple[nn.Module, int]] = field(default_factory=list)  # cache keepers patch installed (hf.attach)
     softmax: list[tuple[nn.Module, float]] = field(default_factory=list)  # MLA softmax scales before the patch
     attention: tuple[Any, Any, str, list[nn.Module]] | None = None  # (model, config, implementation before, modules)
     generation: nn.Module | None = None  # the model whose generate no longer warns past L (hf.generation)
@@ -114,31 +114,31 @@ def _pristine_config(config, state: PatchState | None):
     return config
 
 
-def _plan(model, modules, state, method: str, kwargs: dict[str, Any]):
+def _plan(model, modules, state, method, *, factor, target_length, original_max_position_embeddings, params):
     """``(plans, scaling, shipped)``: per rotary module ``(module, config, {layer_type: Entry})``, checked
-    against the unpatched configs; raises before anything is touched. ``kwargs``: ``hf.plan``'s (``factor``,
-    ``target_length``, ``original_max_position_embeddings`` and the method's parameters)."""
+    against the unpatched configs (``hf.attach.entry``: the buffers hold what the config implies); raises before
+    anything is touched. ``patch``'s length arguments and method ``params`` by name."""
     plans, scaling, shipped = [], None, set()
     for _, module in modules:
         config = rotary.module_config(model, module)
         pristine = _pristine_config(config, state)
-        scaling = hf.plan(pristine, method, **kwargs)
+        scaling = hf.plan(
+            pristine,
+            method,
+            factor=factor,
+            target_length=target_length,
+            original_max_position_embeddings=original_max_position_embeddings,
+            **params,
+        )
         entries = {}
         present = rotary.module_layer_types(module)
         for lt in hf.scaled_layer_types(pristine):
             if lt not in present:
                 continue
-            dim, base = hf.rotary_geometry(pristine, lt)
-            buffer = rotary.buffers(module)[rotary.buffer_name(lt)]
-            if buffer.numel() != dim // 2:
-                raise UnsupportedModelError(
-                    f"{type(module).__name__}.{rotary.buffer_name(lt)} has {buffer.numel()} frequencies but the config "
-                    f"implies a rotary dimension of {dim} ({dim // 2} frequencies): unsupported rotary layout"
-                )
+            entries[lt] = attach.entry(module, pristine, scaling, lt)
             old = hf.rope_dict(pristine, lt)
             if scaling.shipped is None and hf.split_rope_type(hf.rope_type_of(old))[1] != "default":
                 shipped.add(f"{hf.rope_type_of(old)} ({old.get('factor')})")
-            entries[lt] = rotary.Entry(scaling, dim, base, hf.rotating(pristine, lt))
             if scaling.shipped is not None and not hf.own_rope_type(hf.rope_type_of(old)):  # transformers built it
                 _check_kept(module, lt, entries[lt], state)
         if not entries:
@@ -211,13 +211,16 @@ def patch(
     # 1. Plan everything against the unpatched configs; raise before touching anything.
     with hf.naming(getattr(model, "config", None) or model, method):
         modules = rotary.rotary_modules(model)
-        kwargs = {
-            "factor": factor,
-            "target_length": target_length,
-            "original_max_position_embeddings": original_max_position_embeddings,
-            **params,
-        }
-        plans, scaling, shipped = _plan(model, modules, state, method, kwargs)
+        plans, scaling, shipped = _plan(
+            model,
+            modules,
+            state,
+            method,
+            factor=factor,
+            target_length=target_length,
+            original_max_position_embeddings=original_max_position_embeddings,
+            params=params,
+        )
         attention_plans = []
         if scaling.in_attention:
             config = rotary.module_config(model, modules[0][1])
@@ -252,25 +255,8 @@ def patch(
             rotary.set_frequencies(module, lt, freqs)
             setattr(module, rotary.scale_name(lt), scale)
             rotary.set_rope_type(module, lt, hf.rope_type_of(hf.rope_dict(config, lt)))
-        hook = cache.install(model, rotary.install(module, entries), config)
-        if hook is not None:
-            state.hooks.append(hook)
-    if attention_plans:
-        config = attention.text_config(rotary.module_config(model, modules[0][1]))
-        inner = attention_plans[0][1].inner
-        attention.install(model, config, attention_plans, scaling, [m for _, m in modules])
-        state.attention = (model, config, inner, [m for m, _ in attention_plans])
-        device = next(model.parameters()).device
-        if device.type != "cpu" and attention.kernel(*state.attention).startswith("torch_tiles"):
-            logger.warning(
-                "%s runs its attention passes in plain torch over key tiles on %s (no fused kernel with a "
-                "log-sum-exp there yet): slower than the model's %s",
-                scaling.method.name,
-                device,
-                inner,
-            )
-    if generation.unbounded(scaling) and generation.install(model):
-        state.generation = model
+    attached = attach.attach(model, plans, scaling, attention_plans, [m for _, m in modules])
+    state.hooks, state.attention, state.generation = attached.hooks, attached.attention, attached.generation
     model.__dict__[STATE_ATTR] = state
     return model
 

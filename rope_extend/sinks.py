@@ -51,6 +51,7 @@ from .errors import RopeExtendError, UnsupportedModelError
 from .hf import attention, cache_arg, rotary
 from .hf import layout as rope_layout
 from .hf.config import attn_implementation, original_length, text_config
+from .hf.rotate_keys import KeyRotator, shift_angles, turned
 from .patch import patched
 
 
@@ -118,7 +119,8 @@ class SinkKeeper:
     def __init__(self, model: nn.Module):
         self.model = model
         self.rotary = [m for _, m in rotary.rotary_modules(model)]  # found once: the check runs before every forward
-        self.layouts: dict[int, rope_layout.LayerProbe] | None = None
+        # how each layer rotates its cached keys (hf.rotate_keys, shared with the dynamic methods' cache keeper)
+        self.rotator = KeyRotator(model, text_config(model.config), self.rotary)
         self.active: SinkCache | None = None  # the cache of the forward under way
 
     def check(self) -> None:
@@ -151,20 +153,11 @@ class SinkKeeper:
             )
 
     def probe(self) -> None:
-        """How each layer rotates and what it caches (``hf.layout.probe`` with a cache), found once, when the first
+        """How each layer rotates and what it caches (``KeyRotator.probe``, strict), found once, when the first
         ``SinkCache`` of the model is made (``install``); a layer whose cached keys could not be turned is refused
         then, before any forward runs, not at the first eviction."""
-        if self.layouts is None:
-            config = text_config(self.model.config)
-            self.layouts = rope_layout.layer_probes(self.model, config, self.rotary, original_length(config), True)
-        for index, seen in self.layouts.items():
-            self._layout(index, seen.cached_width or seen.width)
-
-    def _layout(self, index: int, width: int) -> rope_layout.Layout | None:
-        layout, why = rope_layout.cached_layout(self.layouts, index, width)
-        if why is not None:
-            raise UnsupportedModelError(f"attention sinks turn the cached keys they keep, and {why}")
-        return layout
+        self.rotator.probe(original_length(self.rotator.config))
+        self.rotator.check(_refusal)
 
     def __call__(self, module, args, kwargs):
         cache = cache_arg.passed(kwargs)
@@ -244,19 +237,25 @@ class SinkKeeper:
         s = cache.sink_tokens
         layers = [(i, layer) for i, layer in enumerate(cache.layers) if getattr(layer, "keys", None) is not None]
         layouts = [
-            (layer, self._layout(i, layer.keys.shape[-1]) if layer.keys.numel() else None) for i, layer in layers
+            (layer, self.rotator.layout(i, layer.keys.shape[-1], _refusal) if layer.keys.numel() else None)
+            for i, layer in layers
         ]  # refuse first
         for layer, layout in layouts:
             keys, values = layer.keys, layer.values
             if keys.numel() == 0:
                 continue
             kept = keys[:, :, s + drop :]
-            if layout is not None and kept.shape[-2]:
+            if layout is not None and kept.shape[-2]:  # they move down ``drop`` slots: turned by -drop theta
                 delta = torch.full((kept.shape[-2],), -float(drop), dtype=torch.float64, device=device)
-                kept = layout.rotate(kept.float(), delta).to(keys.dtype)
+                kept = turned(kept, layout, shift_angles(layout, delta, kept.device))
             layer.keys = torch.cat([keys[:, :, :s], kept], dim=2)
             layer.values = torch.cat([values[:, :, :s], values[:, :, s + drop :]], dim=2)
         cache.evicted += drop
+
+
+def _refusal(why: str) -> str:
+    """The refusal ``KeyRotator`` raises for a layer whose kept keys cannot be turned."""
+    return f"attention sinks turn the cached keys they keep, and {why}"
 
 
 def install(model: nn.Module) -> SinkKeeper:

@@ -6,14 +6,15 @@ and uncached generation disagree (transformers issue 25104). RoPE rotations comp
 position ``p`` is brought to new frequencies by one more rotation by ``p (theta' - theta)`` (and scaled by
 ``m' / m`` when the attention scale changes with them).
 
-Design: ``CacheKeeper`` is a forward pre-hook on the decoder (the module that owns the rotary module and
-receives ``cache``, ``past_key_values`` before transformers 5.24). Before each forward it works out the longest position of the sequence,
-advances the dynamic frequency sets (``RotaryRuntime.advance``) and, when a set's frequencies change,
-turns every cached key of the layers that use it by the angle differences ``p (theta' - theta)`` (float64
-angles, float32 keys), in each layer's own convention as ``hf.layout.probe`` measured it on the model
-(pairing, which dimensions, direction; NoPE layers are left alone; a layer it cannot reproduce is refused),
-so the result is what the uncached forward computes, up to float32 rounding. The probe runs once, when
-cached keys first need turning (the frequency lengths in use are put back after it). Frequencies change only on a grid of lengths (``rotary.bucket``: about
+Design: ``CacheKeeper`` is a forward pre-hook on the decoder (``hf.layout.decoder_of``: the module that runs the
+layers on ids and receives ``cache``, ``past_key_values`` before transformers 5.24). Before each forward it works
+out the longest position of the sequence, advances the dynamic frequency sets (``RotaryRuntime.advance``) and,
+when a set's frequencies change, turns every cached key of the layers that use it by the angle differences
+``p (theta' - theta)`` with ``hf.rotate_keys`` (the key rotator it shares with the attention sinks: float64
+angles, float32 keys, each layer's own convention as ``hf.layout.probe`` measured it on the model: pairing, which
+dimensions, direction; NoPE layers are left alone; a layer it cannot reproduce is refused), so the result is what
+the uncached forward computes, up to float32 rounding. The probe runs once, when cached keys first need turning
+(the frequency lengths in use are put back after it). Frequencies change only on a grid of lengths (``rotary.bucket``: about
 23 times between ``L`` and ``4L``), which bounds both the work and the rounding that repeated in-place
 rotations accumulate.
 
@@ -36,6 +37,7 @@ from . import compiled, mrope
 from . import layout as rope_layout
 from .config import family, nested_layer_types, text_config
 from .rotary import RotaryRuntime, buffer_name, next_seen, scale_name
+from .rotate_keys import KeyRotator, turn_layer
 
 
 def _supported(layer) -> bool:
@@ -63,42 +65,31 @@ class CacheKeeper:
         self.layer_sets = list(config.layer_types) if nested else None
         self.history: torch.Tensor | None = None  # position ids of the cached slots, [batch, slots]
         self.mixed = False  # whether they hold M-RoPE tokens with distinct positions per axis (images, video)
-        # how each decoder layer rotates (layer index -> hf.layout.LayerProbe), or why that is unknown
-        self.layouts: dict[int, rope_layout.LayerProbe] | None = None
-        self.unprobed: str | None = None
-        self.probing = False
+        self.rotator = KeyRotator(model, config, modules)  # how each layer rotates its cached keys, probed once
         self.turnable: set = set()  # frequency sets whose cached keys ``_check_turnable`` found turnable
 
     def _probe(self, device) -> None:
-        """Find each layer's rotation once (``hf.layout.probe``), leaving the runtimes' lengths as they were."""
+        """Find each layer's rotation once (``KeyRotator.probe``, lenient: a model that cannot be probed is refused
+        only when its keys need turning), leaving the runtimes' lengths as they were before the probe's forward."""
+        if self.rotator.layouts is not None:
+            return
         runtimes = [r for r in (m.__dict__.get("forward") for m in self.modules) if isinstance(r, RotaryRuntime)]
         saved = [(r, lt, e.seen) for r in runtimes for lt, e in r.entries.items()]
         length = next(e.scaling.pretraining_length for r in runtimes for e in r.entries.values())
-        self.probing = True
         try:
-            try:  # with a cache, to see what each layer stores in it (a compressed cache cannot be turned)
-                self.layouts = rope_layout.layer_probes(self.model, self.config, list(self.modules), length, True)
-            except UnsupportedModelError:
-                self.layouts = rope_layout.layer_probes(self.model, self.config, list(self.modules), length)
-        except UnsupportedModelError as exc:
-            self.layouts, self.unprobed = {}, str(exc)
+            self.rotator.probe(length, lenient=True)
         finally:
-            self.probing = False
             for runtime, layer_type, seen in saved:
                 if runtime.entries[layer_type].seen != seen:
                     runtime.advance(layer_type, seen, device)
 
-    def _layout(self, name: str, index: int, width: int | None) -> rope_layout.Layout | None:
-        """Layer ``index``'s rotation for cached keys of size ``width`` (None: NoPE, nothing to re-rotate); raises
-        when it is unknown, or when the cache holds keys of another size than its attention sees (a compressed MLA
-        cache)."""
-        layout, why = rope_layout.cached_layout(self.layouts, index, width, self.unprobed)
-        if why is not None:
-            raise UnsupportedModelError(
-                f"{name} on {family(self.model.config)} must re-rotate cached keys when its frequencies change, and "
-                f"{why}; use a static method (yarn, ntk, linear) or generate without the cache (use_cache=False)"
-            )
-        return layout
+    def _refusal(self, name: str):
+        """The refusal ``KeyRotator`` raises when the keys of a layer cannot be turned, for method ``name``."""
+        family_name = family(self.model.config)
+        return lambda why: (
+            f"{name} on {family_name} must re-rotate cached keys when its frequencies change, and {why}; use a "
+            "static method (yarn, ntk, linear) or generate without the cache (use_cache=False)"
+        )
 
     def _check_turnable(self, cache, layer_type, name: str, device) -> None:
         """Before a forward with ``cache`` runs: refuse when some layer's cached keys of ``layer_type`` could not be
@@ -107,16 +98,12 @@ class CacheKeeper:
         frequency set."""
         if layer_type in self.turnable:
             return
-        if self.layouts is None:
-            self._probe(device)
-        if self.unprobed:
-            self._layout(name, -1, None)  # raises with the probe's reason
-        for index, seen in self.layouts.items():
-            if self._set_of(index) == layer_type:
-                self._layout(name, index, seen.cached_width or seen.width)
+        self._probe(device)
+        self.rotator.check(self._refusal(name), lambda index: self._set_of(index) == layer_type)
         self.turnable.add(layer_type)
 
     def _set_of(self, index: int):
+        """The frequency set decoder layer ``index`` rotates with (None: the model has one)."""
         return self.layer_sets[index] if self.layer_sets is not None and index < len(self.layer_sets) else None
 
     @compiled.run_eagerly(
@@ -125,7 +112,7 @@ class CacheKeeper:
         "outside the graph; compile with fullgraph=False (the default, and generate's)"
     )
     def __call__(self, module, args, kwargs):
-        if self.probing:  # the probe's own forward
+        if self.rotator.probing:  # the probe's own forward
             return
         ids = kwargs.get("input_ids", args[0] if args else None)
         embeds = kwargs.get("inputs_embeds")
@@ -168,7 +155,8 @@ class CacheKeeper:
                     runtime.advance(layer_type, seen, positions.device)
                     continue
                 # refuses before any change
-                layouts = [(layer, self._layout(name, index, layer.keys.shape[-1])) for index, layer in layers]
+                refuse = self._refusal(name)
+                layouts = [(layer, self.rotator.layout(index, layer.keys.shape[-1], refuse)) for index, layer in layers]
                 old = _frequencies(runtime, layer_type)
                 scale_old = float(getattr(runtime.module, scale_name(layer_type)))
                 runtime.advance(layer_type, seen, positions.device)
@@ -177,7 +165,7 @@ class CacheKeeper:
                 ratio = float(getattr(runtime.module, scale_name(layer_type))) / scale_old
                 for layer, layout in layouts:
                     if layout is not None:
-                        _turn(layer, layout, angles, ratio)
+                        turn_layer(layer, layout, angles, ratio)
         self.history = positions if cached is None or low == 0 else torch.cat([cached, positions], dim=1)
         self.mixed = bool(mixed) or (self.mixed and cached is not None and low != 0)
         return
@@ -225,46 +213,25 @@ def _frequencies(runtime: RotaryRuntime, layer_type) -> torch.Tensor:
     return runtime.module._buffers[buffer_name(layer_type)].to(torch.float64)
 
 
-def _turn(layer, layout: rope_layout.Layout, angles: torch.Tensor, ratio: float) -> None:
-    """Turn the cached keys of ``layer`` by ``angles`` ``[batch, 1, slots, dim/2]`` (slots matching: the last ones
-    of a sliding window) in float32, their rotary dimensions times ``ratio``."""
-    from transformers.cache_utils import StaticLayer
-
-    keys = layer.keys
-    slots = min(keys.shape[-2], angles.shape[2])
-    static = isinstance(layer, StaticLayer)  # slots by cache position; a dynamic layer keeps the last ones
-    part = keys[:, :, :slots] if static else keys[:, :, -slots:]
-    rotated = layout.turn(part.float(), angles[:, :, -slots:], ratio).to(keys.dtype)
-    if static:
-        keys[:, :, :slots].copy_(rotated)
-    else:
-        layer.keys = torch.cat([keys[:, :, :-slots], rotated], dim=2) if keys.shape[-2] > slots else rotated
-
-
-def owner(model: nn.Module, module: nn.Module) -> nn.Module | None:
-    """The module that holds ``module`` as a direct child (the decoder that owns its rotary module)."""
-    for candidate in model.modules():
-        if any(child is module for child in candidate.children()):
-            return candidate
-    return None
-
-
 def install(model: nn.Module, runtime: RotaryRuntime, config):
-    """Register a ``CacheKeeper`` for ``runtime`` on the decoder that owns its module, when it has dynamic sets
-    and none is there yet; returns ``(decoder, hook key)`` or None."""
+    """Register a ``CacheKeeper`` for ``runtime`` on the model's decoder (``hf.layout.decoder_of``: the module that
+    receives the ids and the cache, as ``SinkKeeper``'s), when it has dynamic sets and none is there yet; returns
+    ``(decoder, hook key)`` or None."""
     if not any(entry.dynamic for entry in runtime.entries.values()):
         return None
-    decoder = owner(model, runtime.module)
-    if decoder is None or keepers(decoder):
+    decoder = rope_layout.decoder_of(model)
+    if keepers(decoder):
         return None
     handle = decoder.register_forward_pre_hook(CacheKeeper([runtime.module], config, model), with_kwargs=True)
     return decoder, handle.id
 
 
 def remove(decoder: nn.Module, key) -> None:
+    """Take the keeper ``install`` registered under ``key`` off ``decoder`` (``unpatch``)."""
     decoder._forward_pre_hooks.pop(key, None)
     decoder._forward_pre_hooks_with_kwargs.pop(key, None)
 
 
 def keepers(decoder: nn.Module) -> list[CacheKeeper]:
+    """The cache keepers registered on ``decoder`` (at most one: ``install`` adds none beside it)."""
     return [h for h in decoder._forward_pre_hooks.values() if isinstance(h, CacheKeeper)]

@@ -28,7 +28,7 @@ from torch import nn
 
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..methods import registry
-from . import attention, cache, rotary
+from . import attach, attention, rotary
 from .config import (
     EXTRA_KEYS,
     PROPORTIONAL,
@@ -185,20 +185,23 @@ def attach_from_config(model: nn.Module) -> None:
     """Give a model built from a config that names a rope-extend type rope-extend's runtime.
 
     Runs from transformers' ``post_init`` (see ``hf.register``); the buffers transformers computed through
-    rope-extend's registered init function stay; only dynamic behaviour (with the cache keeper, ``hf.cache``)
-    and the float32 guard are added.
+    rope-extend's registered init function stay. The runtime goes in as ``patch`` puts it (``hf.attach``, with the
+    same checks): the language model's rotary modules (``rotary.rotary_modules``; a model without one is left
+    alone), their dynamic behaviour (with the cache keeper, ``hf.cache``) and float32 guard, the attention method
+    its config names (planned at the first forward: the weights are not loaded yet), and ``generate``'s reminder.
+    A rotary module that already has its runtime (an inner model's ``post_init`` ran first) is passed over.
     """
-    for _, module in model.named_modules():
-        if "RotaryEmbedding" not in type(module).__name__ or "forward" in module.__dict__:
-            continue
+    modules = [m for _, m in rotary.rotary_modules(model, required=False)]
+    runtimes, in_attention, named = [], None, None
+    for module in modules:
         config = getattr(module, "config", None)
-        if config is None or not getattr(config, "rope_parameters", None):
+        if "forward" in module.__dict__ or config is None or not getattr(config, "rope_parameters", None):
             continue
         try:
             layer_types = rotary.module_layer_types(module)
         except UnsupportedModelError:
             continue
-        entries, in_attention = {}, None
+        entries = {}
         for lt in layer_types:
             params = config.rope_parameters if lt is None else config.rope_parameters.get(lt)
             if not params:
@@ -206,16 +209,13 @@ def attach_from_config(model: nn.Module) -> None:
             if params.get("logn") or own_rope_type(params.get("rope_type")):
                 scaling = config_scaling(config, lt)
                 if scaling is not None and scaling.in_attention:
-                    in_attention = scaling
-            if not own_rope_type(params.get("rope_type")):
-                continue
-            scaling = config_scaling(config, lt)
-            dim, base = rotary_geometry(config, lt)
-            entries[lt] = rotary.Entry(scaling, dim, base, rotating(config, lt))
+                    in_attention, named = scaling, config
+            if own_rope_type(params.get("rope_type")):
+                entries[lt] = attach.entry(module, config, config_scaling(config, lt), lt)
         if entries:
-            cache.install(model, rotary.install(module, entries), config)
-        if in_attention is not None:
-            rotary_modules = [m for m in model.modules() if "RotaryEmbedding" in type(m).__name__]
-            with naming(config, in_attention.method.name):
-                planned = attention.plans(model, config, in_attention, rotary_modules, defer=True)
-            attention.install(model, config, planned, in_attention, rotary_modules)
+            runtimes.append((module, config, entries))
+    planned = []
+    if in_attention is not None:
+        with naming(named, in_attention.method.name):
+            planned = attention.plans(model, named, in_attention, modules, defer=True)
+    attach.attach(model, runtimes, in_attention, planned, modules)

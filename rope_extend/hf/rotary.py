@@ -56,14 +56,18 @@ def module_layer_types(module: nn.Module) -> list[str | None]:
     return found
 
 
-def rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+def rotary_modules(model: nn.Module, required: bool = True) -> list[tuple[str, nn.Module]]:
     """``(name, module)`` for every rotary embedding module of ``model``'s language model; raises if none.
 
     The language model's are those built from its text config (``config.get_text_config(decoder=True)``) or a
     copy of it; a vision or audio tower's rotary module (Qwen-VL, Mistral 3, Gemma 4) is never scaled. A model whose
-    rotary modules carry no config (older custom code) has them all scaled when none carries a vision one.
+    rotary modules carry no config (older custom code) has them all scaled when none carries a vision one. The one
+    finder of rotary modules (``patch``, the sinks, a model built from a config); ``required=False`` (every model's
+    ``post_init``, most of which rope-extend has nothing to do with) finds none instead of raising.
     """
     found = [(name, m) for name, m in model.named_modules() if "RotaryEmbedding" in type(m).__name__]
+    if not found and not required:
+        return []
     if not found:
         raise UnsupportedModelError(
             f"{type(model).__name__} has no rotary embedding module (a module whose class name contains "
@@ -78,6 +82,8 @@ def rotary_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     without_config = [(n, m) for n, m in found if getattr(m, "config", None) is None]
     if without_config and len(without_config) == len(found):
         return found
+    if not required:
+        return []
     raise UnsupportedModelError(
         f"{type(model).__name__}: none of its rotary modules ({', '.join(n for n, _ in found)}) is built "
         "from the language model's config (config.get_text_config(decoder=True)): rope-extend cannot tell which "

@@ -1,0 +1,84 @@
+"""The one way rope-extend's runtime goes into a model, whichever way the model got its scaling.
+
+Two roads lead here: ``rope_extend.patch`` (a loaded model; it has checked everything and written the scaling
+into the config and the frequency buffers) and a model built from a config that already names a rope-extend
+type (``hf.register``'s ``post_init``: transformers computed the buffers through rope-extend's init function).
+Both then need the same things, in the same order, with the same checks: each rotary module's frequency sets
+(``entry``: its buffer must hold the frequencies the config implies), the rotary runtime (float32 frequencies,
+dynamic methods) and the cache keeper of the dynamic ones (``hf.cache``), the attention method's plans
+(``hf.attention``), and ``generate``'s length reminder dropped for a method without a length limit
+(``hf.generation``). ``attach`` does them and says what it installed, so that ``unpatch`` can take it off.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from ..errors import UnsupportedModelError
+from . import attention, cache, generation, rotary
+from .config import rotary_geometry, rotating
+
+logger = logging.getLogger("rope_extend")
+
+
+@dataclass
+class Attached:
+    """What ``attach`` installed: the cache keepers ``(decoder, hook key)``, the attention method ``(model, config,
+    implementation before, modules)`` and the model whose ``generate`` no longer warns past ``L``."""
+
+    hooks: list[tuple[nn.Module, int]] = field(default_factory=list)
+    attention: tuple[Any, Any, str, list[nn.Module]] | None = None
+    generation: nn.Module | None = None
+
+
+def entry(module: nn.Module, config, scaling, layer_type) -> rotary.Entry:
+    """The runtime's entry for ``module``'s frequency set ``layer_type`` scaled by ``scaling``, with the rotary
+    dimension and base that ``config`` implies; refuses a module whose buffer holds another number of frequencies
+    (a rotary layout rope-extend does not know, which it would scale wrong)."""
+    dim, base = rotary_geometry(config, layer_type)
+    buffer = rotary.buffers(module)[rotary.buffer_name(layer_type)]
+    if buffer.numel() != dim // 2:
+        raise UnsupportedModelError(
+            f"{type(module).__name__}.{rotary.buffer_name(layer_type)} has {buffer.numel()} frequencies but the config "
+            f"implies a rotary dimension of {dim} ({dim // 2} frequencies): unsupported rotary layout"
+        )
+    return rotary.Entry(scaling, dim, base, rotating(config, layer_type))
+
+
+def attach(model: nn.Module, runtimes, scaling, planned, modules: list[nn.Module]) -> Attached:
+    """Install rope-extend's runtime in ``model``: for each ``(rotary module, config, {layer_type: Entry})`` of
+    ``runtimes`` the rotary runtime and its cache keeper, then the attention plans ``planned`` (``hf.attention.
+    plans``; none for a frequency method) of ``scaling``, whose layers rotate with the text rotary ``modules``,
+    and ``generate``'s reminder for an unbounded method. Everything is planned and checked before it is called."""
+    attached = Attached()
+    for module, config, entries in runtimes:
+        hook = cache.install(model, rotary.install(module, entries), config)
+        if hook is not None:
+            attached.hooks.append(hook)
+    if planned:
+        config = attention.text_config(rotary.module_config(model, modules[0]))
+        inner = planned[0][1].inner
+        attention.install(model, config, planned, scaling, modules)
+        attached.attention = (model, config, inner, [m for m, _ in planned])
+        param = next(model.parameters(), None)
+        device = param.device if param is not None else None
+        # a model still on meta (built by from_pretrained before its weights) is not where it will run
+        if (
+            device is not None
+            and device.type not in ("cpu", "meta")
+            and attention.kernel(*attached.attention).startswith("torch_tiles")
+        ):
+            logger.warning(
+                "%s runs its attention passes in plain torch over key tiles on %s (no fused kernel with a "
+                "log-sum-exp there yet): slower than the model's %s",
+                scaling.method.name,
+                device,
+                inner,
+            )
+    if scaling is not None and generation.unbounded(scaling) and generation.install(model):
+        attached.generation = model
+    return attached
