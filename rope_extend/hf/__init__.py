@@ -10,9 +10,12 @@
 - ``hf.layout``: how each attention layer rotates its queries and keys, found by probing the model;
 - ``hf.slots``: where the newest key sits in a layer's keys (dynamic and static caches); ``hf.mrope``: the
   attention methods on M-RoPE models (text positions, image tokens refused);
+- ``hf.rotate_keys``: the one key rotator (probe once, turn cached keys) under ``hf.cache`` and ``sinks``;
 - ``hf.cache``: cached keys turned when dynamic frequencies change (``CacheKeeper``); ``hf.attention`` (a
   package): rope-extend's attention function, the runtime of the attention methods and log-n (planning and
   refusal, install and remove, masks, the multi-pass kernel);
+- ``hf.attach``: the one install path of a scaled rotary module (its checks, runtime, cache keeper, attention
+  plans), shared by ``patch`` and by models built from a config;
 - ``hf.register``: registration of rope-extend's rope types and attention with transformers (arranged by
   ``import rope_extend``).
 
