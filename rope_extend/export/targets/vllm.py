@@ -21,8 +21,9 @@ Read from vLLM's source at that version (the wheel on PyPI):
   (``rotary_embedding/base.py`` line 97, ``torch.arange(self.max_position_embeddings)``; ``L x factor`` rows
   for linear (``linear_scaling_rope.py`` line 91) and yarn (``yarn_scaling_rope.py`` line 78); N for llama3
   and longrope's long table (``phi3_long_rope_scaled_rope.py`` line 118)), and nothing extends it: with
-  ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1`` a longer ``--max-model-len`` starts, but every log-prob past N is NaN
-  (vLLM's own warning says so, ``config/model.py`` lines 2651-2658). So the export says not to serve past N.
+  ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1`` a longer ``--max-model-len`` starts, but every log-prob past N is wrong:
+  NaN, as vLLM's own warning says (``config/model.py`` lines 2651-2658), or finite garbage, as one CI run read
+  (the CPU rotary kernel reads past the table without a bounds check). So the export says not to serve past N.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class VllmTarget(FolderTarget):
     def longer_note(self, form: Form, target_length: int) -> str | None:
         return (
             f"do not serve past {target_length} tokens: vLLM's rotary table ends there (max_position_embeddings "
-            "rows), so VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 makes every log-prob past it NaN"
+            "rows), so with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 every log-prob past it is NaN or garbage"
         )
 
     def write(self, job: ExportJob) -> ExportResult:
