@@ -40,9 +40,20 @@ from .rotary import RotaryRuntime, buffer_name, next_seen, scale_name
 from .rotate_keys import KeyRotator, turn_layer
 
 
+def _model_defined(layer) -> bool:
+    """A model's own cache layer (DeepSeek-V4's compressor caches, MiniMax-M3's indexer keys, Unlimited-OCR's
+    reference window): a subclass that keeps more than the keys it is given, often keys rotated by other rotary
+    modules at other positions, which rope-extend cannot turn."""
+    from transformers import cache_utils as cu
+
+    return type(layer).__module__ != cu.__name__
+
+
 def _supported(layer) -> bool:
     from transformers import cache_utils as cu
 
+    if _model_defined(layer):
+        return False
     sliding_static = getattr(cu, "StaticSlidingWindowLayer", ())
     kinds = tuple(k for k in (getattr(cu, "DynamicLayer", None), getattr(cu, "StaticLayer", None)) if k)
     unsupported = tuple(getattr(cu, n) for n in ("BaseQuantizedLayer", "QuantizedLayer") if hasattr(cu, n))
@@ -189,6 +200,14 @@ class CacheKeeper:
         if cache is None:
             return []
         found = []
+        for layer in getattr(cache, "layers", []):  # whichever frequency set they belong to
+            if _model_defined(layer):
+                raise UnsupportedModelError(
+                    f"{name} on {family(self.model.config)} must re-rotate cached keys when its frequencies change, "
+                    f"and its cache layers ({type(layer).__name__}, from {type(layer).__module__}) keep state of "
+                    "their own (such as compressed keys) that rope-extend cannot re-rotate; use a static method "
+                    "(yarn, ntk, linear), or run without a cache (use_cache=False)"
+                )
         for index, layer in enumerate(getattr(cache, "layers", [])):
             if self._set_of(index) != layer_type:
                 continue
