@@ -20,7 +20,7 @@ from torch import nn
 
 from .errors import NotPatchedError, UnsupportedModelError
 from .hf import attach, attention, cache, generation, rotary
-from .hf import config as hf
+from .hf import config as hf_config
 from .methods import registry
 
 logger = logging.getLogger("rope_extend")
@@ -66,7 +66,7 @@ def _original_buffers(state: PatchState) -> list:
     pristine = {}
     for config, snap in state.configs:
         pristine[id(config)] = copy.deepcopy(config)
-        hf.restore(pristine[id(config)], snap)
+        hf_config.restore(pristine[id(config)], snap)
     buffers = []
     for module, snap in state.modules:
         for name, value in snap.buffers.items():
@@ -84,7 +84,7 @@ def _restore(state: PatchState) -> None:
     """Put every config and module back. All new values are computed first, so a failure changes nothing."""
     buffers = _original_buffers(state)
     for config, snap in state.configs:
-        hf.restore(config, snap)
+        hf_config.restore(config, snap)
     for decoder, key in state.hooks:
         cache.remove(decoder, key)
     if state.attention is not None:
@@ -109,7 +109,7 @@ def _pristine_config(config, state: PatchState | None):
     for cfg, snap in state.configs:
         if cfg is config:
             pristine = copy.deepcopy(config)
-            hf.restore(pristine, snap)
+            hf_config.restore(pristine, snap)
             return pristine
     return config
 
@@ -122,7 +122,7 @@ def _plan(model, modules, state, method, *, factor, target_length, original_max_
     for _, module in modules:
         config = rotary.module_config(model, module)
         pristine = _pristine_config(config, state)
-        scaling = hf.plan(
+        scaling = hf_config.plan(
             pristine,
             method,
             factor=factor,
@@ -132,19 +132,21 @@ def _plan(model, modules, state, method, *, factor, target_length, original_max_
         )
         entries = {}
         present = rotary.module_layer_types(module)
-        for lt in hf.scaled_layer_types(pristine):
+        for lt in hf_config.scaled_layer_types(pristine):
             if lt not in present:
                 continue
             entries[lt] = attach.entry(module, pristine, scaling, lt)
-            old = hf.rope_dict(pristine, lt)
-            if scaling.shipped is None and hf.split_rope_type(hf.rope_type_of(old))[1] != "default":
-                shipped.add(f"{hf.rope_type_of(old)} ({old.get('factor')})")
-            if scaling.shipped is not None and not hf.own_rope_type(hf.rope_type_of(old)):  # transformers built it
+            old = hf_config.rope_dict(pristine, lt)
+            if scaling.shipped is None and hf_config.split_rope_type(hf_config.rope_type_of(old))[1] != "default":
+                shipped.add(f"{hf_config.rope_type_of(old)} ({old.get('factor')})")
+            if scaling.shipped is not None and not hf_config.own_rope_type(
+                hf_config.rope_type_of(old)
+            ):  # transformers built it
                 _check_kept(module, lt, entries[lt], state)
         if not entries:
             raise UnsupportedModelError(f"{type(module).__name__} has no global rotary frequencies to scale")
         scaled = copy.deepcopy(pristine)
-        hf.write(scaled, scaling)
+        hf_config.write(scaled, scaling)
         rotary.check_rebuilds(module, scaled)
         plans.append((module, config, entries))
     return plans, scaling, shipped
@@ -162,7 +164,7 @@ def _check_kept(module: nn.Module, layer_type, entry: rotary.Entry, state: Patch
     if held is None or held.device.type == "meta":
         return  # built from the config on meta: the frequencies come from the same reading of it
     kept = entry.scaling.shipped
-    freqs, scale = hf.frequencies(kept, entry.dim, entry.base, entry.rotating)
+    freqs, scale = hf_config.frequencies(kept, entry.dim, entry.base, entry.rotating)
     held_scale = float(attrs.get(rotary.scale_name(layer_type), 1.0))
     tolerance = 4 * torch.finfo(held.dtype).eps
     if not torch.allclose(freqs, held.detach().float().cpu(), rtol=tolerance, atol=0) or not math.isclose(
@@ -209,7 +211,7 @@ def patch(
     state: PatchState | None = model.__dict__.get(STATE_ATTR)
 
     # 1. Plan everything against the unpatched configs; raise before touching anything.
-    with hf.naming(getattr(model, "config", None) or model, method):
+    with hf_config.naming(getattr(model, "config", None) or model, method):
         modules = rotary.rotary_modules(model)
         plans, scaling, shipped = _plan(
             model,
@@ -239,13 +241,13 @@ def patch(
     configs = list({id(c): c for _, c, _ in plans}.values())
     state = PatchState(
         scaling,
-        configs=[(c, hf.snapshot(c)) for c in configs],
+        configs=[(c, hf_config.snapshot(c)) for c in configs],
         modules=[(m, _snapshot_module(m, c)) for m, c, _ in plans],
     )
 
     # 3. Apply.
     for config in configs:
-        hf.write(config, scaling)
+        hf_config.write(config, scaling)
         for module, apply in rotary.softmax_scales(model, config):
             state.softmax.append((module, module.scaling))
             module.scaling = rotary.softmax_scale(module, apply, config)
@@ -254,7 +256,7 @@ def patch(
             freqs, scale = entry.initial()
             rotary.set_frequencies(module, lt, freqs)
             setattr(module, rotary.scale_name(lt), scale)
-            rotary.set_rope_type(module, lt, hf.rope_type_of(hf.rope_dict(config, lt)))
+            rotary.set_rope_type(module, lt, hf_config.rope_type_of(hf_config.rope_dict(config, lt)))
     attached = attach.attach(model, plans, scaling, attention_plans, [m for _, m in modules])
     state.hooks, state.attention, state.generation = attached.hooks, attached.attention, attached.generation
     model.__dict__[STATE_ATTR] = state
@@ -281,7 +283,7 @@ def patched(model: nn.Module) -> registry.Scaling | None:
     if state is None:
         return None
     if state.attention is None:
-        kernel = hf.attn_implementation(hf.text_config(model.config))
+        kernel = hf_config.attn_implementation(hf_config.text_config(model.config))
     else:
         kernel = attention.kernel(*state.attention)
     return dataclasses.replace(state.scaling, kernel=kernel)

@@ -13,7 +13,7 @@ from typing import Any
 
 from .. import schema
 from ..errors import RopeExtendError
-from ..hf import config as hf
+from ..hf import config as hf_config
 from ..io import claim_output_dir, write_text
 from ..loading import load_model, load_tokenizer
 from ..patch import patched, unpatch
@@ -32,10 +32,10 @@ def apply(model, spec: MethodSpec) -> None:
 
 def check_methods(model, suite: Suite) -> None:
     """Every method of the suite against the model's config, before the first one runs."""
-    config = hf.text_config(model.config)
+    config = hf_config.text_config(model.config)
     for spec in suite.methods:
         if spec.scales:
-            hf.plan(config, spec.method, **spec.patch_kwargs())
+            hf_config.plan(config, spec.method, **spec.patch_kwargs())
 
 
 def run_suite(
