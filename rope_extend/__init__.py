@@ -33,8 +33,7 @@ if TYPE_CHECKING:  # the names for type checkers; at run time lazy_exports impor
     from .methods import get as get_method
     from .methods import inv_freq
     from .methods import names as method_names
-    from .methods import names as methods
-    from .patch import patch, patched, unpatch
+    from .patching import patch, patched, unpatch
     from .sinks import SinkCache
 
 # imported on first use, so that ``import rope_extend`` (and the command line's --help) does not import torch
@@ -49,10 +48,9 @@ lazy_exports(
         "get_method": (".methods", "get"),
         "inv_freq": (".methods", "inv_freq"),
         "method_names": (".methods", "names"),
-        "methods": (".methods", "names"),  # the earlier name of method_names, kept
-        "patch": (".patch", "patch"),
-        "patched": (".patch", "patched"),
-        "unpatch": (".patch", "unpatch"),
+        "patch": (".patching", "patch"),
+        "patched": (".patching", "patched"),
+        "unpatch": (".patching", "unpatch"),
         "SinkCache": (".sinks", "SinkCache"),
     },
 )
@@ -100,7 +98,6 @@ __all__ = [
     "inv_freq",
     "load",
     "method_names",
-    "methods",
     "patch",
     "patched",
     "rope_parameters",

@@ -109,9 +109,9 @@ def lazy_exports(package: str, table: dict[str, tuple[str, str | None]]) -> None
 
     ``table`` maps a name to ``(module relative to the package, attribute)``; attribute None exports the module
     itself. Any other submodule is imported when read as an attribute. A function that shares its name with a
-    submodule (``rope_extend.patch``, ``rope_extend.evaluation.passkey``) keeps the name: the import system binds
+    submodule (``rope_extend.evaluation.passkey``) keeps the name: the import system binds
     a submodule as an attribute of its package when it is imported, and that binding is refused for these
-    names; the submodule is still in ``sys.modules`` (``from rope_extend.patch import ...``)."""
+    names; the submodule is still in ``sys.modules`` (``from rope_extend.evaluation.passkey import ...``)."""
     shadowed = {name for name, (module, attribute) in table.items() if attribute and module == "." + name}
 
     class LazyPackage(types.ModuleType):

@@ -133,7 +133,7 @@ def load_patched(args: Arguments):
     """``(model, tokenizer, scaling)``: loaded with ``rope_extend.loading``, patched if a method is given
     (``scaling`` is then ``rope_extend.patched(model)``, else None)."""
     from . import loading
-    from .patch import patched
+    from .patching import patched
 
     load = dict(args.load)
     pretrained = str(load.pop("pretrained"))

@@ -81,7 +81,7 @@ class ScalingSpec:
     def apply(self, model) -> None:
         """Patch ``model`` with this scaling (nothing for ``none``)."""
         if self.scales:
-            from .patch import patch  # here: reading a request (the command line's --help) loads no model code
+            from .patching import patch  # here: reading a request (the command line's --help) loads no model code
 
             patch(model, self.method, **self.patch_kwargs())
 

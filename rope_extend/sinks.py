@@ -52,7 +52,7 @@ from .hf import attention, cache_arg, rotary
 from .hf import layout as rope_layout
 from .hf.config import attn_implementation, original_length, text_config
 from .hf.rotate_keys import KeyRotator, shift_angles, turned
-from .patch import patched
+from .patching import patched
 
 
 class SinkCache(DynamicCache):

@@ -79,26 +79,34 @@ def test_the_command_line_parser_does_not_import_transformers():
     assert got == {"transformers": False}
 
 
-def test_functions_keep_the_names_of_their_submodules():
+def test_public_names_and_their_modules():
+    """``rope_extend.patch`` is the function (its module is ``rope_extend.patching``), ``rope_extend.methods`` the
+    package (the listing function is ``method_names``); the evaluation functions keep the names of their
+    submodules, whichever is imported first."""
     got = _python("""
         import json, types
-        import rope_extend.patch, rope_extend.methods.registry, rope_extend.evaluation.passkey
+        import rope_extend.patching, rope_extend.methods.registry, rope_extend.evaluation.passkey
         import rope_extend, rope_extend.evaluation as ev
         from rope_extend.evaluation import passkey, ruler
-        from rope_extend import patch, methods
+        from rope_extend import patch, patched, unpatch, methods
+        module = lambda m: isinstance(m, types.ModuleType)
         print(json.dumps({
-            "functions": [callable(f) and not isinstance(f, types.ModuleType)
-                          for f in (rope_extend.patch, rope_extend.methods, patch, methods, ev.passkey, passkey,
-                                    ruler, ev.perplexity)],
-            "methods": rope_extend.methods()[:2],
-            "same": rope_extend.method_names() == rope_extend.methods(),
+            "functions": [callable(f) and not module(f)
+                          for f in (rope_extend.patch, patch, patched, unpatch, rope_extend.method_names,
+                                    ev.passkey, passkey, ruler, ev.perplexity)],
+            "modules": [module(m) for m in (rope_extend.patching, rope_extend.methods, methods)],
+            "patch": rope_extend.patch is rope_extend.patching.patch,
+            "registry": rope_extend.methods.registry.names is rope_extend.method_names,
+            "methods": rope_extend.method_names()[:2],
             "submodule": type(rope_extend.hf).__name__ if hasattr(rope_extend, "hf") else None,
             "dir": all(n in dir(rope_extend) for n in rope_extend.__all__),
+            "all": "methods" in rope_extend.__all__,
         }))
     """)
-    assert got["functions"] == [True] * 8
-    assert got["methods"] == ["linear", "ntk"] and got["same"] is True
-    assert got["submodule"] == "module" and got["dir"] is True
+    assert got["functions"] == [True] * 9 and got["modules"] == [True] * 3
+    assert got["patch"] is True and got["registry"] is True
+    assert got["methods"] == ["linear", "ntk"]
+    assert got["submodule"] == "module" and got["dir"] is True and got["all"] is False
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
         import rope_extend
 

@@ -104,7 +104,7 @@ def test_hf_layers():
         "rope_extend.hf.rotary",
         "rope_extend.hf.head",
         "rope_extend.hf.register",
-        "rope_extend.patch",
+        "rope_extend.patching",
     }
     importers = sorted(n for n, t in graph.items() if "rope_extend.hf.register" in t)
     assert importers == ["rope_extend"]

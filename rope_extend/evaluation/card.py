@@ -42,7 +42,7 @@ from ..export import export, routes
 from ..hf.config import rotary_geometry, text_config
 from ..io import write_json, write_text, writing
 from ..loading import load_model, load_tokenizer
-from ..patch import patch, patched, unpatch
+from ..patching import patch, patched, unpatch
 from .card_options import CardOptions
 from .data import default_texts
 from .engines import LlamaCppModel

@@ -16,7 +16,7 @@ from ..errors import RopeExtendError
 from ..hf import config as hf_config
 from ..io import claim_output_dir, write_text
 from ..loading import load_model, load_tokenizer
-from ..patch import patched, unpatch
+from ..patching import patched, unpatch
 from .records import earlier_records, import_records
 from .report import owned, write_report
 from .suite import MethodSpec, Suite, default_out, resolve_path

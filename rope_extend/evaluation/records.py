@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import RopeExtendError, RopeExtendException
 from ..hf.config import config_scaling, scaled_layer_types, text_config
-from ..patch import patched
+from ..patching import patched
 from ..version import __version__
 from .engines import is_engine
 from .identity import model_digest

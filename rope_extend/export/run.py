@@ -8,7 +8,7 @@ from ..errors import RopeExtendError, UnsupportedModelError
 from ..hf.config import config_scaling, nested_layer_types, plan, rotary_geometry, text_config
 from ..io import check_writable, remove_abandoned
 from ..loading import check_weights, load_config, resolve_name
-from ..patch import patched
+from ..patching import patched
 from .routes import APPROXIMATE, REFUSED, Decision, decide
 from .targets import TARGETS
 from .targets.base import INFO, ExportJob, ExportOptions, ExportResult

@@ -45,7 +45,7 @@ from ..hf.window import sliding_window_widened
 from ..io import claim_output_dir, write_json
 from ..methods import registry
 from ..methods._common import rope_frequencies
-from ..patch import patch, patched, unpatch
+from ..patching import patch, patched, unpatch
 from . import evolution
 from .report import write_report
 

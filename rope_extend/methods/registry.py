@@ -1,9 +1,4 @@
-"""The method registry and the ``inv_freq`` entry point.
-
-Import it as ``from rope_extend.methods import registry``: the package attribute ``rope_extend.methods`` is
-the public function ``methods()`` (the earlier name of ``method_names()``, kept), so
-``import rope_extend.methods as registry`` would not give this module.
-"""
+"""The method registry and the ``inv_freq`` entry point (``rope_extend.method_names()`` is ``names`` here)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ import torch
 from ..hf import checkpointing
 from ..hf.head import LMHead, check, lm_head
 from ..io import atomic_path
-from ..patch import patched
+from ..patching import patched
 from . import checkpoint as ckpt
 from .args import RecipeError, TrainArgs, to_dict
 from .data import Batches, pack, pad_documents, passkey_windows, read_documents, tokenize, with_passkey_windows
