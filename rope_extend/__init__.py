@@ -23,11 +23,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .deferred import lazy_exports, when_transformers_ready
-from .errors import NotPatchedError, RopeExtendError, RopeExtendException, UnsupportedModelError
+from .errors import NotPatchedError, RopeExtendBaseError, RopeExtendError, UnsupportedModelError
 from .version import __version__
 
 if TYPE_CHECKING:  # the names for type checkers; at run time lazy_exports imports them on first use
     from . import bundled
+    from .errors import RopeExtendException as RopeExtendException
     from .hf.cache_arg import cache_kwargs
     from .hf.config import configure, rope_parameters
     from .methods import get as get_method
@@ -52,6 +53,7 @@ lazy_exports(
         "patched": (".patching", "patched"),
         "unpatch": (".patching", "unpatch"),
         "SinkCache": (".sinks", "SinkCache"),
+        "RopeExtendException": (".errors", "RopeExtendException"),  # deprecated: RopeExtendBaseError
     },
 )
 
@@ -86,8 +88,8 @@ when_transformers_ready(_register)
 
 __all__ = [
     "NotPatchedError",
+    "RopeExtendBaseError",
     "RopeExtendError",
-    "RopeExtendException",
     "SinkCache",
     "UnsupportedModelError",
     "__version__",

@@ -206,13 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run a subcommand. A user error ends in one line on stderr and exit code 2, never a traceback."""
-    from .errors import RopeExtendException
+    from .errors import RopeExtendBaseError
     from .loading import BundledModelMissing
 
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (RopeExtendException, BundledModelMissing) as exc:
+    except (RopeExtendBaseError, BundledModelMissing) as exc:
         print(f"rope-extend: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except FloatingPointError as exc:  # a training run that diverged: its checkpoints are kept

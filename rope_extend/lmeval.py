@@ -29,7 +29,7 @@ import logging
 import sys
 from typing import Any
 
-from .errors import RopeExtendError, RopeExtendException, closest
+from .errors import RopeExtendBaseError, RopeExtendError, closest
 from .methods import registry as _methods
 from .scaling import ScalingSpec
 
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.argv = ["lm-eval", *(sys.argv[1:] if argv is None else argv)]
     try:
         cli_evaluate()
-    except RopeExtendException as exc:  # a bad argument or model: its message, not a traceback through lm-eval
+    except RopeExtendBaseError as exc:  # a bad argument or model: its message, not a traceback through lm-eval
         print(f"rope-extend-lm-eval: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     finally:

@@ -17,7 +17,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from ..errors import RopeExtendError, RopeExtendException
+from ..errors import RopeExtendBaseError, RopeExtendError
 from ..hf.config import config_scaling, scaled_layer_types, text_config
 from ..patching import patched
 from ..version import __version__
@@ -43,7 +43,7 @@ def _config_scaling(model):
     config = text_config(config)
     try:
         return config_scaling(config, (scaled_layer_types(config) or [None])[0])
-    except (RopeExtendException, KeyError, TypeError):  # a family's own rope type, or no global rope dict
+    except (RopeExtendBaseError, KeyError, TypeError):  # a family's own rope type, or no global rope dict
         return None
 
 

@@ -36,7 +36,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
 import rope_extend
-from rope_extend import RopeExtendException
+from rope_extend import RopeExtendBaseError
 from rope_extend.hf import attention as A
 from rope_extend.hf import layout as Lo
 from rope_extend.hf.config import LOCAL_LAYER_TYPES, text_config
@@ -141,7 +141,7 @@ def attention_cell(family, method) -> str:
     try:
         rope_extend.patch(model, name, **params)
         kind = snapshot.EXACT
-    except RopeExtendException as exc:
+    except RopeExtendBaseError as exc:
         shorter = re.search(r"target_length=(\d+) to accept the shorter context", str(exc))
         try:
             if shorter is None:
@@ -149,7 +149,7 @@ def attention_cell(family, method) -> str:
             # a family whose config ships a scaling (GPT-OSS's yarn): the method at its own reach, over plain RoPE
             rope_extend.patch(model, name, target_length=int(shorter.group(1)), **params)
             kind = snapshot.REACH
-        except RopeExtendException as refused:
+        except RopeExtendBaseError as refused:
             message = str(refused)
             assert model_type in message and name in message and "\n" not in message, message
             assert rope_extend.patched(model) is None, f"{model_type} {method}: refused, yet the model is patched"
@@ -225,6 +225,6 @@ def test_probe_finds_nope_layers(model_type):
 
 def test_a_family_without_the_attention_interface_is_refused():
     model = build("falcon")
-    with pytest.raises(RopeExtendException, match="falcon.*attention interface"):
+    with pytest.raises(RopeExtendBaseError, match="falcon.*attention interface"):
         rope_extend.patch(model, "self_extend", group_size=4, window=16)
     assert rope_extend.patched(model) is None

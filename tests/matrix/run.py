@@ -6,7 +6,7 @@
   equal: the two cannot be told apart at that precision) and every logit is within ``tolerance(cell)`` of the
   largest reference logit; and the patch changes the model: the patched model's logits differ from the unpatched
   model's (``no_op``), unless the variant is the control;
-- ``refused``: a ``RopeExtendException`` before anything of that call ran (no decoder forward completed since the
+- ``refused``: a ``RopeExtendBaseError`` before anything of that call ran (no decoder forward completed since the
   call began: ``patch``, making a cache, or a ``generate`` or forward call), whose message is one line and names
   the cache or the mode, and the method unless the control is refused the same way;
 - ``not applicable`` / ``not run``: a rule of ``cells`` (with its reason), or ``cells.CONTROL_RULE``;
@@ -32,7 +32,7 @@ import transformers
 from transformers import CompileConfig, DynamicCache, StaticCache
 
 import rope_extend
-from rope_extend import RopeExtendException
+from rope_extend import RopeExtendBaseError
 from rope_extend.hf.layout import PROBE_NAME
 from tests.matrix import cells as C
 from tests.matrix import reference as R
@@ -55,7 +55,7 @@ class Outcome:
 class Refused(Exception):
     """A rope-extend refusal, with whether any forward had completed in the call that raised it."""
 
-    def __init__(self, error: RopeExtendException, late: bool):
+    def __init__(self, error: RopeExtendBaseError, late: bool):
         super().__init__(str(error))
         self.error, self.late = error, late
 
@@ -77,7 +77,7 @@ class Counter:
         start = self.calls
         try:
             return fn(*args, **kwargs)
-        except RopeExtendException as exc:
+        except RopeExtendBaseError as exc:
             raise Refused(exc, self.calls > start) from exc
 
 
@@ -88,7 +88,7 @@ class Matrix:
         self.references = R.References()
         self.outcomes: dict[C.Cell, Outcome] = {}
         self.counters: dict[int, Counter] = {}
-        self.patch_errors: dict[tuple, RopeExtendException] = {}
+        self.patch_errors: dict[tuple, RopeExtendBaseError] = {}
         self.unpatched: dict[tuple, torch.Tensor] = {}
         self.changed: dict[tuple, float] = {}
         torch.manual_seed(1)
@@ -116,7 +116,7 @@ class Matrix:
             if cell.method is not None:
                 try:
                     rope_extend.patch(m, cell.method, **R.patch_arguments(cell.variant, m))
-                except RopeExtendException as exc:
+                except RopeExtendBaseError as exc:
                     self.patch_errors[key] = exc
                     raise Refused(exc, False) from exc
                 m.__dict__["_matrix_variant"] = cell.variant
