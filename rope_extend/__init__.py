@@ -79,9 +79,11 @@ def search(model, tokenizer, factor, texts, **options):
 
 
 def _register() -> None:
-    from .hf.register import register
+    from .hf import register, unregister
 
-    register()
+    register.register()
+    # a method unregistered later leaves transformers too (hf.unregister undoes what register installs)
+    unregister.listen(register._init_function, register._validator)
 
 
 when_transformers_ready(_register)

@@ -6,7 +6,10 @@ whatever the registry's own ``check`` refuses; ``get`` returns one, or raises a 
 the kind, the unknown name, the closest known name and every allowed one; ``unregister`` removes one (a test's
 toy, a plugin unloading). Listeners hear of every registration from the moment they subscribe (the methods
 registry installs each method's rope type in transformers this way); a listener that raises undoes the
-registration, so a thing is registered everywhere or nowhere.
+registration, so a thing is registered everywhere or nowhere. Unregistration has listeners of its own
+(``on_unregister``: the methods registry takes the rope type out of transformers again); they hear of an entry
+only if the registration listeners did (a lazy entry never imported was installed nowhere), after it is gone,
+so ``name in registry`` is already False for them.
 
 An entry may be lazy, ``register_lazy(name, "package.module:attribute")``: its name is listed at once and its
 module imported on first ``get``, so that a command line can list the export targets without loading torch
@@ -59,6 +62,7 @@ class Registry(Generic[T]):
         self._check = check
         self._items: dict[str, T | _Lazy] = {}
         self._listeners: list[Callable[[T], None]] = []
+        self._unlisteners: list[Callable[[T], None]] = []
 
     # ----------------------------------------------------------------------------------------- adding
     def register(self, item: T | None = None, /, *, name: str | None = None) -> Any:
@@ -102,10 +106,19 @@ class Registry(Generic[T]):
         """Call ``listener(item)`` for every entry registered after this call."""
         self._listeners.append(listener)
 
+    def on_unregister(self, listener: Callable[[T], None]) -> None:
+        """Call ``listener(item)`` for every loaded entry unregistered after this call, once it is gone."""
+        self._unlisteners.append(listener)
+
     def unregister(self, name: str) -> T | None:
-        """Remove ``name`` and return what it named (None if nothing): a test's toy, a plugin unloading."""
+        """Remove ``name`` and return what it named (None if nothing): a test's toy, a plugin unloading. The
+        ``on_unregister`` listeners hear of it (not of a lazy entry never imported: nothing heard of it)."""
         item = self._items.pop(name, None)
-        return None if isinstance(item, _Lazy) else item
+        if item is None or isinstance(item, _Lazy):
+            return None
+        for listener in self._unlisteners:
+            listener(item)
+        return item
 
     # ---------------------------------------------------------------------------------------- reading
     def get(self, name: Any) -> T:

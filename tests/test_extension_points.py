@@ -47,10 +47,8 @@ TOY_METHOD = Method("toy_pi", NoParams, position_interpolation, rope_type="toy_p
 def toy_method():
     registry.register(TOY_METHOD)
     yield TOY_METHOD
-    registry.METHODS.unregister(TOY_METHOD.name)
-    for rope_type in ("toy_pi", "proportional_toy_pi"):  # what hf.register's listener installed in transformers
-        mru.ROPE_INIT_FUNCTIONS.pop(rope_type, None)
-        delattr(mru.RotaryEmbeddingConfigMixin, f"_validate_{rope_type}_rope_parameters")
+    registry.METHODS.unregister(TOY_METHOD.name)  # and its rope types leave transformers (hf.unregister)
+    assert "toy_pi" not in mru.ROPE_INIT_FUNCTIONS and "proportional_toy_pi" not in mru.ROPE_INIT_FUNCTIONS
 
 
 def test_a_toy_method_patches_a_model_as_the_built_in_one_it_copies(toy_method):

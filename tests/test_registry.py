@@ -64,3 +64,14 @@ def test_a_lazy_entry_is_listed_without_importing_its_module():
     sys.modules.pop("json.tool", None)
     assert things.names() == ["json"] and "json.tool" not in sys.modules
     assert things.get("json").__module__ == "json.tool" and "json.tool" in sys.modules
+
+
+def test_unregister_listeners_hear_loaded_entries_once_they_are_gone():
+    heard = []
+    things = Registry("thing")
+    first = things.register(SimpleNamespace(name="first"))
+    things.register_lazy("lazy", "json:dumps")
+    things.on_unregister(lambda item: heard.append((item, item.name in things)))
+    assert things.unregister("first") is first and heard == [(first, False)]
+    assert things.unregister("lazy") is None and things.unregister("first") is None
+    assert heard == [(first, False)]  # a lazy entry never loaded was installed nowhere; an absent one is nothing

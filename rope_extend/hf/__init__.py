@@ -16,8 +16,9 @@
   refusal, install and remove, masks, the multi-pass kernel);
 - ``hf.attach``: the one install path of a scaled rotary module (its checks, runtime, cache keeper, attention
   plans), shared by ``patch`` and by models built from a config;
+- ``hf.unregister``: an unregistered method's rope types taken out of transformers again;
 - ``hf.register``: registration of rope-extend's rope types and attention with transformers (arranged by
-  ``import rope_extend``).
+  ``import rope_extend``, which also starts ``hf.unregister``'s listener).
 
 This package's ``__init__`` imports only ``hf.config``.
 """

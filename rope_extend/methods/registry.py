@@ -29,12 +29,16 @@ def _new_rope_type(method: Method) -> None:
 # the scaling methods; ``hf.register`` listens, installing each one's rope type in transformers, so that after
 # ``import rope_extend`` a config naming it validates, builds and reloads (the registry stays free of transformers)
 METHODS: Registry[Method] = Registry("method", check=_new_rope_type)
-_REGISTRY = METHODS._items  # the same dict, for code and tests that remove an entry with ``del``
 
 
 def on_register(listener) -> None:
     """Call ``listener(method)`` for every method registered after this call (``hf.register`` listens)."""
     METHODS.on_register(listener)
+
+
+def on_unregister(listener) -> None:
+    """Call ``listener(method)`` for every method unregistered after this call (``hf.unregister`` listens)."""
+    METHODS.on_unregister(listener)
 
 
 def register(method: Method) -> Method:
@@ -57,6 +61,12 @@ for _m in (
     _string.STRING,
 ):
     register(_m)
+
+
+def unregister(name: str) -> Method | None:
+    """Remove the method called ``name`` and return it (None if there was none); after ``import rope_extend`` its
+    rope types leave transformers too (``hf.unregister``), so a config naming it no longer builds."""
+    return METHODS.unregister(name)
 
 
 def names() -> list[str]:
@@ -112,6 +122,9 @@ __all__ = [
     "get",
     "inv_freq",
     "names",
+    "on_register",
+    "on_unregister",
     "register",
     "resolve",
+    "unregister",
 ]

@@ -38,10 +38,7 @@ TOY = Method("toy_half", HalfParams, half_interpolation, rope_type="toy_half", s
 def toy():
     registry.register(TOY)
     yield TOY
-    del registry._REGISTRY[TOY.name]
-    for rope_type in ("toy_half", "proportional_toy_half"):
-        mru.ROPE_INIT_FUNCTIONS.pop(rope_type, None)
-        delattr(mru.RotaryEmbeddingConfigMixin, f"_validate_{rope_type}_rope_parameters")
+    registry.unregister(TOY.name)  # its rope types leave transformers too (hf.unregister)
 
 
 def test_a_method_registered_late_is_patched_configured_saved_and_reloaded(toy, tmp_path):
@@ -71,6 +68,40 @@ def test_a_method_registered_late_works_from_the_cli(toy, tmp_path, capsys):
     config = json.loads((tmp_path / "o" / "config.json").read_text())
     assert config["rope_parameters"]["rope_type"] == "toy_half" and config["max_position_embeddings"] == 1024
     AutoModelForCausalLM.from_pretrained(tmp_path / "o")
+
+
+def test_an_unregistered_method_leaves_transformers(toy):
+    """Unregistering undoes what registering installed: the rope types and validators are gone, so a config
+    naming the type no longer builds a model (before, it validated and then failed inside rope-extend)."""
+    mixin = mru.RotaryEmbeddingConfigMixin
+    installed = ("toy_half", "proportional_toy_half")
+    assert all(t in mru.ROPE_INIT_FUNCTIONS and hasattr(mixin, f"_validate_{t}_rope_parameters") for t in installed)
+    assert registry.unregister("toy_half") is TOY
+    try:
+        assert not any(t in mru.ROPE_INIT_FUNCTIONS for t in installed)
+        assert not any(hasattr(mixin, f"_validate_{t}_rope_parameters") for t in installed)
+        config = tiny_model().config
+        config.rope_parameters = {**config.rope_parameters, "rope_type": "toy_half", "factor": 2.0}
+        with pytest.raises(KeyError, match="toy_half"):
+            AutoModelForCausalLM.from_config(config)
+        assert registry.unregister("toy_half") is None  # nothing left to undo
+    finally:
+        registry.register(TOY)  # for the fixture's teardown; installed again
+    assert all(t in mru.ROPE_INIT_FUNCTIONS for t in installed)
+
+
+def test_unregistering_a_method_keeps_transformers_own_rope_type():
+    """A method on transformers' own ``dynamic`` (``in_transformers``) installs only ``proportional_dynamic``;
+    unregistering it takes that out and leaves transformers' ``dynamic`` where it is."""
+    own = mru.ROPE_INIT_FUNCTIONS["dynamic"]
+    on_dynamic = Method("toy_dynamic", HalfParams, half_interpolation, rope_type="dynamic", in_transformers=True)
+    registry.register(on_dynamic)
+    try:
+        assert mru.ROPE_INIT_FUNCTIONS["dynamic"] is own and "proportional_dynamic" in mru.ROPE_INIT_FUNCTIONS
+    finally:
+        registry.unregister("toy_dynamic")
+    assert mru.ROPE_INIT_FUNCTIONS["dynamic"] is own and "proportional_dynamic" not in mru.ROPE_INIT_FUNCTIONS
+    assert hasattr(mru.RotaryEmbeddingConfigMixin, "_validate_dynamic_rope_parameters")  # transformers' own
 
 
 def test_a_method_whose_rope_type_transformers_owns_is_not_registered():
