@@ -5,7 +5,12 @@ The reference takes the queries and keys transformers rotated at their true posi
 out below from the formulas of methods.md and issue 11; then plain softmax attention.
 """
 
+import ast
+import importlib
+import inspect
 import math
+import pkgutil
+from collections import defaultdict
 
 import pytest
 import torch
@@ -15,6 +20,7 @@ from transformers.modeling_utils import AttentionInterface
 import rope_extend
 from rope_extend import RopeExtendError, UnsupportedModelError
 from rope_extend.hf import attention as A
+from rope_extend.hf.attention import kernels, passes
 from tests.tiny import FAMILIES, tiny_config, tiny_model
 
 L = 32
@@ -143,11 +149,42 @@ def reference_logits(model, method, params, x, logn=False, **kw):
     return logits
 
 
+# the names the tests monkeypatch (here, test_attention_nope, test_slots), each in the submodules of
+# hf.attention whose functions read it: a name is patched where it is read, so that the patch reaches the code
+PATCHED = {
+    "BLOCK": {"passes"},
+    "REUSE_ROWS": {"passes"},
+    "ROTATE": {"passes"},
+    "_rotate": {"passes"},
+    "_partial": {"passes"},
+    "compute_dtype": {"passes"},
+    "TILE": {"kernels"},
+    "SPLIT": {"kernels"},
+    "_flash_cpu": {"kernels"},
+    "logn_scale": {"passes", "positions"},
+    "_attend": {"forward"},
+}
+
+
+def test_each_monkeypatched_name_is_patched_where_it_is_read():
+    """A name another submodule starts to read (``from .kernels import SPLIT``) would escape the tests' patches,
+    which set it in the modules above: this fails first."""
+    readers = defaultdict(set)
+    for info in pkgutil.iter_modules(A.__path__):
+        tree = ast.parse(inspect.getsource(importlib.import_module(f"{A.__name__}.{info.name}")))
+        for function in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for node in ast.walk(function):
+                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in PATCHED:
+                    readers[node.id].add(info.name)
+    assert dict(readers) == PATCHED
+    assert not [name for name in PATCHED if hasattr(A, name)]  # a copy on the package would take a patch silently
+
+
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch):
-    monkeypatch.setattr(A, "BLOCK", 12)  # several query blocks per sequence, blocks not aligned to chunks
-    monkeypatch.setattr(A, "TILE", 20)
-    monkeypatch.setattr(A, "SPLIT", 4)  # masked CPU passes are cut into unmasked / causal / masked columns
+    monkeypatch.setattr(passes, "BLOCK", 12)  # several query blocks per sequence, blocks not aligned to chunks
+    monkeypatch.setattr(kernels, "TILE", 20)
+    monkeypatch.setattr(kernels, "SPLIT", 4)  # masked CPU passes are cut into unmasked / causal / masked columns
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
@@ -169,10 +206,10 @@ def test_decode_path_exact_against_explicit_positions(family, monkeypatch):
     """Every row through the path of a decode step (at most ``REUSE_ROWS`` rows): kept work space and table;
     Dual Chunk turns the queries once per chunk of keys instead of turning the keys, STRING never turns its
     keys. Equal to the explicit reference; the keys are turned only for the methods that must."""
-    monkeypatch.setattr(A, "REUSE_ROWS", 10**6)
+    monkeypatch.setattr(passes, "REUSE_ROWS", 10**6)
     turned = []
-    real = A._rotate
-    monkeypatch.setattr(A, "_rotate", lambda *args: turned.append(1) or real(*args))
+    real = passes._rotate
+    monkeypatch.setattr(passes, "_rotate", lambda *args: turned.append(1) or real(*args))
     model, x = model_for(family), ids()
     for method, params in METHODS.items():
         rope_extend.patch(model, method, **params)
@@ -290,7 +327,7 @@ def test_rotation_tables_and_work_space_follow_the_frequencies_and_go_with_unpat
     x = ids(n=60, batch=1)
     rotary = model.model.rotary_emb
     with monkeypatch.context() as m:
-        m.setattr(A, "REUSE_ROWS", 59)
+        m.setattr(passes, "REUSE_ROWS", 59)
         fresh = run(model, x)
     assert LY.TABLES_ATTR not in rotary.__dict__ and A.WORKSPACE_ATTR not in rotary.__dict__
     first = run(model, x)  # 60 rows: kept
@@ -667,9 +704,9 @@ def test_half_precision_passes_within_two_epsilons_of_the_float32_path(family, d
     float32; asserted: 2 epsilons."""
     x = ids()
     seen = []
-    real_partial = A._partial
+    real_partial = passes._partial
     monkeypatch.setattr(
-        A, "_partial", lambda q, k, v, *a: seen.append({q.dtype, k.dtype, v.dtype}) or real_partial(q, k, v, *a)
+        passes, "_partial", lambda q, k, v, *a: seen.append({q.dtype, k.dtype, v.dtype}) or real_partial(q, k, v, *a)
     )
     for method, params in METHODS.items():
         model = model_for(family).to(dtype)
@@ -677,9 +714,11 @@ def test_half_precision_passes_within_two_epsilons_of_the_float32_path(family, d
         seen.clear()
         got = run(model, x).float()
         assert seen and all(s == {dtype} for s in seen), (method, seen[:3])
+        seen.clear()
         with monkeypatch.context() as m:
-            m.setattr(A, "compute_dtype", lambda d: torch.float32)
+            m.setattr(passes, "compute_dtype", lambda d: torch.float32)
             want = run(model, x).float()
+        assert seen and all(s == {torch.float32} for s in seen), (method, seen[:3])  # the patch reached the passes
         tolerance = 2 * torch.finfo(dtype).eps * want.abs().max().item()
         assert (got - want).abs().max().item() <= tolerance, (method, (got - want).abs().max().item(), tolerance)
 
@@ -688,7 +727,7 @@ def test_rotating_keys_in_pieces_is_exact(monkeypatch):
     model, x = model_for("llama"), ids()
     rope_extend.patch(model, "self_extend", **METHODS["self_extend"])
     whole = run(model, x)
-    monkeypatch.setattr(A, "ROTATE", 7)  # keys rotated 7 at a time, pieces not aligned to anything
+    monkeypatch.setattr(passes, "ROTATE", 7)  # keys rotated 7 at a time, pieces not aligned to anything
     assert torch.equal(run(model, x), whole)
 
 
@@ -696,19 +735,21 @@ def test_rotating_keys_in_pieces_is_exact(monkeypatch):
 def test_cut_passes_equal_whole_masked_passes(family, monkeypatch):
     model, x = model_for(family), ids()
     counts = {"causal": 0}
-    real = A._flash_cpu
+    real = kernels._flash_cpu
 
     def spy(q, k, v, allow, scaling, causal=False):
         counts["causal"] += causal
         return real(q, k, v, allow, scaling, causal)
 
-    monkeypatch.setattr(A, "_flash_cpu", spy)
+    monkeypatch.setattr(kernels, "_flash_cpu", spy)
     for method, params in METHODS.items():
         rope_extend.patch(model, method, **params)
         cut = run(model, x)
+        causal = counts["causal"]
         with monkeypatch.context() as m:
-            m.setattr(A, "SPLIT", 10**6)  # never cut
+            m.setattr(kernels, "SPLIT", 10**6)  # never cut
             whole = run(model, x)
+        assert counts["causal"] == causal, method  # uncut: no causal square ran
         rope_extend.unpatch(model)
         assert (cut - whole).abs().max().item() < 1e-5, method
     assert counts["causal"] > 0  # the diagonal blocks ran with the kernel's causal skipping
@@ -719,7 +760,7 @@ def test_cpu_pass_cut_at_its_squares_equals_the_masked_kernel(shape, monkeypatch
     """A self_extend block's passes: the near band (a mirror square, columns every row sees, a causal square) and
     the far keys' causal square each run with the kernel's causal skipping and no mask; a padded band keeps the
     mask where it must. Equal to the whole masked pass."""
-    monkeypatch.setattr(A, "SPLIT", 4)
+    monkeypatch.setattr(kernels, "SPLIT", 4)
     n, w = 12, 20  # rows of the block, window
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 4, n, 16, generator=g)
@@ -736,14 +777,14 @@ def test_cpu_pass_cut_at_its_squares_equals_the_masked_kernel(shape, monkeypatch
         causal_pieces = 1
     k, v = (torch.randn(2, 2, allow.shape[-1], 16, generator=g) for _ in range(2))
     calls = []
-    real = A._flash_cpu
+    real = kernels._flash_cpu
 
     def spy(q, k, v, allow, scaling, causal=False):
         calls.append((causal, allow is not None))
         return real(q, k, v, allow, scaling, causal)
 
-    monkeypatch.setattr(A, "_flash_cpu", spy)
-    out, lse = A._partial_cpu(q, k, v, allow, 0.25)
+    monkeypatch.setattr(kernels, "_flash_cpu", spy)
+    out, lse = kernels._partial_cpu(q, k, v, allow, 0.25)
     want, want_lse = real(q, k, v, allow, 0.25)
     assert (out.float() - want).abs().max().item() < 1e-5
     assert (lse - want_lse).abs().max().item() < 1e-5

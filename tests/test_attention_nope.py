@@ -23,7 +23,10 @@ from rope_extend import UnsupportedModelError
 from rope_extend.hf import attention as A
 from rope_extend.hf import layout as Lo
 from rope_extend.hf import rotary as R
+from rope_extend.hf.attention import passes
+from rope_extend.hf.attention import positions as query_positions
 from rope_extend.hf.config import LOCAL_LAYER_TYPES, rotary_geometry, text_config
+from rope_extend.methods.attention import logn_scale
 from tests.families.test_attention_families import _reference_logits
 from tests.families.tiny import build, model_class, tiny_config
 from tests.tiny import tiny_model
@@ -258,7 +261,8 @@ def test_logn_path_against_llama4_own_temperature(monkeypatch):
     def llama4_temperature(positions, _length):
         return torch.log1p(torch.floor((positions.float() + 1.0) / 8)) * 0.5 + 1.0
 
-    monkeypatch.setattr(A, "logn_scale", llama4_temperature)
+    for part in (passes, query_positions):  # the two readers of logn_scale: the method layers and log-n alone
+        monkeypatch.setattr(part, "logn_scale", llama4_temperature)
     rope_extend.patch(model, "linear", factor=1, logn=True)
     scale = float(want.abs().max())
     assert float((_logits(model, input_ids=ids) - want).abs().max()) / scale < 2e-6
@@ -324,4 +328,4 @@ def test_a_layer_with_zero_keys_is_judged_by_its_queries():
 def test_logn_formula_itself():
     positions = torch.tensor([0, 15, 16, 63, 255])
     want = [max(1.0, math.log(p + 1) / math.log(16)) for p in positions.tolist()]
-    assert torch.allclose(A.logn_scale(positions, 16), torch.tensor(want))
+    assert torch.allclose(logn_scale(positions, 16), torch.tensor(want))

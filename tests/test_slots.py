@@ -15,8 +15,8 @@ from transformers import cache_utils as cu
 
 import rope_extend
 from rope_extend import UnsupportedModelError, cache_kwargs
-from rope_extend.hf import attention as A
 from rope_extend.hf import slots
+from rope_extend.hf.attention import forward
 from tests.test_attention import METHODS, L, flash_stand_in, ids, model_for, reference_logits, relative
 
 TOL = 2e-5
@@ -216,14 +216,14 @@ def test_fp8_quantized_cache_positions(monkeypatch):
     if not hasattr(cu, "Fp8QuantizedLayer"):
         pytest.skip("this transformers has no fp8 cache backend (5.17: quanto and HQQ only, each its own package)")
     calls = []
-    real = A._attend
+    real = forward._attend
 
     def spy(call):
         out = real(call)
         calls.append((call.query, call.key, call.value, call.position_ids[0], call.scaling, out))
         return out
 
-    monkeypatch.setattr(A, "_attend", spy)
+    monkeypatch.setattr(forward, "_attend", spy)  # forward calls it
     for case in METHODS:
         model = patched("llama", case)
         calls.clear()

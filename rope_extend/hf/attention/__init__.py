@@ -21,6 +21,10 @@ One module per job, each importing only those above it in this list:
 - ``plan``: planning and refusal, before anything is touched (``plans``);
 - ``installation``: ``install``, ``remove`` and ``kernel`` (what runs the patched layers).
 
+The package re-exports the public names above, never the kernel's tuning constants (``passes.BLOCK``,
+``kernels.SPLIT``, ...) or helpers: a copy here would take an assignment (a test's monkeypatch, a benchmark's
+switch) and change nothing. Set them in the submodule whose functions read them.
+
 Which layers change, and what is refused: ``plan``. Kernels: on the CPU each pass runs aten's CPU flash
 attention, which returns the log-sum-exp; with logit softcapping (Gemma 2) or on another device, a plain-torch
 loop over key tiles (``kernels``); ``patched(model).kernel`` names them.
@@ -46,27 +50,12 @@ the cache length after the layer's own update, so its queries see empty slots, w
 
 from __future__ import annotations
 
-import sys
-import types
-
-from ...methods.attention import logn_scale
 from ..config import text_config
-from . import forward, installation, kernels, masks, passes, plan, positions, registration, state
-from .forward import _method_attention as _method_attention
 from .forward import attention_forward
 from .installation import install, kernel, remove
-from .kernels import SPLIT, TILE, compute_dtype, passes_kernel
-from .kernels import _flash_cpu as _flash_cpu
-from .kernels import _merge as _merge
-from .kernels import _partial as _partial
-from .kernels import _partial_cpu as _partial_cpu
+from .kernels import passes_kernel
 from .masks import Mask
-from .passes import BLOCK, REUSE_ROWS, ROTATE, Call
-from .passes import _attend as _attend
-from .passes import _attend_rows as _attend_rows
-from .passes import _rotate as _rotate
-from .passes import _rotated_keys as _rotated_keys
-from .passes import _workspace as _workspace
+from .passes import Call
 from .plan import plans
 from .positions import PositionKeeper
 from .registration import is_registered_name, register, registered_name
@@ -82,16 +71,11 @@ from .state import (
 )
 
 __all__ = [
-    "BLOCK",
     "INNER",
     "NAME",
     "PLAN_ATTR",
     "POSITIONS_HOOK",
     "PROBE_HOOK",
-    "REUSE_ROWS",
-    "ROTATE",
-    "SPLIT",
-    "TILE",
     "WORKSPACE_ATTR",
     "AttentionPlan",
     "Call",
@@ -99,11 +83,9 @@ __all__ = [
     "PositionKeeper",
     "attention_forward",
     "attention_modules",
-    "compute_dtype",
     "install",
     "is_registered_name",
     "kernel",
-    "logn_scale",
     "passes_kernel",
     "plans",
     "register",
@@ -111,40 +93,3 @@ __all__ = [
     "remove",
     "text_config",
 ]
-
-# the submodules' helpers that tests and benchmarks reach through this package (spies, monkeypatches), imported
-# above with ``as`` to mark them re-exported
-_PRIVATE = (
-    "_attend",
-    "_attend_rows",
-    "_flash_cpu",
-    "_merge",
-    "_method_attention",
-    "_partial",
-    "_partial_cpu",
-    "_rotate",
-    "_rotated_keys",
-    "_workspace",
-)
-_PARTS = (state, kernels, masks, positions, passes, forward, registration, plan, installation)
-
-
-class _Package(types.ModuleType):
-    """This package's module type: a name it re-exports, set on the package, is set in every submodule that holds
-    it too.
-
-    The kernel's tuning constants and helpers live in the submodules whose code reads them (``passes.BLOCK``,
-    ``kernels._flash_cpu``, ``passes.logn_scale``); tests and benchmarks set them on the package, as on the single
-    module this package was (``monkeypatch.setattr(attention, "BLOCK", 12)``, ``attention.compute_dtype = ...``).
-    Forwarding the assignment makes it reach the code that reads the name, and monkeypatch's undo (one more
-    assignment) restores both. Names the package does not re-export are set on the package alone."""
-
-    def __setattr__(self, name: str, value) -> None:
-        if name in __all__ or name in _PRIVATE:
-            for part in _PARTS:
-                if name in vars(part):
-                    setattr(part, name, value)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
