@@ -210,6 +210,10 @@ class LayerProbe:
     width: int | None = None  # the key head size its attention function received
     noncausal: str | None = None  # why its attention is not plain causal attention (``hf.causal``), or None
     cached_width: int | None = None  # the key size its cache layer stores (``probe(cached=True)``), if known
+    # whether its cache layer stores the very keys its attention saw (``probe(cached=True)``; None: not known). A
+    # latent cache (Mistral 4's MLA keeps the unrotated latent as "keys" and the rotated part as "values") may
+    # store keys of the same size as the attention's by chance, so the size alone does not tell
+    cached_same: bool | None = None
 
 
 class _Recorder:
@@ -322,6 +326,7 @@ def probe(
             _classify(query, key, extra, rotary, delta, tolerance),
             noncausal=noncausal,
             cached_width=widths.get(getattr(module, "layer_idx", None)),
+            cached_same=_cached_same(store, getattr(module, "layer_idx", None), key) if cached else None,
         )
         for module, (query, key, extra, noncausal) in recorder.seen.items()
     }
@@ -341,6 +346,30 @@ def _cached_widths(store) -> dict[int, int]:
         if isinstance(keys, torch.Tensor) and keys.numel():
             out[index] = keys.shape[-1]
     return out
+
+
+def _cached_same(store, index, key: torch.Tensor) -> bool | None:
+    """Whether layer ``index``'s cache holds the keys its attention saw (``key`` [B, H, T, D], float): the last
+    slots it kept (a sliding window keeps fewer), its key heads repeated or tiled up to the attention's where the
+    model does so before the attention function. None where the cache holds no keys for it (nothing to turn)."""
+    layers = getattr(store, "layers", [])
+    if not isinstance(index, int) or index >= len(layers):
+        return None
+    cached = getattr(layers[index], "keys", None)
+    if not isinstance(cached, torch.Tensor) or not cached.numel():
+        return None
+    if cached.dim() != 4 or cached.shape[0] != key.shape[0] or cached.shape[-1] != key.shape[-1]:
+        return False
+    kept = min(cached.shape[-2], key.shape[-2])
+    cached, key = cached[:, :, -kept:].float(), key[:, :, -kept:]
+    if cached.shape[1] == key.shape[1]:
+        return bool(torch.allclose(cached, key, rtol=1e-5, atol=1e-6))
+    if key.shape[1] % cached.shape[1]:
+        return False
+    times = key.shape[1] // cached.shape[1]
+    # grouped-query heads (repeat_kv: each key head next to its copies) or tiled (JetMoE's attention experts)
+    spread = (cached.repeat_interleave(times, dim=1), cached.repeat(1, times, 1, 1))
+    return any(torch.allclose(c, key, rtol=1e-5, atol=1e-6) for c in spread)
 
 
 def _classify(query, key, extra, rotary, delta, tolerance) -> LayerProbe:
@@ -384,6 +413,11 @@ def cached_layout(
     seen = probes.get(index)
     if seen is not None and seen.kind == "nope":
         return None, None
+    if seen is not None and seen.kind == "rope" and seen.cached_same is False:
+        return None, (
+            f"layer {index}'s cache holds other keys than its attention sees (a latent or compressed cache), so "
+            "rope-extend cannot turn them"
+        )
     if seen is not None and seen.kind == "rope" and width == seen.width:
         return seen.layout, None
     if seen is not None and seen.kind == "rope":
