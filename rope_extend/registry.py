@@ -102,6 +102,11 @@ class Registry(Generic[T]):
         """Call ``listener(item)`` for every entry registered after this call."""
         self._listeners.append(listener)
 
+    def remove_listener(self, listener: Callable[[T], None]) -> None:
+        """Stop calling ``listener`` (one that ``on_register`` added; another is let be)."""
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
     def unregister(self, name: str) -> T | None:
         """Remove ``name`` and return what it named (None if nothing): a test's toy, a plugin unloading."""
         item = self._items.pop(name, None)

@@ -31,14 +31,16 @@ def _new_rope_type(method: Method) -> None:
             raise RopeExtendError(f"rope_type {method.rope_type!r} is already used by method {other.name!r}")
 
 
-# the scaling methods; ``hf.register`` listens, installing each one's rope type in transformers, so that after
-# ``import rope_extend`` a config naming it validates, builds and reloads (the registry stays free of transformers)
+# the scaling methods; ``hf.transformers_changes`` listens, installing each one's rope type in transformers, so
+# that after ``import rope_extend`` a config naming it validates, builds and reloads (the registry stays free of
+# transformers)
 METHODS: Registry[Method] = Registry("method", check=_new_rope_type)
 _REGISTRY = METHODS._items  # the same dict, for code and tests that remove an entry with ``del``
 
 
 def on_register(listener) -> None:
-    """Call ``listener(method)`` for every method registered after this call (``hf.register`` listens)."""
+    """Call ``listener(method)`` for every method registered after this call (``hf.transformers_changes``
+    listens)."""
     METHODS.on_register(listener)
 
 

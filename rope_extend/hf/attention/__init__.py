@@ -17,7 +17,7 @@ One module per job, each importing only those above it in this list:
 - ``positions``: where the query rows are (``PositionKeeper``), and log-n's query scale;
 - ``passes``: a method layer's attention as passes over re-rotated queries and keys (``Call``, ``_attend``);
 - ``forward``: the attention function transformers calls (``attention_forward``), and each layer's path;
-- ``registration``: the names in transformers' registries, and ``register``;
+- ``registration``: the names in transformers' registries, and the entries registered there;
 - ``plan``: planning and refusal, before anything is touched (``plans``);
 - ``installation``: ``install``, ``remove`` and ``kernel`` (what runs the patched layers).
 
@@ -69,7 +69,7 @@ from .passes import _rotated_keys as _rotated_keys
 from .passes import _workspace as _workspace
 from .plan import plans
 from .positions import PositionKeeper
-from .registration import is_registered_name, register, registered_name
+from .registration import is_registered_name, registered_name
 from .state import (
     INNER,
     NAME,
@@ -106,7 +106,6 @@ __all__ = [
     "logn_scale",
     "passes_kernel",
     "plans",
-    "register",
     "registered_name",
     "remove",
     "text_config",
