@@ -1,5 +1,5 @@
-"""What rope-extend registers with transformers: the functions, not the registering (``hf.transformers_changes``
-makes every change, and undoes it). The top of ``hf``.
+"""What rope-extend registers with transformers: the functions, not the registering (``hf.transformers_changes``,
+the only module that imports this one, makes every change, and undoes it).
 
 - ``init_function``: the ``ROPE_INIT_FUNCTIONS`` entry of every rope type transformers lacks (``ntk``,
   ``dynamic_ntk``, ``ntk_by_parts``, ``dynamic_yarn``) and of ``proportional_<type>`` for every method
