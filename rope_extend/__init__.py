@@ -3,7 +3,7 @@
     import rope_extend
     rope_extend.patch(model, "yarn", factor=4)
 
-What ``import rope_extend`` does to transformers (``rope_extend.hf.register``), and nothing more. It happens
+What ``import rope_extend`` does to transformers (``rope_extend.hf.transformers_changes``), and nothing more. It happens
 at once if transformers' rope utilities are already imported, else as soon as they are
 (``rope_extend.deferred``), so that ``import rope_extend`` itself stays light:
 
@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .deferred import lazy_exports, when_transformers_ready
+from .deferred import lazy_exports
 from .errors import NotPatchedError, RopeExtendBaseError, RopeExtendError, UnsupportedModelError
+from .hf import transformers_changes as _transformers_changes  # imports neither torch nor transformers
 from .version import __version__
 
 if TYPE_CHECKING:  # the names for type checkers; at run time lazy_exports imports them on first use
@@ -98,15 +99,7 @@ def search(model, tokenizer, factor, texts, **options):
     return run(model, tokenizer, factor, texts, **options)
 
 
-def _register() -> None:
-    from .hf import register, unregister
-
-    register.register()
-    # a method unregistered later leaves transformers too (hf.unregister undoes what register installs)
-    unregister.listen(register._init_function, register._validator)
-
-
-when_transformers_ready(_register)
+_transformers_changes.install()
 
 __all__ = [
     "NotPatchedError",

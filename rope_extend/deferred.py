@@ -1,9 +1,9 @@
 """Deferred imports: registration with transformers when transformers' rope utilities are loaded, not at
 ``import rope_extend``, and packages whose public names import on first use (``lazy_exports``).
 
-``import rope_extend`` must leave transformers knowing rope-extend's rope types (``hf.register``), yet importing
-transformers' model code takes seconds, which the command line's ``--help`` and a script that only builds a
-recipe should not pay. So:
+``import rope_extend`` must leave transformers knowing rope-extend's rope types (``hf.transformers_changes``), yet
+importing transformers' model code takes seconds, which the command line's ``--help`` and a script that only
+builds a recipe should not pay. So:
 
 - if ``transformers.modeling_rope_utils`` is already imported, registration runs at once, as before;
 - otherwise a finder at the front of ``sys.meta_path`` watches the imports of ``transformers`` modules. When the

@@ -110,6 +110,12 @@ class Registry(Generic[T]):
         """Call ``listener(item)`` for every loaded entry unregistered after this call, once it is gone."""
         self._unlisteners.append(listener)
 
+    def remove_listener(self, listener: Callable[[T], None]) -> None:
+        """Stop calling ``listener`` (one that ``on_register`` or ``on_unregister`` added; another is let be)."""
+        for listeners in (self._listeners, self._unlisteners):
+            if listener in listeners:
+                listeners.remove(listener)
+
     def unregister(self, name: str) -> T | None:
         """Remove ``name`` and return what it named (None if nothing): a test's toy, a plugin unloading. The
         ``on_unregister`` listeners hear of it (not of a lazy entry never imported: nothing heard of it)."""

@@ -1,6 +1,7 @@
-"""Each extension point takes one definition and nothing else: a toy scaling method, a toy evaluation task and
-a toy export target, each defined here in a few lines, registered, used end to end through the public entry
-point (``rope_extend.patch``, ``rope-extend eval``, ``rope_extend.export.export``), and unregistered."""
+"""Each extension point takes one definition and nothing else: a toy scaling method, a toy evaluation task, a
+toy export target and a toy family rule, each defined here in a few lines, registered, used end to end through the
+public entry point (``rope_extend.patch``, ``rope-extend eval``, ``rope_extend.export.export``), and
+unregistered."""
 
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ import torch.nn.functional as F
 from transformers import modeling_rope_utils as mru
 
 import rope_extend
-from rope_extend import RopeExtendError
+from rope_extend import RopeExtendError, UnsupportedModelError
 from rope_extend.cli import main
 from rope_extend.evaluation import runner
 from rope_extend.evaluation.report import label_of
 from rope_extend.evaluation.tasks import TASKS, Context, Task, TextOptions, check_lengths
 from rope_extend.export import TARGETS, export
 from rope_extend.export.targets.base import ExportJob, ExportResult, ExportTarget
+from rope_extend.hf.families import RULES, Rule
 from rope_extend.io import writing
 from rope_extend.methods import registry
 from rope_extend.methods._common import Geometry, Method, rope_frequencies
@@ -47,7 +49,7 @@ TOY_METHOD = Method("toy_pi", NoParams, position_interpolation, rope_type="toy_p
 def toy_method():
     registry.register(TOY_METHOD)
     yield TOY_METHOD
-    registry.METHODS.unregister(TOY_METHOD.name)  # and its rope types leave transformers (hf.unregister)
+    registry.METHODS.unregister(TOY_METHOD.name)  # and its rope types leave transformers (hf.transformers_changes)
     assert "toy_pi" not in mru.ROPE_INIT_FUNCTIONS and "proportional_toy_pi" not in mru.ROPE_INIT_FUNCTIONS
 
 
@@ -178,3 +180,42 @@ def test_a_toy_export_target_writes_what_the_patched_model_computes(toy_target, 
     with pytest.raises(RopeExtendError, match="unknown export target 'toy_json'.*allowed: gguf"):
         export(model, "toy_json", tmp_path / "again.json")
     TARGETS.register(FrequencyFile())  # for the fixture's teardown
+
+
+# ------------------------------------------------------------------------------------------ a family rule
+def toy_temperature(holder) -> str | None:
+    """A made-up quirk of a made-up family: a Llama whose config carries ``toy_temperature`` scales its queries
+    by it, so log-n on top would compound."""
+    value = getattr(holder, "toy_temperature", None)
+    return None if value is None else f"the toy family scales its queries by {value} itself, and log-n would compound"
+
+
+TOY_RULE = Rule("toy_temperature", "own_temperature", toy_temperature, model_types=("llama",))
+
+
+@pytest.fixture
+def toy_rule():
+    RULES.register(TOY_RULE)
+    yield TOY_RULE
+    RULES.unregister(TOY_RULE.name)
+
+
+def test_a_toy_family_rule_is_asked_by_patch_and_goes_with_unregister(toy_rule):
+    ids = torch.randint(3, 500, (1, 300))
+    model = tiny_model()
+    model.config.toy_temperature = 1.5
+    with torch.no_grad():
+        plain = model(ids).logits
+        with pytest.raises(UnsupportedModelError, match=r"^llama: cannot apply 'yarn': the toy family scales its"):
+            rope_extend.patch(model, "yarn", factor=2, logn=True)
+        assert rope_extend.patched(model) is None
+        torch.testing.assert_close(model(ids).logits, plain, rtol=0, atol=0)  # refused before anything changed
+        rope_extend.patch(model, "yarn", factor=2)  # without log-n the quirk is not in the way
+        rope_extend.unpatch(model)
+        other = tiny_model("qwen2")
+        other.config.toy_temperature = 1.5
+        rope_extend.patch(other, "yarn", factor=2, logn=True)  # keyed by model_type: not a Qwen2
+        RULES.unregister("toy_temperature")
+        rope_extend.patch(model, "yarn", factor=2, logn=True)  # the rule is gone, and so is the refusal
+        assert rope_extend.patched(model).logn
+    RULES.register(TOY_RULE)  # for the fixture's teardown

@@ -1,6 +1,9 @@
 """Everything that knows transformers internals, in layers (each module imports only those above it):
 
-- ``hf.config``: reading and writing a config's rotary settings (``configure``, ``rope_parameters``);
+- ``hf.families``: every family's quirks, one small rule each, asked by what they are about (``families.ask``);
+- ``hf.rope_types``: rope types, rotary layouts and the keys of a rope dict; ``hf.reading``: reading a config's
+  rotary settings; ``hf.config``: writing them (``configure``, ``rope_parameters``), and the names callers read
+  a config by;
 - ``hf.rotary``: the ``*RotaryEmbedding`` module convention and the runtime rope-extend installs in it;
   ``hf.window``: sliding-window attention; ``hf.head``: the LM head and its logit quirks;
   ``hf.checkpointing``: activation checkpointing under both of transformers' names; ``hf.cache_arg``: the KV
@@ -16,13 +19,30 @@
   refusal, install and remove, masks, the multi-pass kernel);
 - ``hf.attach``: the one install path of a scaled rotary module (its checks, runtime, cache keeper, attention
   plans), shared by ``patch`` and by models built from a config;
-- ``hf.unregister``: an unregistered method's rope types taken out of transformers again;
-- ``hf.register``: registration of rope-extend's rope types and attention with transformers (arranged by
-  ``import rope_extend``, which also starts ``hf.unregister``'s listener).
+- ``hf.register``: what rope-extend registers with transformers (rope init functions, validators, the
+  ``post_init`` that attaches the runtime); ``hf.transformers_changes``: every change ``import rope_extend`` makes
+  to transformers (an unregistered method's rope types taken out again included), with ``install`` and
+  ``uninstall``.
 
-This package's ``__init__`` imports only ``hf.config``.
+This package's ``__init__`` imports nothing: ``configure`` and ``rope_parameters`` import ``hf.config`` on first
+use, so that ``import rope_extend`` reaches ``hf.transformers_changes`` without torch.
 """
 
-from .config import configure, rope_parameters
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import configure, rope_parameters
 
 __all__ = ["configure", "rope_parameters"]
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: this package stays a plain module, its names load on first use
+    if name in __all__:
+        return getattr(importlib.import_module(".config", __name__), name)
+    if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

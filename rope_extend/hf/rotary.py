@@ -29,6 +29,7 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from ..methods import registry
 from . import config as hf_config
+from . import families
 
 INSTALLED = ("forward", "_apply", "rope_init_fn")  # instance attributes the runtime sets on a rotary module
 
@@ -157,7 +158,7 @@ def softmax_scales(model: nn.Module, config) -> list[tuple[nn.Module, Any]]:
     for a scaled type with ``mscale_all_dim``. ``softmax_scale`` recomputes it after the rope dict changes."""
     found = []
     for module in model.modules():
-        apply = getattr(sys.modules.get(type(module).__module__), "yarn_apply_mscale", None)
+        apply = getattr(sys.modules.get(type(module).__module__), families.MSCALE_FUNCTION, None)
         if (
             apply is not None
             and getattr(module, "config", None) is config

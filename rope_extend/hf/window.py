@@ -12,7 +12,8 @@ import logging
 from typing import Any, Literal
 
 from ..errors import RopeExtendError
-from .config import LOCAL_LAYER_TYPES, text_config
+from .config import text_config
+from .families import LOCAL_LAYER_TYPES
 
 logger = logging.getLogger("rope_extend")
 

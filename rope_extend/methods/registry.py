@@ -26,18 +26,20 @@ def _new_rope_type(method: Method) -> None:
             raise RopeExtendError(f"rope_type {method.rope_type!r} is already used by method {other.name!r}")
 
 
-# the scaling methods; ``hf.register`` listens, installing each one's rope type in transformers, so that after
-# ``import rope_extend`` a config naming it validates, builds and reloads (the registry stays free of transformers)
+# the scaling methods; ``hf.transformers_changes`` listens, installing each one's rope type in transformers, so
+# that after ``import rope_extend`` a config naming it validates, builds and reloads (the registry stays free of
+# transformers)
 METHODS: Registry[Method] = Registry("method", check=_new_rope_type)
 
 
 def on_register(listener) -> None:
-    """Call ``listener(method)`` for every method registered after this call (``hf.register`` listens)."""
+    """Call ``listener(method)`` for every method registered after this call (``hf.transformers_changes``
+    listens)."""
     METHODS.on_register(listener)
 
 
 def on_unregister(listener) -> None:
-    """Call ``listener(method)`` for every method unregistered after this call (``hf.unregister`` listens)."""
+    """Call ``listener(method)`` for every method unregistered after this call (``hf.transformers_changes`` listens)."""
     METHODS.on_unregister(listener)
 
 
@@ -74,7 +76,7 @@ for _m in (
 
 
 def unregister(name: str) -> Method | None:
-    """Remove a method; after ``import rope_extend`` its rope types leave transformers too (``hf.unregister``),
+    """Remove a method; after ``import rope_extend`` its rope types leave transformers too (``hf.transformers_changes``),
     so a config naming it no longer builds.
 
     Args:

@@ -17,7 +17,7 @@ One module per job, each importing only those above it in this list:
 - ``positions``: where the query rows are (``PositionKeeper``), and log-n's query scale;
 - ``passes``: a method layer's attention as passes over re-rotated queries and keys (``Call``, ``_attend``);
 - ``forward``: the attention function transformers calls (``attention_forward``), and each layer's path;
-- ``registration``: the names in transformers' registries, and ``register``;
+- ``registration``: the names in transformers' registries, and the entries registered there;
 - ``plan``: planning and refusal, before anything is touched (``plans``);
 - ``installation``: ``install``, ``remove`` and ``kernel`` (what runs the patched layers).
 
@@ -58,7 +58,7 @@ from .masks import Mask
 from .passes import Call
 from .plan import plans
 from .positions import PositionKeeper
-from .registration import is_registered_name, register, registered_name
+from .registration import is_registered_name, registered_name
 from .state import (
     INNER,
     NAME,
@@ -88,7 +88,6 @@ __all__ = [
     "kernel",
     "passes_kernel",
     "plans",
-    "register",
     "registered_name",
     "remove",
     "text_config",

@@ -5,7 +5,7 @@ Which layers change: a method's position rules apply to every layer that rotates
 window or chunks, by ``config.layer_types``, in a model that also has global layers); local layers never see a
 distance beyond their window, and NoPE layers have no rotation to move. log-n scales the queries of every layer
 that is not local, NoPE layers included (the log-length temperature they need at long context; Llama 4 ships
-one, ``attn_temperature_tuning``, and log-n on top of it is refused: ``hf.config.own_temperature``). A patch
+one, ``attn_temperature_tuning``, and log-n on top of it is refused: ``hf.families``' ``own_temperature``). A patch
 that would change no layer is refused before anything is touched (``_check_changes``): an attention method on a
 NoPE hybrid whose RoPE layers are all local (Cohere 2, EXAONE 4, Llama 4, AFMoE), with the layers named.
 
@@ -20,8 +20,10 @@ from torch import nn
 
 from ...errors import UnsupportedModelError
 from .. import causal as causality
+from .. import families
 from .. import layout as rope_layout
-from ..config import LOCAL_LAYER_TYPES, own_temperature, text_config
+from ..config import text_config
+from ..families import LOCAL_LAYER_TYPES
 from .forward import _runner
 from .registration import is_registered_name
 from .state import INNER, AttentionPlan, attention_modules
@@ -114,8 +116,8 @@ def _plan_modules(model, config, scaling, inner: str, probed) -> list[tuple[nn.M
         seen = probed.get(module) if probed is not None else None
         local = mixed and layer_type in LOCAL_LAYER_TYPES
         if not local and seen is not None and seen.kind == "nope":  # no position to change; log-n scales its queries
-            if scaling.logn and own_temperature(module):
-                raise _refuse(config, scaling, own_temperature(module))
+            if scaling.logn and families.ask("own_temperature", module):
+                raise _refuse(config, scaling, families.ask("own_temperature", module))
             plan = AttentionPlan(**common, rules=None, logn=scaling.logn)
         elif not local:
             if seen is not None and seen.kind == "unknown":

@@ -1,4 +1,5 @@
-"""rope-extend's attention in transformers' registries: the names it is known by, and ``register``.
+"""rope-extend's attention in transformers' registries: the names it is known by, and what is registered
+(``entries``; ``hf.transformers_changes`` registers them).
 
 transformers picks a model's attention function by ``config._attn_implementation`` in ``AttentionInterface``,
 and the mask it builds for it by the same name in ``AttentionMaskInterface``. A patched model's config carries
@@ -8,6 +9,8 @@ for FlexAttention) and still sees ``flash`` in the name, which it reads to prepa
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from .forward import attention_forward
 from .state import INNER, NAME
@@ -25,16 +28,17 @@ def is_registered_name(name: str | None) -> bool:
     return name in {registered_name(inner) for inner in INNER}
 
 
-def register() -> None:
-    """Register the attention function under ``registered_name`` of every implementation in ``INNER``, each with
-    its mask function (transformers' SDPA mask for ``NAME``). Idempotent."""
+def entries() -> list[tuple[str, Any, Any]]:
+    """``(name, attention function, mask function)`` under ``registered_name`` of every implementation in
+    ``INNER`` that this transformers has (its mask function is transformers' SDPA mask for ``NAME``): what
+    ``hf.transformers_changes`` puts into ``AttentionInterface`` and ``AttentionMaskInterface``."""
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-    from transformers.modeling_utils import AttentionInterface
 
     masks = AttentionMaskInterface._global_mapping
+    out = []
     for inner in INNER:
         name = registered_name(inner)
         mask = sdpa_mask if name == NAME else masks.get(inner)
         if mask is not None:  # an implementation this transformers does not have stays unregistered
-            AttentionInterface.register(name, attention_forward)
-            AttentionMaskInterface.register(name, mask)
+            out.append((name, attention_forward, mask))
+    return out

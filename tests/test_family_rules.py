@@ -1,0 +1,64 @@
+"""rope_extend.hf.families: the ordered registry of family rules, and the answers of the built-in ones."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from rope_extend import RopeExtendError
+from rope_extend.hf import families
+from rope_extend.hf.families import RULES, Rule, ask, constant
+
+
+@pytest.fixture
+def registered():
+    names = []
+
+    def add(rule: Rule) -> Rule:
+        RULES.register(rule)
+        names.append(rule.name)
+        return rule
+
+    yield add
+    for name in names:
+        RULES.unregister(name)
+
+
+def test_the_first_answer_that_is_not_none_wins_in_registration_order(registered):
+    holder = SimpleNamespace(model_type="toy", attn_temperature_tuning=False)
+    assert ask("own_temperature", holder) is None
+    registered(Rule("toy_silent", "own_temperature", lambda h: None))
+    registered(Rule("toy_first", "own_temperature", constant("first"), ("toy",)))
+    registered(Rule("toy_second", "own_temperature", constant("second")))
+    assert ask("own_temperature", holder) == "first"
+    assert ask("own_temperature", SimpleNamespace(model_type="other")) == "second"  # toy_first is keyed by type
+    assert ask("scale_keys", holder) is None  # another quirk's rules are not asked
+    RULES.unregister("toy_first")
+    assert ask("own_temperature", holder) == "second"
+    registered(Rule("toy_first", "own_temperature", constant("first"), ("toy",)))  # for the teardown
+
+
+def test_a_rule_for_an_unknown_quirk_and_a_misspelt_question_are_refused():
+    with pytest.raises(RopeExtendError, match="quirk must be one of scale_keys, .*got 'scale_key'"):
+        RULES.register(Rule("toy", "scale_key", constant(())))
+    with pytest.raises(RopeExtendError, match="unknown family quirk 'scale_key'"):
+        ask("scale_key", SimpleNamespace())
+    with pytest.raises(RopeExtendError, match="a family rule named 'phimoe_scale_keys' is already registered"):
+        RULES.register(Rule("phimoe_scale_keys", "scale_keys", constant(())))
+    assert "toy" not in RULES
+
+
+def test_the_built_in_rules_answer_for_their_families_only():
+    phimoe, llama = SimpleNamespace(model_type="phimoe"), SimpleNamespace(model_type="llama")
+    assert ask("scale_keys", phimoe) == ("short_mscale", "long_mscale") and ask("scale_keys", llama) is None
+    assert ask("linear_within_context", SimpleNamespace(model_type="gemma3_text")) is True
+    assert ask("linear_within_context", SimpleNamespace(model_type="llama")) is None
+    assert families.model_types_for("longrope_only") == ["phi3", "phi4_multimodal"]
+    tuned = SimpleNamespace(attn_temperature_tuning=True, attn_scale=0.1, floor_scale=8192)
+    assert "1 + 0.1 ln(1 + floor((p + 1) / 8192))" in ask("own_temperature", tuned)
+    assert ask("own_temperature", SimpleNamespace(attn_temperature_tuning=False)) is None
+    beta = {"rope_type": "yarn", "llama_4_scaling_beta": 0.1}
+    assert "llama_4_scaling_beta" in ask("kept_reads", llama, beta)
+    assert "short_mscale and long_mscale" in ask("kept_reads", phimoe, beta)  # the first rule in order answers
+    assert ask("kept_reads", llama, {"rope_type": "yarn"}) is None
