@@ -46,6 +46,7 @@ REFUSED = frozenset(
         "deepseek_v4",
         "dots3_note",
         "dots3_note_text",
+        "falcon",
         "glm4_moe_lite",
         "glm_moe_dsa",
         "gpt_neox_japanese",
@@ -85,8 +86,11 @@ def _ids() -> torch.Tensor:
 
 
 def _cache(out):
-    held = getattr(out, "past_key_values", None)
-    return held if held is not None else out.cache
+    for name in ("past_key_values", "cache", "cache_params"):  # the output's name for it varies by family
+        held = getattr(out, name, None)
+        if held is not None:
+            return held
+    raise AttributeError(f"{type(out).__name__} returns no cache")
 
 
 def _cache_argument(model) -> str:

@@ -165,10 +165,22 @@ class References:
         return self.beams[key]
 
 
+def decoder_layers(m) -> list:
+    """The text decoder's layers: its ``layers``, else its longest ``ModuleList`` (Falcon's ``h``, DBRX's
+    ``blocks``, a decoder that ``get_decoder`` does not reach)."""
+    decoder = decoder_of(m)
+    if isinstance(getattr(decoder, "layers", None), torch.nn.ModuleList):
+        return list(decoder.layers)
+    lists = [x for x in decoder.modules() if isinstance(x, torch.nn.ModuleList)]
+    if not lists:
+        raise AttributeError(f"{type(decoder).__name__} has no list of layers")
+    return list(max(lists, key=len))
+
+
 def _frozen_forward(m, ids: torch.Tensor, held: list[torch.Tensor] | None):
     """``References.frozen``'s one forward: ``(inputs, logits)``, the hidden states every decoder layer got (``[1, n,
     hidden]`` each, rows ``0 .. a-1`` taken from ``held``) and the last row's logits."""
-    layers = list(decoder_of(m).layers)
+    layers = decoder_layers(m)
     seen: list[torch.Tensor | None] = [None] * len(layers)
 
     def hook(index):
