@@ -413,18 +413,18 @@ def cached_layout(
     seen = probes.get(index)
     if seen is not None and seen.kind == "nope":
         return None, None
+    if seen is not None and seen.kind == "rope" and width != seen.width:
+        return None, (
+            f"layer {index} caches keys of size {width}, not the {seen.width} its attention sees (a compressed "
+            "cache), so rope-extend cannot tell which dimensions rotate"
+        )
     if seen is not None and seen.kind == "rope" and seen.cached_same is False:
         return None, (
             f"layer {index}'s cache holds other keys than its attention sees (a latent or compressed cache), so "
             "rope-extend cannot turn them"
         )
-    if seen is not None and seen.kind == "rope" and width == seen.width:
-        return seen.layout, None
     if seen is not None and seen.kind == "rope":
-        return None, (
-            f"layer {index} caches keys of size {width}, not the {seen.width} its attention sees (a compressed "
-            "cache), so rope-extend cannot tell which dimensions rotate"
-        )
+        return seen.layout, None
     if unprobed:
         return None, unprobed
     if seen is not None:
