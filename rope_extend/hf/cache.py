@@ -36,7 +36,7 @@ from ..errors import UnsupportedModelError
 from . import compiled, mrope
 from . import layout as rope_layout
 from .config import family, nested_layer_types, text_config
-from .rotary import RotaryRuntime, buffer_name, next_seen, scale_name
+from .rotary import RotaryRuntime, frequency_buffer, next_seen, scale_name
 from .rotate_keys import KeyRotator, turn_layer
 
 
@@ -229,7 +229,7 @@ class CacheKeeper:
 
 def _frequencies(runtime: RotaryRuntime, layer_type) -> torch.Tensor:
     """The frequency set ``layer_type`` in use, float64."""
-    return runtime.module._buffers[buffer_name(layer_type)].to(torch.float64)
+    return frequency_buffer(runtime.module, layer_type).to(torch.float64)
 
 
 def install(model: nn.Module, runtime: RotaryRuntime, config):

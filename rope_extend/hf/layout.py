@@ -103,7 +103,7 @@ class Layout:
     sign: int = 1  # -1: the family turns the other way (NanoChat's rotate_half flips the signs)
 
     def frequencies(self, device) -> torch.Tensor:
-        return self.rotary._buffers[rotary.buffer_name(self.layer_type)].to(device=device, dtype=torch.float64)
+        return rotary.frequency_buffer(self.rotary, self.layer_type).to(device=device, dtype=torch.float64)
 
     def rotate(self, x: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """``x`` ``[..., n, d]`` rotated by ``delta[t]`` positions on row ``t`` (angles in float64; ``x``'s dtype)."""
@@ -169,7 +169,7 @@ class Layout:
             angles = self.sign * (delta.to(torch.float64)[:, None] * self.frequencies(delta.device)[None])
             return angles.cos().to(dtype), angles.sin().to(dtype)
         name = rotary.buffer_name(self.layer_type)
-        buffer = self.rotary._buffers[name]
+        buffer = rotary.frequency_buffer(self.rotary, self.layer_type)
         tables = self.rotary.__dict__.setdefault(TABLES_ATTR, {})  # kept on the rotary module: goes with the model
         key = (name, self.sign, delta.device, dtype)
         lo, hi = (int(v) for v in torch.aminmax(delta))  # one host sync
@@ -266,7 +266,7 @@ def candidates(modules: list[nn.Module], head_dim: int) -> list[Layout]:
     out = []
     for module in modules:
         for lt in rotary.module_layer_types(module):
-            dim = 2 * module._buffers[rotary.buffer_name(lt)].numel()
+            dim = 2 * rotary.frequency_buffer(module, lt).numel()
             if dim > head_dim:
                 continue
             for start in dict.fromkeys((0, head_dim - dim)):
@@ -293,7 +293,8 @@ def probe(
     AttentionInterface.register(PROBE_NAME, recorder)
     AttentionMaskInterface.register(PROBE_NAME, sdpa_mask)
     decoder = decoder_of(model)
-    embeddings = decoder.get_input_embeddings() if hasattr(decoder, "get_input_embeddings") else None
+    get_embeddings = getattr(decoder, "get_input_embeddings", None)
+    embeddings = get_embeddings() if get_embeddings is not None else None
     vocab = getattr(embeddings, "num_embeddings", None) or 100
     param = next(decoder.parameters())
     generator = torch.Generator().manual_seed(0)
@@ -338,9 +339,10 @@ def _probe_cache(config):
     return DynamicCache(config=config)
 
 
-def _cached_widths(store) -> dict[int, int]:
-    """Layer index -> the key size of what its cache layer holds after the probe's forward."""
-    out = {}
+def _cached_widths(store) -> dict[int | None, int]:
+    """Layer index -> the key size of what its cache layer holds after the probe's forward (looked up by an
+    attention module's ``layer_idx``, None for one without)."""
+    out: dict[int | None, int] = {}
     for index, layer in enumerate(getattr(store, "layers", [])):
         keys = getattr(layer, "keys", None)
         if isinstance(keys, torch.Tensor) and keys.numel():
@@ -402,14 +404,16 @@ def layer_probes(
 ) -> dict[int, LayerProbe]:
     """``probe``'s findings keyed by decoder layer index (the modules with an integer ``layer_idx``)."""
     found = probe(model, config, rotary, length, cached)
-    return {m.layer_idx: p for m, p in found.items() if isinstance(getattr(m, "layer_idx", None), int)}
+    indexed = ((getattr(m, "layer_idx", None), p) for m, p in found.items())
+    return {index: p for index, p in indexed if isinstance(index, int)}
 
 
 def cached_layout(
-    probes: dict[int, LayerProbe], index: int, width: int, unprobed: str | None = None
+    probes: dict[int, LayerProbe], index: int, width: int | None, unprobed: str | None = None
 ) -> tuple[Layout | None, str | None]:
     """How to turn layer ``index``'s cached keys of size ``width``: ``(layout, None)``; ``(None, None)`` for a NoPE
-    layer (nothing to turn); ``(None, why)`` when it cannot be done (``unprobed``: why the probe itself failed)."""
+    layer (nothing to turn); ``(None, why)`` when it cannot be done (``unprobed``: why the probe itself failed;
+    ``width`` None only with it, to ask for that reason)."""
     seen = probes.get(index)
     if seen is not None and seen.kind == "nope":
         return None, None

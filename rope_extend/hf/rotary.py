@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import inspect
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -37,6 +38,15 @@ INSTALLED = ("forward", "_apply", "rope_init_fn")  # instance attributes the run
 # ------------------------------------------------------------------------------------------ finding
 def buffer_name(layer_type: str | None) -> str:
     return "inv_freq" if layer_type is None else f"{layer_type}_inv_freq"
+
+
+def frequency_buffer(module: nn.Module, layer_type: str | None) -> torch.Tensor:
+    """The frequency buffer of ``layer_type``, read from ``_buffers`` so that a non-persistent one is found too."""
+    buffer = module._buffers[buffer_name(layer_type)]
+    # transformers' rotary modules register a tensor under every name module_layer_types lists, and a patch writes
+    # tensors only (set_frequencies, set_buffer); None is only a type ``_buffers`` allows
+    assert buffer is not None, f"{type(module).__name__} has no {buffer_name(layer_type)} tensor"
+    return buffer
 
 
 def scale_name(layer_type: str | None) -> str:
@@ -171,7 +181,8 @@ def softmax_scales(model: nn.Module, config) -> list[tuple[nn.Module, Any]]:
 
 def softmax_scale(module: nn.Module, apply, config) -> float:
     """The softmax scale the family's attention computes from ``config.rope_parameters`` at build."""
-    return float(apply(config.rope_parameters, module.qk_head_dim ** (-0.5)))
+    head_dim = cast(int, module.qk_head_dim)  # an int: checked by the finder above (torch types it Tensor | Module)
+    return float(apply(config.rope_parameters, head_dim ** (-0.5)))
 
 
 # ------------------------------------------------------------------------------------------ runtime
@@ -269,8 +280,9 @@ class RotaryRuntime:
         with torch.no_grad():
             return _raw_forward(type(self.module))(self.module, x, position_ids, *args, **kwargs)
 
-    def advance(self, layer_type, seen: int, device) -> bool:
-        """Follow a dynamic set to the longest length ``seen``; returns whether its frequencies changed."""
+    def advance(self, layer_type, seen: int | None, device) -> bool:
+        """Follow a dynamic set to the longest length ``seen`` (None: none yet, as before the first forward;
+        the cache keeper's probe restores that); returns whether its frequencies changed."""
         entry = self.entries[layer_type]
         stale = _stale(self.module._buffers.get(buffer_name(layer_type)))
         changed = entry.length(seen) != entry.length(entry.seen)
@@ -297,7 +309,7 @@ def next_seen(entry: Entry, low: int, high: int) -> int:
 _RAW_FORWARD: dict[type, Any] = {}
 
 
-def _raw_forward(cls: type):
+def _raw_forward(cls: type[nn.Module]):
     """The class's forward without its decorators (transformers' ``dynamic_rope_update`` and ``no_grad``):
     the runtime does what the dynamic decorator did, measured against ``L``. Looked up per class, not
     stored on the runtime, so a patched model still pickles."""
@@ -323,11 +335,12 @@ def set_frequencies(module: nn.Module, layer_type: str | None, freqs: torch.Tens
 
 def install(module: nn.Module, entries: dict[str | None, Entry]) -> RotaryRuntime:
     runtime = RotaryRuntime(module, entries)
-    module.forward = runtime
+    # instance attributes that shadow the class's methods, by design (listed in INSTALLED)
+    module.forward = runtime  # type: ignore[method-assign]
     module._apply = runtime.apply
     if "rope_init_fn" in module.__dict__ and None in entries:
         # PhiMoE recomputes its frequencies with rope_init_fn at every forward and never reads inv_freq
-        module.rope_init_fn = runtime.init_fn
+        module.rope_init_fn = runtime.init_fn  # type: ignore[assignment]  # torch types attributes Tensor | Module
     return runtime
 
 
@@ -341,10 +354,11 @@ def _on_meta(buffer: torch.Tensor | None) -> bool:
 
 
 def set_rope_type(module: nn.Module, layer_type: str | None, rope_type: str) -> None:
+    by_layer = getattr(module, "rope_type", None)
     if layer_type is None:
-        module.rope_type = rope_type
-    elif isinstance(getattr(module, "rope_type", None), dict):
-        module.rope_type[layer_type] = rope_type
+        module.rope_type = rope_type  # type: ignore[assignment]  # a str attribute: torch types them Tensor | Module
+    elif isinstance(by_layer, dict):
+        by_layer[layer_type] = rope_type
 
 
 def buffers(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -367,6 +381,8 @@ def original_frequencies(module: nn.Module, config, name: str, device) -> torch.
     stem = name.removesuffix("inv_freq").removesuffix("original_").removesuffix("_")
     layer_type = stem or None
     rope_type = hf_config.rope_dict(config, layer_type).get("rope_type", "default")
-    init = module.compute_default_rope_parameters if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]
+    # the rotary class's static method (torch types a module attribute Tensor | Module)
+    default = cast(Callable[..., tuple[torch.Tensor, float]], module.compute_default_rope_parameters)
+    init = default if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]
     freqs, _ = init(config, layer_type=layer_type) if layer_type is not None else init(config)
     return freqs.to(device=device, dtype=torch.float32)
