@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -30,10 +31,11 @@ def unwrap(model: nn.Module) -> nn.Module:
     inner = model
     while True:
         get_base = getattr(inner, "get_base_model", None)
+        wrapped = getattr(inner, "module", None)
         if callable(get_base) and get_base() is not inner:
             inner = get_base()
-        elif isinstance(getattr(inner, "module", None), nn.Module):
-            inner = inner.module
+        elif isinstance(wrapped, nn.Module):
+            inner = wrapped
         else:
             return inner
 
@@ -51,7 +53,10 @@ class LMHead:
     @property
     def vocab_size(self) -> int:
         weight = getattr(self.output, "weight", None)
-        return int(weight.shape[0]) if weight is not None else int(self.output.out_features)
+        if weight is not None:
+            return int(weight.shape[0])
+        # a wrapper without a weight of its own (torch types a module's attribute Tensor | Module)
+        return int(cast(Any, self.output).out_features)
 
     @property
     def multiplier(self) -> float:
@@ -76,8 +81,9 @@ class LMHead:
 def lm_head(model: nn.Module, *, decoder: bool = False) -> LMHead:
     """The head of ``model`` (a ``*ForCausalLM``, possibly wrapped); with ``decoder=True`` also its decoder."""
     inner = unwrap(model)
-    output = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
-    body = inner.get_decoder() if decoder and hasattr(inner, "get_decoder") else None
+    get_output, get_decoder = getattr(inner, "get_output_embeddings", None), getattr(inner, "get_decoder", None)
+    output = get_output() if get_output is not None else None
+    body = get_decoder() if decoder and get_decoder is not None else None
     if output is None or (decoder and (body is None or body is inner)):
         raise RopeExtendError(
             f"{type(inner).__name__} is not a causal language model with a separate decoder and LM head: "
@@ -101,6 +107,7 @@ def check(model: nn.Module, head: LMHead, ids: Sequence[int]) -> None:
     """Raise unless the decoder plus ``head`` gives the model's own logits on the first 16 of ``ids``."""
     inner = unwrap(model)
     decoder = head.decoder if head.decoder is not None else lm_head(inner, decoder=True).decoder
+    assert decoder is not None  # lm_head(decoder=True) raises rather than return a head without one
     probe = torch.tensor([list(ids[:16])], device=next(inner.parameters()).device)
     was_training = inner.training
     inner.eval()  # dropout would make the two computations differ
