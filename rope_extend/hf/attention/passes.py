@@ -106,6 +106,7 @@ def _attend(call: Call) -> torch.Tensor:
         if out is None:
             out = torch.zeros(b, n, h, value.shape[-1], dtype=query.dtype, device=query.device)  # (B, T, H, D_v)
         out[index] = part
+    assert out is not None  # a batch has rows: either one group held them all (returned) or ``out`` was made
     return out
 
 
@@ -149,6 +150,9 @@ def _attend_rows(call: Call, q0: int, k0: int) -> torch.Tensor:
     the kernels accumulate in float32), their outputs merged in float32 and cast once per block."""
     plan, query, key, value, mask = call.plan, call.query, call.key, call.value, call.mask
     rules, layout = plan.rules, plan.layout
+    # the passes run only for a plan with rules (``forward``), and such a plan has the layer's layout once the model
+    # is probed: at planning, or by the deferred probe before the first forward (``installation``)
+    assert rules is not None and layout is not None
     b, h, n, _ = query.shape
     m, device, dtype = key.shape[2], query.device, query.dtype
     compute = compute_dtype(dtype)
@@ -179,7 +183,11 @@ def _attend_rows(call: Call, q0: int, k0: int) -> torch.Tensor:
                 turn = (rules.query_position(kind, i) - i).to(torch.float64)  # (T_b,)
             runs = _key_runs(rules, kind, j0, j1) if by_query and rules.moves_keys(kind) else [(j0, j1, 0)]
             for r0, r1, shift in runs:  # keys r0 .. r1-1 moved by ``shift`` (0: not moved, or already turned)
-                qk = q if turn is None and not shift else layout.rotate(q, (0 if turn is None else turn) - shift)
+                if turn is None and not shift:
+                    qk = q
+                else:  # keys move only in a kind with a key group (``Rules.moves_keys``), whose queries turn too
+                    assert turn is not None
+                    qk = layout.rotate(q, turn - shift)
                 cols = slice(r0 - first, r1 - first)
                 allow = None
                 if not full:
@@ -193,7 +201,7 @@ def _attend_rows(call: Call, q0: int, k0: int) -> torch.Tensor:
                     qk.to(compute), rotated[kind][:, :, cols], values[:, :, cols], allow, call.scaling, call.softcap
                 )
                 acc, lse = (part, part_lse) if acc is None else _merge(acc, lse, part, part_lse)
-        if acc is not None and call.sinks is not None:
+        if acc is not None and lse is not None and call.sinks is not None:  # (acc and lse are set together)
             sink = call.sinks.float().reshape(1, -1, 1).expand_as(lse)  # (H,) -> (1, H, 1) -> (B, H, T_b)
             acc, lse = _merge(acc, lse, torch.zeros_like(acc), sink)
         if acc is not None:
@@ -217,7 +225,9 @@ def _rotated_keys(rules, layout, keys, kpos, compute, *, reuse: bool = False, by
     once per key group, so O(m) memory per group. A kind that keeps its keys at their true positions (no key
     group, STRING's far keys), or every kind with ``by_query`` (its queries turn per run of keys instead), gets
     them unturned. ``reuse``: write them into kept work space (``_rotate``)."""
-    rotated, groups, plain = {}, {}, None
+    rotated: dict[str, torch.Tensor] = {}
+    groups: dict[str | None, torch.Tensor] = {}  # by key group
+    plain = None
     for kind in rules.kinds:
         group = rules.key_group(kind)
         if by_query or not rules.moves_keys(kind):
