@@ -43,7 +43,7 @@ AXES = {3: "temporal, height and width", 4: "four XD-RoPE"}
 
 def sections(config) -> list[int] | None:
     """The ``mrope_section`` of ``config`` (any of its layer types' rope dicts), None for a 1-D RoPE model."""
-    for layer_type in nested_layer_types(config) or [None]:
+    for layer_type in nested_layer_types(config) or (None,):
         found = (rope_dict(config, layer_type) or {}).get("mrope_section")
         if found is not None:
             return list(found)

@@ -163,7 +163,7 @@ def original_length(config) -> int:
     else ``max_position_embeddings``."""
     value = config.__dict__.get("original_max_position_embeddings")
     if value is None:
-        for lt in nested_layer_types(config) or [None]:
+        for lt in nested_layer_types(config) or (None,):
             params = config.rope_parameters if lt is None else config.rope_parameters.get(lt)
             if params and params.get("original_max_position_embeddings"):
                 value = params["original_max_position_embeddings"]
@@ -186,7 +186,7 @@ def _linear_within_context(config) -> float | None:
     (``families``' ``linear_within_context``: Gemma 3), else None."""
     if not families.ask("linear_within_context", config):
         return None
-    for lt in nested_layer_types(config) or [None]:
+    for lt in nested_layer_types(config) or (None,):
         params = config.rope_parameters if lt is None else config.rope_parameters.get(lt)
         if params and split_rope_type(rope_type_of(params))[1] == "linear" and (params.get("factor") or 1) > 1:
             return float(params["factor"])
@@ -229,7 +229,9 @@ def _kept_from_dict(kept: Any, method: registry.Method, ignore_keys) -> registry
             f"rope_parameters.{SHIPPED_KEY} must be a rope dict of one of transformers' types "
             f"({', '.join(keepable())}) with its factor and original_max_position_embeddings, got {kept!r}"
         )
-    return scaling_from_dict(kept, kept["original_max_position_embeddings"], ignore_keys)
+    scaling = scaling_from_dict(kept, kept["original_max_position_embeddings"], ignore_keys)
+    assert scaling is not None  # None only for a type the registry lacks, and ``inner`` is that type's method
+    return scaling
 
 
 def config_scaling(config, layer_type: str | None = None) -> registry.Scaling | None:

@@ -54,7 +54,7 @@ def ignoring_extra_keys(check):
         extra = EXTRA_KEYS - set(required_keys)  # a key the type requires stays checked
         return check(rope_type, received_keys, required_keys, optional_keys, ignore_keys=set(ignore_keys or ()) | extra)
 
-    _check_received_keys.__wrapped__ = check  # type: ignore[attr-defined]
+    _check_received_keys.__wrapped__ = check
     return staticmethod(_check_received_keys)
 
 
@@ -66,7 +66,7 @@ def wrapped_post_init(original):
         attach_from_config(self)
         return out
 
-    post_init.__wrapped__ = original  # type: ignore[attr-defined]
+    post_init.__wrapped__ = original
     return post_init
 
 

@@ -108,7 +108,7 @@ def scaled_rope_dict(old: dict[str, Any], scaling: registry.Scaling) -> dict[str
     old_type = rope_type_of(old)
     layout = split_rope_type(old_type)[0]
     drop = rope_type_keys(old_type)
-    out = {"rope_type": layout_rope_type(layout, scaling.method.rope_type)}
+    out: dict[str, Any] = {"rope_type": layout_rope_type(layout, scaling.method.rope_type)}
     out.update((key, value) for key, value in old.items() if key not in drop and key != "rope_type")
     out["factor"] = scaling.factor
     # transformers' linear takes no L (plain transformers warns on one); kept where the old dict had it, since a
