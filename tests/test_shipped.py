@@ -210,6 +210,18 @@ def test_bad_requests_raise_before_touching(method, params, error, message):
     assert model.config.to_dict() == before and rope_extend.patched(model) is None
 
 
+def test_a_shipped_record_beside_plain_rope_is_refused_by_name():
+    """A hand-made rope dict with keep_shipped's record but a rope type rope-extend lacks: a named refusal (it
+    used to fail with an AttributeError on None)."""
+    model = model_for("llama")
+    record = {**SHIPPED["yarn"], "original_max_position_embeddings": L}
+    model.config.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0, "shipped": record}
+    before = model.config.to_dict()
+    with pytest.raises(RopeExtendError, match="rope_parameters.shipped .* not rope_type 'default'"):
+        rope_extend.patch(model, "string", keep_shipped=True, **METHODS["string"])
+    assert model.config.to_dict() == before and rope_extend.patched(model) is None
+
+
 def test_transformers_dynamic_ntk_is_not_kept():
     """transformers' ``dynamic`` recomputes its base at every length; rope-extend's own dynamic follows a grid."""
     rope = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}

@@ -92,7 +92,13 @@ def kept_scaling(config) -> registry.Scaling | None:
 
 def _kept_one(config, params: dict[str, Any]) -> registry.Scaling | None:
     if params.get(SHIPPED_KEY) is not None:  # a config written with keep_shipped, reloaded
-        return scaling_from_dict(params, original_length(config), ignore_keys=family_keys(config)).shipped
+        written = scaling_from_dict(params, original_length(config), ignore_keys=family_keys(config))
+        if written is None:  # not one keep_shipped wrote: the record sits beside a type rope-extend lacks
+            raise RopeExtendError(
+                f"rope_parameters.{SHIPPED_KEY} (a shipped scaling kept by keep_shipped) goes with an attention "
+                f"method, not rope_type {rope_type_of(params)!r}"
+            )
+        return written.shipped
     rope_type = split_rope_type(rope_type_of(params))[1]
     if rope_type in ("default", None):
         return None
