@@ -335,9 +335,9 @@ def set_frequencies(module: nn.Module, layer_type: str | None, freqs: torch.Tens
 
 def install(module: nn.Module, entries: dict[str | None, Entry]) -> RotaryRuntime:
     runtime = RotaryRuntime(module, entries)
-    # instance attributes that shadow the class's methods, by design (listed in INSTALLED)
-    module.forward = runtime  # type: ignore[method-assign]
-    module._apply = runtime.apply
+    # instance attributes that shadow the class's, by design (listed in INSTALLED)
+    module.forward = runtime
+    module._apply = runtime.apply  # type: ignore[method-assign]
     if "rope_init_fn" in module.__dict__ and None in entries:
         # PhiMoE recomputes its frequencies with rope_init_fn at every forward and never reads inv_freq
         module.rope_init_fn = runtime.init_fn  # type: ignore[assignment]  # torch types attributes Tensor | Module
