@@ -52,8 +52,6 @@ def _model_defined(layer) -> bool:
 def _supported(layer) -> bool:
     from transformers import cache_utils as cu
 
-    if _model_defined(layer):
-        return False
     sliding_static = getattr(cu, "StaticSlidingWindowLayer", ())
     kinds = tuple(k for k in (getattr(cu, "DynamicLayer", None), getattr(cu, "StaticLayer", None)) if k)
     unsupported = tuple(getattr(cu, n) for n in ("BaseQuantizedLayer", "QuantizedLayer") if hasattr(cu, n))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rope_extend import RopeExtendError, inv_freq, methods
+from rope_extend import RopeExtendError, inv_freq, method_names
 from rope_extend.methods import Method, get, register, resolve
 from rope_extend.methods.linear import LinearParams, linear
 
@@ -12,7 +12,7 @@ def test_unknown_method_lists_the_known_ones():
         inv_freq("yaarn", 64, 10000.0, 2.0, 2048)
     message = str(err.value)
     assert "'yaarn'" in message and "did you mean 'yarn'" in message
-    for name in methods():
+    for name in method_names():
         assert name in message
 
 

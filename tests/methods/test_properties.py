@@ -7,7 +7,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from rope_extend import inv_freq, methods
+from rope_extend import inv_freq, method_names
 from rope_extend.methods import rope_frequencies
 from rope_extend.methods.yarn import correction_range
 
@@ -100,7 +100,7 @@ def test_dynamic_frequencies_fall_as_the_length_grows(method, d, s, L, l1, l2):
 
 
 def test_every_method_returns_float32_of_half_the_rotary_dim():
-    for method in methods():
+    for method in method_names():
         freqs, scale = inv_freq(method, 64, 10000.0, 4.0, 2048, partial_rotary_factor=0.5, **params_for(method, 32))
         assert freqs.dtype == torch.float32 and freqs.shape == (16,)
         assert isinstance(scale, float) and scale > 0
