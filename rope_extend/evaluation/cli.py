@@ -8,18 +8,21 @@ import functools
 import json
 from pathlib import Path
 
-from ..arguments import add_folder_arguments, add_method_arguments, scaling_from_args
+from ..arguments import (
+    add_folder_arguments,
+    add_json_argument,
+    add_method_arguments,
+    add_model_arguments,
+    add_progress_argument,
+    scaling_from_args,
+)
 from ..schema import add_arguments
 from .card_options import CardOptions
 from .tasks.base import tasks
 
 
 def _json_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--json",
-        action="store_true",
-        help="print one line of JSON (the output folder, the summary, the files) instead of the tables",
-    )
+    add_json_argument(p, "print one line of JSON (the output folder, the summary, the files) instead of the tables")
 
 
 def _print_result(args, report: Path, payload: dict) -> None:
@@ -33,17 +36,13 @@ def _print_result(args, report: Path, payload: dict) -> None:
 
 def _common(p: argparse.ArgumentParser) -> None:
     """The model, the scaling and the output folder: what every task's command takes besides its options."""
-    p.add_argument("--model", required=True, help="saved model folder or hub name (a causal LM)")
-    p.add_argument("--tokenizer", help="tokenizer folder or name (default: the model's)")
-    p.add_argument("--dtype", default="auto", help="float32, bfloat16, float16 or auto (default)")
-    p.add_argument("--device", help="e.g. cuda, cuda:1, cpu (default: where the model loads)")
-    p.add_argument("--trust-remote-code", action="store_true")
+    add_model_arguments(p, tokenizer=True)
     add_method_arguments(p)
     p.add_argument("--label", help="name of this run in tables and plots (default: method and factor)")
     p.add_argument("--out", required=True, help="output folder (records.jsonl, results.json/.csv, report.md, PNGs)")
     add_folder_arguments(p, "run")
     _records_argument(p)
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+    add_progress_argument(p)
     _json_argument(p)
 
 
@@ -207,7 +206,7 @@ def register(subparsers) -> None:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a suite key, e.g. passkey.trials=2")
     add_folder_arguments(p, "suite run")
     _records_argument(p)
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    add_progress_argument(p)
     _json_argument(p)
     p.set_defaults(func=_cmd_compare)
 
@@ -219,7 +218,7 @@ def register(subparsers) -> None:
     p.add_argument("model", help="saved model folder or a name rope-extend knows (bundled, smollm2-135m)")
     add_method_arguments(p)
     p.add_argument("--original", help="the model retention is measured against (default: MODEL unpatched)")
-    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
+    add_model_arguments(p, model=None, dtype="float32", device=False, trust=False)
     p.add_argument("--out", required=True, help="output folder (records.jsonl, card.md, card.json, card.png)")
     add_folder_arguments(p, "card")
     add_arguments(p, CardOptions)
@@ -238,5 +237,5 @@ def register(subparsers) -> None:
     p.add_argument("--original-length", type=int, default=4096)
     p.add_argument("--x", choices=["wavelength", "dim"], default="wavelength", help="x axis")
     p.add_argument("--out", default="spectrum.png", help="PNG file to write")
-    p.add_argument("--json", action="store_true", help="print one line of JSON (the file, methods drawn, skipped)")
+    add_json_argument(p, "print one line of JSON (the file, methods drawn, skipped)")
     p.set_defaults(func=_cmd_spectrum)

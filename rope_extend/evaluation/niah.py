@@ -10,11 +10,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import RopeExtendError
-from .data import parse_depths, parse_lengths
 from .passkey import trial_rng
 from .prompts import build, haystack_ids, sentence_ends
 from .records import short_hash
 from .retrieval import RetrievalResult, run_grid
+from .tasks.base import options_for
+from .tasks.niah import NiahOptions
 
 NEEDLE = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
 QUESTION = "What is the best thing to do in San Francisco? Answer: The best thing to do in San Francisco is"
@@ -36,33 +37,36 @@ def niah(
     model,
     tokenizer,
     haystack: Sequence[str],
-    lengths: str | Iterable[Any],
+    lengths: str | Iterable[Any] | None = None,
     *,
-    needle: str = NEEDLE,
-    question: str = QUESTION,
-    answer: str = ANSWER,
-    depths: str | Iterable[Any] | None = None,
-    trials: int = 1,
-    trials_at: dict[Any, int] | None = None,
-    seed: int = 0,
-    max_new_tokens: int = 32,
+    options: NiahOptions | None = None,
     records: str | os.PathLike | None = None,
     resume: bool = False,
     progress: bool = True,
     run: dict[str, Any] | None = None,
-    sliding_window: str = "auto",
+    **given: Any,
 ) -> RetrievalResult:
     """Needle retrieval accuracy over ``lengths`` x ``depths`` (default 0, 25, 50, 75, 100%).
 
-    ``haystack`` is a list of texts (see ``data.load_texts``), joined by blank lines; it must reach the
-    longest length. With ``trials > 1`` each trial starts the haystack at a different (seeded) document; ``trials_at``
-    (``{"16k": 3}``) sets other counts at particular lengths.
+    The options are ``NiahOptions``'s (the task's, declared once), given as keywords or as ``options=``; of
+    its text options only ``max_docs`` (the haystack is given). ``haystack`` is a list of texts (see
+    ``data.load_texts``), joined by blank lines; it must reach the longest length. With ``trials > 1`` each
+    trial starts the haystack at a different (seeded) document; ``trials_at`` (``{"16k": 3}``) sets other
+    counts at particular lengths. ``needle``, ``question`` and ``answer`` left None are the San Francisco
+    needle's. ``records``/``resume``/``progress``/``run`` are the evaluation runner's.
     """
-    lengths = parse_lengths(lengths)
-    grid = parse_depths(depths) if depths is not None else list(DEPTHS)
+    if lengths is not None:
+        given["lengths"] = lengths
+    options = options_for(NiahOptions, options, given, harness="niah", texts=True)
+    seed = options.seed
+    grid = options.depths if options.depths is not None else list(DEPTHS)
+    needle = NEEDLE if options.needle is None else options.needle
+    question = QUESTION if options.question is None else options.question
+    answer = ANSWER if options.answer is None else options.answer
     for name, value in (("needle", needle), ("question", question), ("answer", answer)):
         if not isinstance(value, str) or not value.strip():
             raise RopeExtendError(f"{name} must be a non-empty string, got {value!r}")
+    haystack = list(haystack)[: options.max_docs or None]
     texts = [t for t in haystack if t.strip()]
     if not texts:
         raise RopeExtendError("the haystack is empty: give at least one non-empty text")
@@ -70,7 +74,7 @@ def niah(
 
     def tokens(offset: int):
         if offset not in cache:
-            ids = haystack_ids(tokenizer, texts[offset:] + texts[:offset], max(lengths))
+            ids = haystack_ids(tokenizer, texts[offset:] + texts[:offset], max(options.lengths))
             cache[offset] = (ids, sentence_ends(tokenizer, ids))
         return cache[offset]
 
@@ -83,10 +87,10 @@ def niah(
         model,
         tokenizer,
         task="niah",
-        lengths=lengths,
+        lengths=options.lengths,
         depths=grid,
-        trials=trials,
-        trials_at=trials_at,
+        trials=options.trials,
+        trials_at=options.trials_at,
         seed=seed,
         setting={
             "needle": needle,
@@ -99,10 +103,10 @@ def niah(
         },
         make_trial=make_trial,
         score=score,
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=options.max_new_tokens,
         records=records,
         resume=resume,
         progress=progress,
         run=run,
-        sliding_window=sliding_window,
+        sliding_window=options.sliding_window,
     )

@@ -14,11 +14,11 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from ..errors import RopeExtendError
-from .data import parse_depths, parse_lengths
 from .prompts import passkey_prompt, split_sentences
 from .records import short_hash
 from .retrieval import RetrievalResult, run_grid
+from .tasks.base import options_for
+from .tasks.passkey import PasskeyOptions
 
 _INTEGER = re.compile(r"\d+")
 
@@ -43,41 +43,36 @@ def trial_rng(seed: int, task: str, length: int, depth: float | None, trial: int
 def passkey(
     model,
     tokenizer,
-    lengths: str | Iterable[Any],
+    lengths: str | Iterable[Any] | None = None,
     *,
-    depths: str | Iterable[Any] | None = None,
-    trials: int = 10,
-    trials_at: dict[Any, int] | None = None,
-    seed: int = 0,
-    key_range: tuple[int, int] = (1, 50000),
-    max_new_tokens: int = 10,
+    options: PasskeyOptions | None = None,
     records: str | os.PathLike | None = None,
     resume: bool = False,
     progress: bool = True,
     run: dict[str, Any] | None = None,
     filler: str | Iterable[str] | None = None,
-    sliding_window: str = "auto",
+    **given: Any,
 ) -> RetrievalResult:
     """Passkey accuracy of ``model`` at each of ``lengths`` (token counts, e.g. ``"1k,2k,4k"``).
 
+    The options are ``PasskeyOptions``'s (the task's, declared once), given as keywords or as ``options=``:
     ``depths=None`` draws a uniform random depth per trial; a list (``[0, 0.5, 1]`` or ``"grid:5"``) runs
     ``trials`` trials at each depth, and ``.accuracy`` is then keyed by ``(length, depth)``; ``trials_at``
-    (``{"16k": 10}``) sets other counts at particular lengths. ``key_range`` is
-    inclusive (published runs use 1..50000). ``records`` is a JSONL file each trial is appended to; with
-    ``resume=True`` the trials already in it are not run again. ``run`` adds fields (e.g. a label) to records.
-    ``sliding_window`` is the runner's policy (``"auto"``, ``"full"``, ``"keep"``; see ``evaluation.runner``).
-    ``filler`` (a text, or a list of sentences) replaces the protocol's repeated filler; each trial then
-    reads it from a random sentence on (drawn after the key and the depth, so keys and depths are those of
-    the standard filler's trials).
-    """
-    lengths = parse_lengths(lengths)
-    grid = parse_depths(depths)
-    low, high = key_range
-    if not (isinstance(low, int) and isinstance(high, int) and 0 <= low <= high):
-        raise RopeExtendError(f"key_range must be two integers 0 <= low <= high, got {key_range!r}")
+    (``{"16k": 10}``) sets other counts at particular lengths. ``key_range`` is inclusive (published runs use
+    1..50000); ``sliding_window`` is the runner's policy (``"auto"``, ``"full"``, ``"keep"``; see
+    ``evaluation.runner``).
 
+    ``records`` is a JSONL file each trial is appended to; with ``resume=True`` the trials already in it are
+    not run again. ``run`` adds fields (e.g. a label) to records. ``filler`` (a text, or a list of sentences)
+    replaces the protocol's repeated filler; each trial then reads it from a random sentence on (drawn after
+    the key and the depth, so keys and depths are those of the standard filler's trials).
+    """
+    if lengths is not None:
+        given["lengths"] = lengths
+    options = options_for(PasskeyOptions, options, given, harness="passkey")
+    seed, (low, high) = options.seed, options.key_range
     sentences = None if filler is None else split_sentences(filler if isinstance(filler, str) else list(filler))
-    setting: dict[str, Any] = {"key_range": [low, high], "depths": grid}
+    setting: dict[str, Any] = {"key_range": [low, high], "depths": options.depths}
     if sentences is not None:  # only then: the standard filler's records keep their setting id
         setting["filler"] = short_hash("\n".join(sentences))
 
@@ -94,18 +89,18 @@ def passkey(
         model,
         tokenizer,
         task="passkey",
-        lengths=lengths,
-        depths=grid,
-        trials=trials,
-        trials_at=trials_at,
+        lengths=options.lengths,
+        depths=options.depths,
+        trials=options.trials,
+        trials_at=options.trials_at,
         seed=seed,
         setting=setting,
         make_trial=make_trial,
         score=score,
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=options.max_new_tokens,
         records=records,
         resume=resume,
         progress=progress,
         run=run,
-        sliding_window=sliding_window,
+        sliding_window=options.sliding_window,
     )

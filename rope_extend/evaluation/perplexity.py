@@ -34,9 +34,10 @@ from ..hf import head as hf_head
 from ..hf.config import attn_implementation
 from ..hf.head import LMHead
 from . import runner
-from .data import parse_lengths
 from .engines import is_engine
 from .records import short_hash
+from .tasks.base import options_for
+from .tasks.perplexity import PerplexityOptions
 
 CHUNK_LOGITS = 1 << 24  # logits per chunk (64 MB in float32): 512 positions of a 32k vocabulary
 
@@ -97,34 +98,31 @@ def perplexity(
     model,
     tokenizer,
     texts: Sequence[str] | Iterable[str],
-    lengths: str | Iterable[Any],
+    lengths: str | Iterable[Any] | None = None,
     *,
-    stride: int | None = None,
-    max_docs: int | None = None,
-    chunk_size: int | None = None,
+    options: PerplexityOptions | None = None,
     records: str | os.PathLike | None = None,
     resume: bool = False,
     progress: bool = True,
     run: dict[str, Any] | None = None,
-    sliding_window: str = "auto",
+    **given: Any,
 ) -> PerplexityResult:
     """Perplexity of ``model`` on ``texts`` at each of ``lengths`` (see the module docstring for the protocol).
 
-    Documents are tokenized with the tokenizer's special tokens (a BOS where it adds one). A document shorter
-    than a length is left out at that length (counted in ``.skipped``); a length no document reaches is an error.
+    The options are ``PerplexityOptions``'s (the task's, declared once), given as keywords or as ``options=``;
+    of its text options only ``max_docs`` (the texts are given). Documents are tokenized with the tokenizer's
+    special tokens (a BOS where it adds one). A document shorter than a length is left out at that length
+    (counted in ``.skipped``); a length no document reaches is an error.
 
     ``sliding_window``: ``"auto"`` (default) widens a sliding window that every layer uses (Mistral, Phi-3) to
     the longest length for the evaluation, so long context is really measured, and keeps windows that
     alternate with full-attention layers (Gemma 2 and 3); ``"full"`` widens every window; ``"keep"`` none.
     The model is restored afterwards.
     """
-    lengths = parse_lengths(lengths)
-    if stride is not None and (isinstance(stride, bool) or not isinstance(stride, int) or stride < 1):
-        raise RopeExtendError(f"stride must be a positive integer or None (one window per document), got {stride!r}")
-    if stride is not None and stride > min(lengths):
-        raise RopeExtendError(
-            f"stride {stride} is larger than the window length {min(lengths)}: tokens would be skipped"
-        )
+    if lengths is not None:
+        given["lengths"] = lengths
+    options = options_for(PerplexityOptions, options, given, harness="perplexity", texts=True)
+    lengths, stride, chunk_size, max_docs = options.lengths, options.stride, options.chunk_size, options.max_docs
     engine = is_engine(model)  # a served file: the engine scores each window (engines.EngineModel.nll)
     head = None if engine else hf_head.lm_head(model, decoder=True)
     runner.check_reachable(model, max(lengths), cache=False)  # before tokenizing the documents
@@ -182,7 +180,7 @@ def perplexity(
         resume=resume,
         progress=progress,
         run=run,
-        sliding_window=sliding_window,
+        sliding_window=options.sliding_window,
         unit="doc",
     )
     ppl, tokens = {}, {}

@@ -7,10 +7,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import RopeExtendError
 from .. import retrieval, ruler_words, runner
-from ..data import parse_lengths
+from ..data import default_texts
 from ..effective import KEEP, RULER_THRESHOLD, EffectiveLength, check_effective_options, effective_lengths
+from ..tasks.base import options_for
+from ..tasks.ruler import RulerOptions
 from .scoring import score, tables
 from .sizing import Haystack, PromptFormat, RulerPrompt, build_prompt
 from .tasks import ESSAY, GENERATE, VERSION, check_tasks
@@ -38,14 +39,10 @@ class RulerResult:
 def ruler(
     model,
     tokenizer,
-    lengths: str | Iterable[Any],
+    lengths: str | Iterable[Any] | None = None,
     *,
-    tasks: str | Iterable[str] | None = None,
-    samples: int = 10,
-    seed: int = 0,
+    options: RulerOptions | None = None,
     haystack: Sequence[str] | None = None,
-    max_new_tokens: int | None = None,
-    chat_template: bool = True,
     threshold: float = RULER_THRESHOLD,
     reference_length: int | None = None,
     keep: float = KEEP,
@@ -53,29 +50,30 @@ def ruler(
     resume: bool = False,
     progress: bool = True,
     run: dict[str, Any] | None = None,
-    sliding_window: str = "auto",
+    **given: Any,
 ) -> RulerResult:
     """RULER accuracy of ``model`` for each of ``tasks`` (default: all eleven) at each of ``lengths``.
 
-    ``samples`` prompts per task and length, each drawn from ``(seed, task, length, sample)`` only; a length
-    counts the tokens to generate, as RULER's ``max_seq_length``. ``haystack``: texts for the essay tasks
-    (default: the bundled held-out corpus). ``max_new_tokens`` replaces RULER's per-task generation budget (and
-    so the prompt's share of the length). ``chat_template``: wrap the prompt in the tokenizer's chat template
-    when it has one (RULER does for instruct models); False keeps RULER's ``base`` template.
+    The options are ``RulerOptions``'s (the task's, declared once), given as keywords or as ``options=``; of
+    its text options only ``max_docs`` (the essay haystack is given). ``samples`` prompts per task and length,
+    each drawn from ``(seed, task, length, sample)`` only; a length counts the tokens to generate, as RULER's
+    ``max_seq_length``. ``max_new_tokens`` replaces RULER's per-task generation budget (and so the prompt's
+    share of the length). ``chat_template``: wrap the prompt in the tokenizer's chat template when it has one
+    (RULER does for instruct models); False keeps RULER's ``base`` template.
+    ``haystack``: texts for the essay tasks (default: the bundled held-out corpus).
     ``threshold``, ``reference_length`` and ``keep``: the effective lengths' (``effective.effective_lengths``).
-    ``records``/``resume``/``run``/``sliding_window`` are the evaluation runner's (see ``evaluation.runner``).
+    ``records``/``resume``/``progress``/``run`` are the evaluation runner's (see ``evaluation.runner``).
     """
-    lengths = parse_lengths(lengths)
-    names = check_tasks(tasks)
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise RopeExtendError(f"samples must be a positive integer, got {samples!r}")
-    if max_new_tokens is not None and (
-        isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1
-    ):
-        raise RopeExtendError(f"max_new_tokens must be a positive integer or None, got {max_new_tokens!r}")
+    if lengths is not None:
+        given["lengths"] = lengths
+    options = options_for(RulerOptions, options, given, harness="ruler", texts=True)
+    lengths, seed, samples, max_new_tokens = options.lengths, options.seed, options.samples, options.max_new_tokens
+    names = check_tasks(options.tasks)
+    if options.max_docs is not None:
+        haystack = list(default_texts() if haystack is None else haystack)[: options.max_docs]
     check_effective_options(threshold, reference_length, keep)
     retrieval.check_can_generate(model)
-    fmt = PromptFormat(tokenizer, chat_template)
+    fmt = PromptFormat(tokenizer, options.chat_template)
     budget = {t: max_new_tokens or GENERATE[t] for t in names}
     runner.check_reachable(model, max(lengths), cache=True)  # the length holds the generated tokens
     hay = Haystack(haystack)
@@ -137,7 +135,7 @@ def ruler(
         resume=resume,
         progress=progress,
         run=run,
-        sliding_window=sliding_window,
+        sliding_window=options.sliding_window,
         cache=True,
         unit="sample",
         version=VERSION,

@@ -20,6 +20,7 @@ This package imports neither torch nor transformers: a task's ``run`` imports it
 """
 
 from .base import (
+    READING,
     TASKS,
     WINDOW_HELP,
     Context,
@@ -28,14 +29,15 @@ from .base import (
     check_lengths,
     check_positive,
     get_task,
-    harness_options,
     load_task_texts,
+    options_for,
     register_task,
     tasks,
     unregister_task,
 )
 
 __all__ = [
+    "READING",
     "TASKS",
     "WINDOW_HELP",
     "Context",
@@ -44,8 +46,8 @@ __all__ = [
     "check_lengths",
     "check_positive",
     "get_task",
-    "harness_options",
     "load_task_texts",
+    "options_for",
     "register_task",
     "tasks",
     "unregister_task",

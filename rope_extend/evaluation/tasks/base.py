@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from ...documents import SampleBy
-from ...errors import RopeExtendError
+from ...errors import RopeExtendError, closest
 from ...registry import Registry
 from ...schema import option
 from ..data import default_texts, load_texts, parse_depths, parse_lengths
@@ -129,15 +129,37 @@ class TextOptions:
     max_docs: int | None = option(None, help="use at most this many documents")
 
 
-def harness_options(options, *, unset: tuple[str, ...] = ()) -> dict[str, Any]:
-    """``options`` as the harness's keywords: the fields of ``TextOptions`` left out (the harness gets the
-    texts themselves), and those named in ``unset`` left out while None (the harness's default applies)."""
-    text_fields = {f.name for f in fields(TextOptions)} if isinstance(options, TextOptions) else set()
-    return {
-        f.name: getattr(options, f.name)
-        for f in fields(options)
-        if f.name not in text_fields and not (f.name in unset and getattr(options, f.name) is None)
-    }
+# what reads the texts; a harness takes the texts themselves, so only ``max_docs`` of TextOptions is its
+READING = ("data", "text_field", "split", "sample_by")
+
+
+def options_for(cls: type, options: Any, given: dict[str, Any], *, harness: str, texts: bool = False) -> Any:
+    """The options a harness runs with, declared once, in the task's dataclass ``cls``: ``options`` as passed
+    (a task's run), or ``cls(**given)`` from the harness's keywords, with the dataclass's defaults and checks.
+
+    ``texts``: the harness takes its documents as an argument, so the fields that read them (``READING``) are
+    not its keywords. Unknown or missing keywords, and options given both ways, are errors naming ``harness``.
+    """
+    if options is not None:
+        if given:
+            raise RopeExtendError(f"{harness}(): give options= or keywords ({', '.join(given)}), not both")
+        if not isinstance(options, cls):
+            raise RopeExtendError(f"{harness}(): options must be a {cls.__name__}, got {type(options).__name__}")
+        return options
+    allowed = [f.name for f in fields(cls) if not (texts and f.name in READING)]
+    unknown = [key for key in given if key not in allowed]
+    if unknown:
+        near = "".join(closest(key, allowed) for key in unknown)
+        raise RopeExtendError(
+            f"{harness}(): unknown keyword {', '.join(map(repr, unknown))}{near}; its options ({cls.__name__}): "
+            + ", ".join(allowed)
+        )
+    missing = [
+        f.name for f in fields(cls) if f.name not in given and f.default is MISSING and f.default_factory is MISSING
+    ]
+    if missing:
+        raise RopeExtendError(f"{harness}() is missing {', '.join(map(repr, missing))}")
+    return cls(**given)
 
 
 def load_task_texts(options: TextOptions, source: str | None = None) -> list[str]:

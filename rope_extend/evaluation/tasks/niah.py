@@ -35,8 +35,7 @@ class NiahOptions(base.TextOptions):
 def run(model, tokenizer, options: NiahOptions, context: base.Context) -> list[dict]:
     from ..niah import niah
 
-    given = base.harness_options(options, unset=("needle", "question", "answer"))
-    return niah(model, tokenizer, context.texts, **given, **context.common()).records
+    return niah(model, tokenizer, context.texts, options=options, **context.common()).records
 
 
 TASK = base.register_task(

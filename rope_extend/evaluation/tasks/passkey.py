@@ -33,14 +33,16 @@ class PasskeyOptions:
         base.check_lengths(self)
         self.trials_at = parse_trials_at(self.trials_at, self.lengths)
         base.check_positive(self, "trials", "max_new_tokens")
-        if len(self.key_range) != 2 or not 0 <= self.key_range[0] <= self.key_range[1]:
-            raise RopeExtendError(f"key_range must be two integers 0 <= LOW <= HIGH, got {self.key_range}")
+        low, high = self.key_range if len(self.key_range) == 2 else (None, None)
+        if not (isinstance(low, int) and isinstance(high, int) and not isinstance(low, bool) and 0 <= low <= high):
+            raise RopeExtendError(f"key_range must be two integers 0 <= LOW <= HIGH, got {self.key_range!r}")
+        self.key_range = [low, high]
 
 
 def run(model, tokenizer, options: PasskeyOptions, context: base.Context) -> list[dict]:
     from ..passkey import passkey
 
-    return passkey(model, tokenizer, **base.harness_options(options), **context.common()).records
+    return passkey(model, tokenizer, options=options, **context.common()).records
 
 
 def plot(summary: dict, out: Path) -> dict[str, Path]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...errors import RopeExtendError
 from ...hf.window import SlidingWindowMode
 from ...schema import option
 from . import base
@@ -24,12 +25,16 @@ class PerplexityOptions(base.TextOptions):
     def __post_init__(self):
         base.check_lengths(self)
         base.check_positive(self, "stride", "chunk_size")
+        if self.stride is not None and self.stride > min(self.lengths):
+            raise RopeExtendError(
+                f"stride {self.stride} is larger than the window length {min(self.lengths)}: tokens would be skipped"
+            )
 
 
 def run(model, tokenizer, options: PerplexityOptions, context: base.Context) -> list[dict]:
     from ..perplexity import perplexity
 
-    return perplexity(model, tokenizer, context.texts, **base.harness_options(options), **context.common()).records
+    return perplexity(model, tokenizer, context.texts, options=options, **context.common()).records
 
 
 def summarize(records: list[dict]) -> dict[str, list[dict]]:

@@ -43,7 +43,7 @@ class RulerOptions(base.TextOptions):
 def run(model, tokenizer, options: RulerOptions, context: base.Context) -> list[dict]:
     from ..ruler import ruler
 
-    return ruler(model, tokenizer, haystack=context.texts, **base.harness_options(options), **context.common()).records
+    return ruler(model, tokenizer, options=options, haystack=context.texts, **context.common()).records
 
 
 def _reference(records: list[dict], lengths: list[int]) -> int:
