@@ -39,6 +39,42 @@ def add_method_arguments(parser: argparse.ArgumentParser, *, required: bool = Fa
     )
 
 
+DTYPES = "float32, bfloat16, float16 or auto"
+
+
+def add_model_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    model: str | None = "saved model folder or hub name (a causal LM)",
+    dtype: str = "auto",
+    tokenizer: bool = False,
+    device: bool = True,
+    trust: bool = True,
+) -> None:
+    """The flags that load a model, spelt and explained alike in every command: ``--model`` (unless ``model``
+    is None: the command declares its own), ``--tokenizer``, ``--dtype`` (default ``dtype``), ``--device`` and
+    ``--trust-remote-code`` (off unless given), each where the command uses it."""
+    if model is not None:
+        parser.add_argument("--model", required=True, help=model)
+    if tokenizer:
+        parser.add_argument("--tokenizer", help="tokenizer folder or name (default: the model's)")
+    parser.add_argument("--dtype", default=dtype, help=f"{DTYPES} (default {dtype})")
+    if device:
+        parser.add_argument("--device", help="e.g. cuda, cuda:1, cpu (default: where the model loads)")
+    if trust:
+        add_trust_argument(parser)
+
+
+def add_trust_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--trust-remote-code", action="store_true", help="run the model's own code from its folder (off by default)"
+    )
+
+
+def add_progress_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="hide progress bars")
+
+
 def add_folder_arguments(parser: argparse.ArgumentParser, what: str, *, resume: bool = True) -> None:
     """``--resume`` (where a run can continue) and ``--overwrite``, one or the other, with the same meaning in
     every command that claims an output folder (``io.claim_output_dir``)."""
@@ -83,8 +119,10 @@ def method_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------ what a command prints
-def add_json_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the result as one JSON object (for scripts)")
+def add_json_argument(
+    parser: argparse.ArgumentParser, help: str = "print the result as one JSON object (for scripts)"
+) -> None:
+    parser.add_argument("--json", action="store_true", help=help)
 
 
 def _inline(value: Any) -> str:

@@ -17,6 +17,7 @@ from . import demo
 from .arguments import (
     add_json_argument,
     add_method_arguments,
+    add_trust_argument,
     method_kwargs,
     parse_params,
     print_result,
@@ -194,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="saved model folder")
     p.add_argument("--out", required=True, help="folder to write")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
-    p.add_argument("--trust-remote-code", action="store_true")
+    add_trust_argument(p)
     add_json_argument(p)
     add_method_arguments(p, required=True)
     p.set_defaults(func=_cmd_configure)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..arguments import add_json_argument, add_method_arguments, print_result, scaling_from_args
+from ..arguments import add_json_argument, add_method_arguments, add_trust_argument, print_result, scaling_from_args
 
 
 def _cmd(args: argparse.Namespace) -> int:
@@ -55,6 +55,6 @@ def register(sub) -> None:
     p.add_argument(
         "--tokenizer-pre", help="llama.cpp's pre-tokenizer name, when rope-extend does not know the tokenizer"
     )
-    p.add_argument("--trust-remote-code", action="store_true")
+    add_trust_argument(p)
     add_json_argument(p)
     p.set_defaults(func=_cmd)

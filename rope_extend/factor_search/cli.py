@@ -44,7 +44,7 @@ def _cmd_search(args) -> int:
 
 
 def register(subparsers) -> None:
-    from ..arguments import add_folder_arguments
+    from ..arguments import add_folder_arguments, add_model_arguments, add_progress_argument
 
     p = subparsers.add_parser(
         "search",
@@ -68,8 +68,6 @@ def register(subparsers) -> None:
     p.add_argument("--population", type=int, default=16, help="candidates per generation (default 16)")
     p.add_argument("--seed", type=int, default=0)
     add_folder_arguments(p, "search")
-    p.add_argument("--dtype", default="float32", help="float32 (default), bfloat16, float16 or auto")
-    p.add_argument("--device", help="e.g. cuda, cpu (default: where the model loads)")
-    p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--no-progress", dest="progress", action="store_false")
+    add_model_arguments(p, model=None, dtype="float32")
+    add_progress_argument(p)
     p.set_defaults(func=_cmd_search)
