@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -117,3 +118,15 @@ def test_uninstall_before_transformers_loads_disarms_the_finder():
     assert done.returncode == 0, done.stderr
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got == {"armed": True, "finders": 0, "ntk": False, "installed": False}
+
+
+@pytest.mark.parametrize("module", ["transformers.modeling_utils", "rope_extend.hf.rotary", "tests.test_patch"])
+@pytest.mark.parametrize("category", [DeprecationWarning, FutureWarning])
+def test_a_transformers_deprecation_is_an_error_in_the_tests(module, category):
+    """pyproject's filterwarnings: a deprecation raised by transformers, or met by our code or tests, fails."""
+    with pytest.raises(category):
+        warnings.warn_explicit("old API", category, "f.py", 1, module=module)
+
+
+def test_other_libraries_deprecations_among_themselves_stay_quiet():
+    warnings.warn_explicit("old API", DeprecationWarning, "f.py", 1, module="torch.nn.modules.module")
