@@ -48,7 +48,7 @@ from torch import nn
 from transformers.cache_utils import DynamicCache
 
 from .errors import RopeExtendError, UnsupportedModelError
-from .hf import attention, cache_arg, rotary
+from .hf import attention, cache_arg, families, rotary
 from .hf import layout as rope_layout
 from .hf.config import attn_implementation, original_length, text_config
 from .hf.rotate_keys import KeyRotator, shift_angles, turned
@@ -107,12 +107,6 @@ class SinkCache(DynamicCache):
         )
 
 
-# Families whose generate swaps a cache for a new one (prepare_inputs_for_generation sets it to None) when the
-# sequence first passes config.original_max_position_embeddings, to recompute the prefix with LongRoPE's long
-# factors: it would go on with a full DynamicCache and no sinks, silently.
-_GENERATE_DROPS_CACHE = ("Phi3ForCausalLM", "PhimoeForCausalLM", "Phi4MultimodalForCausalLM")
-
-
 class SinkKeeper:
     """The decoder's forward pre-hook that applies a ``SinkCache``'s policy (see the module docstring)."""
 
@@ -139,12 +133,11 @@ class SinkKeeper:
                     "attention sinks assign positions inside the cache, and this model's rotary frequencies are "
                     "dynamic (a dynamic rope_type in its config); use a static method with SinkCache"
                 )
-        family = next((c.__name__ for c in type(self.model).__mro__ if c.__name__ in _GENERATE_DROPS_CACHE), None)
-        if family and hasattr(self.model.config, "original_max_position_embeddings"):
+        swaps = families.ask("generate_swaps_cache", self.model.config) if hasattr(self.model, "generate") else None
+        if swaps:
             raise UnsupportedModelError(
-                f"SinkCache: {family}.generate replaces the cache by a new one once the sequence passes "
-                f"config.original_max_position_embeddings ({self.model.config.original_max_position_embeddings}) "
-                "tokens, to recompute it for LongRoPE, and would go on without the sinks; use a DynamicCache"
+                f"SinkCache: {type(self.model).__name__}.generate {swaps}, and would go on without the sinks; use a "
+                "DynamicCache"
             )
         if attention.is_registered_name(attn_implementation(text_config(self.model.config))):
             raise UnsupportedModelError(

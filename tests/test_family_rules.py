@@ -55,6 +55,11 @@ def test_the_built_in_rules_answer_for_their_families_only():
     assert ask("linear_within_context", SimpleNamespace(model_type="gemma3_text")) is True
     assert ask("linear_within_context", SimpleNamespace(model_type="llama")) is None
     assert families.model_types_for("longrope_only") == ["phi3", "phi4_multimodal"]
+    assert "(32) tokens" in ask(
+        "generate_swaps_cache", SimpleNamespace(model_type="phimoe", original_max_position_embeddings=32)
+    )
+    assert ask("generate_swaps_cache", SimpleNamespace(model_type="phi3")) is None  # no switch, no swap
+    assert ask("generate_swaps_cache", SimpleNamespace(model_type="llama", original_max_position_embeddings=32)) is None
     tuned = SimpleNamespace(attn_temperature_tuning=True, attn_scale=0.1, floor_scale=8192)
     assert "1 + 0.1 ln(1 + floor((p + 1) / 8192))" in ask("own_temperature", tuned)
     assert ask("own_temperature", SimpleNamespace(attn_temperature_tuning=False)) is None

@@ -1,4 +1,5 @@
-"""Phi-3 and Phi-4-multimodal: config classes that accept only ``default`` and ``longrope``.
+"""Phi-3 and Phi-4-multimodal: config classes that accept only ``default`` and ``longrope``; and the Phi-3
+families' ``generate``, which swaps the cache for a new one at LongRoPE's switch (``generate_swaps_cache``).
 
 Their ``validate_rope`` raises on any other type (at build and at save), and their loader renames a legacy
 ``yarn`` to ``longrope``. ``opened`` gives the class attributes under which such a class holds the types
@@ -63,3 +64,21 @@ def opened(cls) -> dict[str, Any]:
 
 
 RULES.register(Rule("phi3_longrope_only", "longrope_only", constant(True), ("phi3", "phi4_multimodal")))
+
+
+def _swaps_cache(config) -> str | None:
+    """Their ``prepare_inputs_for_generation`` sets the cache to None when the sequence first passes
+    ``original_max_position_embeddings``, to recompute the prefix with LongRoPE's long factors: a cache with a
+    policy of its own (``SinkCache``) would be replaced by a plain one, silently."""
+    original = getattr(config, "original_max_position_embeddings", None)
+    if original is None:
+        return None
+    return (
+        f"replaces the cache by a new one once the sequence passes config.original_max_position_embeddings "
+        f"({original}) tokens, to recompute it for LongRoPE"
+    )
+
+
+RULES.register(
+    Rule("phi3_generate_swaps_cache", "generate_swaps_cache", _swaps_cache, ("phi3", "phimoe", "phi4_multimodal"))
+)
