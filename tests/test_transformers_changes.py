@@ -120,10 +120,19 @@ def test_uninstall_before_transformers_loads_disarms_the_finder():
     assert got == {"armed": True, "finders": 0, "ntk": False, "installed": False}
 
 
-@pytest.mark.parametrize("module", ["transformers.modeling_utils", "rope_extend.hf.rotary", "tests.test_patch"])
-@pytest.mark.parametrize("category", [DeprecationWarning, FutureWarning])
-def test_a_transformers_deprecation_is_an_error_in_the_tests(module, category):
-    """pyproject's filterwarnings: a deprecation raised by transformers, or met by our code or tests, fails."""
+@pytest.mark.parametrize(
+    ("module", "category"),
+    [
+        ("transformers.modeling_utils", FutureWarning),
+        ("rope_extend.hf.rotary", DeprecationWarning),
+        ("rope_extend.hf.rotary", FutureWarning),
+        ("tests.test_patch", DeprecationWarning),
+        ("tests.test_patch", FutureWarning),
+    ],
+)
+def test_a_deprecation_met_by_our_code_is_an_error_in_the_tests(module, category):
+    """pyproject's filterwarnings: a deprecation met by our code or tests, or a FutureWarning transformers raises
+    about its own API, fails the test."""
     with pytest.raises(category):
         warnings.warn_explicit("old API", category, "f.py", 1, module=module)
 

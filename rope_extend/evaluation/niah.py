@@ -15,7 +15,7 @@ from .prompts import build, haystack_ids, sentence_ends
 from .records import short_hash
 from .retrieval import RetrievalResult, run_grid
 from .tasks.base import options_for
-from .tasks.niah import NiahOptions
+from .tasks.options import NiahOptions
 
 NEEDLE = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
 QUESTION = "What is the best thing to do in San Francisco? Answer: The best thing to do in San Francisco is"

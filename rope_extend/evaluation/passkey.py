@@ -18,7 +18,7 @@ from .prompts import passkey_prompt, split_sentences
 from .records import short_hash
 from .retrieval import RetrievalResult, run_grid
 from .tasks.base import options_for
-from .tasks.passkey import PasskeyOptions
+from .tasks.options import PasskeyOptions
 
 _INTEGER = re.compile(r"\d+")
 

@@ -37,7 +37,7 @@ from . import runner
 from .engines import is_engine
 from .records import short_hash
 from .tasks.base import options_for
-from .tasks.perplexity import PerplexityOptions
+from .tasks.options import PerplexityOptions
 
 CHUNK_LOGITS = 1 << 24  # logits per chunk (64 MB in float32): 512 positions of a 32k vocabulary
 

@@ -11,7 +11,7 @@ from .. import retrieval, ruler_words, runner
 from ..data import default_texts
 from ..effective import KEEP, RULER_THRESHOLD, EffectiveLength, check_effective_options, effective_lengths
 from ..tasks.base import options_for
-from ..tasks.ruler import RulerOptions
+from ..tasks.options import RulerOptions
 from .scoring import score, tables
 from .sizing import Haystack, PromptFormat, RulerPrompt, build_prompt
 from .tasks import ESSAY, GENERATE, VERSION, check_tasks

@@ -5,30 +5,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from ...errors import RopeExtendError
-from ...hf.window import SlidingWindowMode
-from ...schema import option
 from . import base
-
-
-@dataclass(kw_only=True)
-class PerplexityOptions(base.TextOptions):
-    lengths: list[Any] = option(help="window lengths in tokens")
-    stride: int | None = option(None, help="sliding-window step; null: one truncated window per document")
-    chunk_size: int | None = option(None, help="positions per LM-head chunk (default: 16M logits / vocab)")
-    sliding_window: SlidingWindowMode = option("auto", help=base.WINDOW_HELP)
-
-    def __post_init__(self):
-        base.check_lengths(self)
-        base.check_positive(self, "stride", "chunk_size")
-        if self.stride is not None and self.stride > min(self.lengths):
-            raise RopeExtendError(
-                f"stride {self.stride} is larger than the window length {min(self.lengths)}: tokens would be skipped"
-            )
+from .options import PerplexityOptions
 
 
 def run(model, tokenizer, options: PerplexityOptions, context: base.Context) -> list[dict]:

@@ -3,41 +3,10 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from ...hf.window import SlidingWindowMode
-from ...schema import option
 from . import base
-
-
-@dataclass(kw_only=True)
-class RulerOptions(base.TextOptions):
-    """RULER's synthetic tasks; ``data`` is the essay haystack (niah_single_2/3, niah_multikey_1, niah_multivalue,
-    niah_multiquery)."""
-
-    lengths: list[Any] = option(help="lengths in tokens; as RULER's, each holds the prompt and the tokens to generate")
-    tasks: list[str] | None = option(
-        None,
-        help="RULER tasks: niah_single_1/2/3, niah_multikey_1/2/3, niah_multivalue, niah_multiquery, vt, cwe, fwe "
-        "(default: all eleven)",
-    )
-    samples: int = option(10, help="prompts per task and length")
-    seed: int = option(0, help="seed")
-    max_new_tokens: int | None = option(None, help="tokens generated (default: RULER's per task)")
-    chat_template: bool = option(
-        True, help="wrap prompts in the tokenizer's chat template when it has one, as RULER does for instruct models"
-    )
-    sliding_window: SlidingWindowMode = option("auto", help=base.WINDOW_HELP)
-
-    def __post_init__(self):
-        from ..ruler import check_tasks
-
-        base.check_lengths(self)
-        base.check_positive(self, "samples", "max_new_tokens")
-        if self.tasks is not None:
-            self.tasks = check_tasks(self.tasks)
+from .options import RulerOptions
 
 
 def run(model, tokenizer, options: RulerOptions, context: base.Context) -> list[dict]:
