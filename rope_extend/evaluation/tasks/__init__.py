@@ -14,7 +14,9 @@ four functions:
 ``register_task(task)`` adds it to ``TASKS`` (the one ``rope_extend.registry.Registry``); from then on a suite takes a section of that name, ``rope-extend eval``
 has a subcommand of that name, and reports show it. Options that subclass ``TextOptions`` read texts (the
 one document reader) before the model is loaded, so bad data fails early. The built-in tasks are
-``passkey``, ``niah``, ``perplexity`` and ``ruler`` (one module each in this package).
+``passkey``, ``niah``, ``perplexity`` and ``ruler`` (one module each in this package); their options are in
+``options``, because each harness takes its task's options too (``options=``, or keywords built into them by
+``options_for``).
 
 This package imports neither torch nor transformers: a task's ``run`` imports its harness when called.
 """
