@@ -39,30 +39,27 @@ def add_method_arguments(parser: argparse.ArgumentParser, *, required: bool = Fa
     )
 
 
-DTYPES = "float32, bfloat16, float16 or auto"
-
-
 def add_model_arguments(
     parser: argparse.ArgumentParser,
     *,
     model: str | None = "saved model folder or hub name (a causal LM)",
     dtype: str = "auto",
     tokenizer: bool = False,
-    device: bool = True,
-    trust: bool = True,
 ) -> None:
     """The flags that load a model, spelt and explained alike in every command: ``--model`` (unless ``model``
-    is None: the command declares its own), ``--tokenizer``, ``--dtype`` (default ``dtype``), ``--device`` and
-    ``--trust-remote-code`` (off unless given), each where the command uses it."""
+    is None: the command declares its own), ``--tokenizer`` (where asked), ``--dtype`` (default ``dtype``),
+    ``--device`` and ``--trust-remote-code`` (off unless given)."""
     if model is not None:
         parser.add_argument("--model", required=True, help=model)
     if tokenizer:
         parser.add_argument("--tokenizer", help="tokenizer folder or name (default: the model's)")
-    parser.add_argument("--dtype", default=dtype, help=f"{DTYPES} (default {dtype})")
-    if device:
-        parser.add_argument("--device", help="e.g. cuda, cuda:1, cpu (default: where the model loads)")
-    if trust:
-        add_trust_argument(parser)
+    add_dtype_argument(parser, dtype)
+    parser.add_argument("--device", help="e.g. cuda, cuda:1, cpu (default: where the model loads)")
+    add_trust_argument(parser)
+
+
+def add_dtype_argument(parser: argparse.ArgumentParser, default: str = "auto") -> None:
+    parser.add_argument("--dtype", default=default, help=f"float32, bfloat16, float16 or auto (default {default})")
 
 
 def add_trust_argument(parser: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from ..arguments import (
+    add_dtype_argument,
     add_folder_arguments,
     add_json_argument,
     add_method_arguments,
@@ -218,7 +219,7 @@ def register(subparsers) -> None:
     p.add_argument("model", help="saved model folder or a name rope-extend knows (bundled, smollm2-135m)")
     add_method_arguments(p)
     p.add_argument("--original", help="the model retention is measured against (default: MODEL unpatched)")
-    add_model_arguments(p, model=None, dtype="float32", device=False, trust=False)
+    add_dtype_argument(p, "float32")
     p.add_argument("--out", required=True, help="output folder (records.jsonl, card.md, card.json, card.png)")
     add_folder_arguments(p, "card")
     add_arguments(p, CardOptions)

@@ -57,7 +57,7 @@ def niah(
     """
     if lengths is not None:
         given["lengths"] = lengths
-    options = options_for(NiahOptions, options, given, harness="niah", texts=True)
+    options = options_for(NiahOptions, options, given, harness="niah")
     seed = options.seed
     grid = options.depths if options.depths is not None else list(DEPTHS)
     needle = NEEDLE if options.needle is None else options.needle

@@ -121,7 +121,7 @@ def perplexity(
     """
     if lengths is not None:
         given["lengths"] = lengths
-    options = options_for(PerplexityOptions, options, given, harness="perplexity", texts=True)
+    options = options_for(PerplexityOptions, options, given, harness="perplexity")
     lengths, stride, chunk_size, max_docs = options.lengths, options.stride, options.chunk_size, options.max_docs
     engine = is_engine(model)  # a served file: the engine scores each window (engines.EngineModel.nll)
     head = None if engine else hf_head.lm_head(model, decoder=True)

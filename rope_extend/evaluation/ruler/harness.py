@@ -66,7 +66,7 @@ def ruler(
     """
     if lengths is not None:
         given["lengths"] = lengths
-    options = options_for(RulerOptions, options, given, harness="ruler", texts=True)
+    options = options_for(RulerOptions, options, given, harness="ruler")
     lengths, seed, samples, max_new_tokens = options.lengths, options.seed, options.samples, options.max_new_tokens
     names = check_tasks(options.tasks)
     if options.max_docs is not None:

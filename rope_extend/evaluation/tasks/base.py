@@ -133,12 +133,13 @@ class TextOptions:
 READING = ("data", "text_field", "split", "sample_by")
 
 
-def options_for(cls: type, options: Any, given: dict[str, Any], *, harness: str, texts: bool = False) -> Any:
+def options_for(cls: type, options: Any, given: dict[str, Any], *, harness: str) -> Any:
     """The options a harness runs with, declared once, in the task's dataclass ``cls``: ``options`` as passed
     (a task's run), or ``cls(**given)`` from the harness's keywords, with the dataclass's defaults and checks.
 
-    ``texts``: the harness takes its documents as an argument, so the fields that read them (``READING``) are
-    not its keywords. Unknown or missing keywords, and options given both ways, are errors naming ``harness``.
+    A harness of options that read texts (``TextOptions``) takes the documents themselves, so the fields that
+    read them (``READING``) are not its keywords. Unknown or missing keywords, and options given both ways, are
+    errors naming ``harness``.
     """
     if options is not None:
         if given:
@@ -146,7 +147,8 @@ def options_for(cls: type, options: Any, given: dict[str, Any], *, harness: str,
         if not isinstance(options, cls):
             raise RopeExtendError(f"{harness}(): options must be a {cls.__name__}, got {type(options).__name__}")
         return options
-    allowed = [f.name for f in fields(cls) if not (texts and f.name in READING)]
+    reading = READING if issubclass(cls, TextOptions) else ()
+    allowed = [f.name for f in fields(cls) if f.name not in reading]
     unknown = [key for key in given if key not in allowed]
     if unknown:
         near = "".join(closest(key, allowed) for key in unknown)

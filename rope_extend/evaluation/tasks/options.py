@@ -15,6 +15,14 @@ from ..data import parse_trials_at
 from . import base
 
 
+def _check_grid(options) -> None:
+    """A retrieval grid's options (passkey, niah): lengths and depths parsed, ``trials_at`` read against the
+    lengths, ``trials`` and ``max_new_tokens`` positive."""
+    base.check_lengths(options)
+    options.trials_at = parse_trials_at(options.trials_at, options.lengths)
+    base.check_positive(options, "trials", "max_new_tokens")
+
+
 @dataclass
 class PasskeyOptions:
     lengths: list[Any] = option(help="prompt lengths in tokens, e.g. [4k, 8k] (1k = 1024)")
@@ -31,11 +39,9 @@ class PasskeyOptions:
     sliding_window: SlidingWindowMode = option("auto", help=base.WINDOW_HELP)
 
     def __post_init__(self):
-        base.check_lengths(self)
-        self.trials_at = parse_trials_at(self.trials_at, self.lengths)
-        base.check_positive(self, "trials", "max_new_tokens")
+        _check_grid(self)
         low, high = self.key_range if len(self.key_range) == 2 else (None, None)
-        if not (isinstance(low, int) and isinstance(high, int) and not isinstance(low, bool) and 0 <= low <= high):
+        if not (all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)) and 0 <= low <= high):
             raise RopeExtendError(f"key_range must be two integers 0 <= LOW <= HIGH, got {self.key_range!r}")
         self.key_range = [low, high]
 
@@ -56,9 +62,7 @@ class NiahOptions(base.TextOptions):
     sliding_window: SlidingWindowMode = option("auto", help=base.WINDOW_HELP)
 
     def __post_init__(self):
-        base.check_lengths(self)
-        self.trials_at = parse_trials_at(self.trials_at, self.lengths)
-        base.check_positive(self, "trials", "max_new_tokens")
+        _check_grid(self)
 
 
 @dataclass(kw_only=True)
