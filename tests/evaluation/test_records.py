@@ -225,3 +225,27 @@ def test_a_records_file_larger_than_any_run_writes_is_refused_unread(tmp_path, m
     path.write_text("x" * 101)
     with pytest.raises(RopeExtendError, match=r"records\.jsonl is larger than"):
         read_records(path)
+
+
+def test_eval_resume_with_a_folder_for_records_is_refused_before_the_model_loads(tmp_path, capsys):
+    out = tmp_path / "out"
+    (out / "records.jsonl").mkdir(parents=True)
+    (out / ".rope-extend").write_text(json.dumps({"kind": "eval", "tool": "rope-extend"}))
+    argv = ["eval", "passkey", "--model", "nowhere", "--lengths", "128", "--out", str(out), "--resume"]
+    assert main([*argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1  # the folder, not the model named nowhere: it was never loaded
+    assert f"{out / 'records.jsonl'} is a folder: it must be the records file rope-extend wrote" in err
+    assert sorted(p.name for p in out.iterdir()) == [".rope-extend", "records.jsonl"]
+
+
+def test_a_suite_resumed_with_a_folder_for_records_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    from rope_extend.evaluation import compare
+    from rope_extend.evaluation.suite import load_suite
+
+    out = tmp_path / "out"
+    (out / "records.jsonl").mkdir(parents=True)
+    (out / ".rope-extend").write_text(json.dumps({"kind": "eval", "tool": "rope-extend"}))
+    monkeypatch.setattr(compare, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(RopeExtendError, match=r"records\.jsonl is a folder: it must be the records file"):
+        compare.run_suite(load_suite("smoke"), out=out, resume=True, progress=False)
