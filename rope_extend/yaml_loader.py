@@ -113,14 +113,15 @@ class Loader(yaml.SafeLoader):
                     continue  # a merge key may repeat; a collection as a key is refused when built (unhashable)
                 key = self.construct_object(key_node)
                 try:
-                    earlier = first.setdefault(key, key_node)
-                except TypeError:
+                    earlier = first.get(key)
+                except TypeError:  # unhashable: refused when the mapping is built
                     continue
-                if earlier is not key_node:
+                if earlier is not None:
                     raise LimitError(
                         problem=f"the key {_shown(key)} is given twice in one mapping (line "
                         f"{earlier.start_mark.line + 1} and line {key_node.start_mark.line + 1}): give it once",
                     )
+                first[key] = key_node
 
 
 _FLOAT = "tag:yaml.org,2002:float"

@@ -76,6 +76,7 @@ def _recipe(tmp_path, text):
         ("methods:\n  - {method: none}\n  - {method: yarn, factor: 2, factor: 4}\n", "'factor'", (3, 3)),
         ("a:\n  b:\n    c:\n      d: 1\n      'd': 2\n", "'d'", (4, 5)),  # quoted or not, the same key
         ("1: one\n1.0: two\n", "1.0", (1, 2)),  # equal keys once read
+        ("k: &k max_steps\nrun: {*k : 1, *k : 2}\n", "'max_steps'", (1, 1)),  # one key node, by alias, twice
     ],
 )
 def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path, text, key, lines):

@@ -284,7 +284,13 @@ class RecordLog:
             # checked as a resumed run will read it: a harness never writes a record that would then be refused
             check_record(json.loads(line), f"{self.path}: the record to append")
             _log_size(self.path)  # still a plain file (not replaced by a folder or a link meanwhile)
-            with self.path.open("a", encoding="utf-8") as f:
+            # O_NOFOLLOW: a link put there after that check is refused by the kernel, not written through
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+            try:
+                fd = os.open(self.path, flags, 0o644)
+            except OSError as exc:
+                raise RopeExtendError(f"{self.path} cannot be appended to ({exc.strerror})") from None
+            with os.fdopen(fd, "a", encoding="utf-8") as f:
                 f.write(("\n" if self._newline else "") + line + "\n")
                 self._newline = False
                 f.flush()

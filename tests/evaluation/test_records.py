@@ -249,3 +249,17 @@ def test_a_suite_resumed_with_a_folder_for_records_is_refused_before_the_model_l
     monkeypatch.setattr(compare, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(RopeExtendError, match=r"records\.jsonl is a folder: it must be the records file"):
         compare.run_suite(load_suite("smoke"), out=out, resume=True, progress=False)
+
+
+def test_a_link_put_in_place_of_the_records_file_mid_run_is_not_written_through(tmp_path):
+    path = tmp_path / "records.jsonl"
+    log = RecordLog(path)
+    record = {"task": "toy", "setting": "s", "length": 8}
+    log.add(record)
+    mine = tmp_path / "mine.txt"
+    mine.write_text("a user's file\n")
+    path.unlink()
+    path.symlink_to(mine)
+    with pytest.raises(RopeExtendError, match=r"records\.jsonl is a symbolic link"):
+        log.add(record)
+    assert mine.read_text() == "a user's file\n"
