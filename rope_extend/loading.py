@@ -151,6 +151,23 @@ def load_config(path, *, trust_remote_code: bool = False):
         raise RopeExtendError(f"cannot read the config of {path}: {str(exc).splitlines()[0]}") from None
 
 
+def model_config(name_or_path: str, *, trust_remote_code: bool = False):
+    """The config ``load_model(name_or_path)`` builds the model from, read without the weights (for a check
+    before a long run: a vocabulary, a length)."""
+    from transformers import AutoConfig
+
+    kwargs: dict[str, Any] = {}
+    source = _source(name_or_path, "model", kwargs)
+    if kwargs.get("gguf_file"):
+        _need_gguf()
+    try:
+        return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **kwargs)
+    except RopeExtendError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise _failed("model", str(name_or_path), exc) from None
+
+
 @contextlib.contextmanager
 def _quiet_bars(quiet: bool):
     """transformers' progress bars off inside the block when ``quiet`` (and back as they were after it)."""

@@ -11,9 +11,9 @@ allowed. Fields carry their help text in metadata (as PEFT's ``LoraConfig`` fiel
     class DataArgs:
         boundaries: Literal["eos", "mask"] = option("eos", help="how packed documents are kept apart")
 
-YAML is read with ``load_yaml``: ``yaml.safe_load`` (no tag constructs an arbitrary object: ``!!python/...``
-is an error) with YAML 1.2's floats, so that ``1e-3`` is a number as ``1.0e-3`` is (YAML 1.1, which PyYAML
-implements, reads an exponent without a dot as a string).
+YAML is read with ``load_yaml`` (``yaml_loader``): ``yaml.safe_load`` (no tag constructs an arbitrary object:
+``!!python/...`` is an error) with YAML 1.2's floats (``1e-3`` is a number), no key given twice, and bounded
+nesting and aliases. An error shows a value at most ``shown``'s few hundred characters long, whatever its size.
 """
 
 from __future__ import annotations
@@ -21,17 +21,32 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import re
+import reprlib
 import types
 import typing
-from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
 from .errors import RopeExtendError, close_matches
+from .yaml_loader import (
+    load_yaml,
+    read_yaml,  # noqa: F401  (recipes and suites read their files through schema)
+    yaml_problem,
+)
 
 _MISSING = dataclasses.MISSING
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 80, 80
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 8
+MAX_PROBLEMS = 8  # problems listed in one error; the rest are counted
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` cut to a few hundred characters, computed without walking the whole value (an error
+    message about a list of a million items prints its first few)."""
+    text = _REPR.repr(value)
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def option(default: Any = _MISSING, *, help: str, factory: Any = _MISSING, internal: bool = False):
@@ -168,7 +183,7 @@ def _check_value(
         expected = exc.reason or describe_type(hint)
         raise error(
             (f"{where}: " if where else "")
-            + f"{path}: got {value!r} ({type(value).__name__}); expected {expected}"
+            + f"{path}: got {shown(value)} ({type(value).__name__}); expected {expected}"
             + (f" ({help_text})" if help_text else "")
         ) from None
 
@@ -181,7 +196,7 @@ def build(
     head = f"{where}: " if where else ""
     section = prefix.rstrip(".") or "the top level"
     if not isinstance(data, dict):
-        raise error(f"{head}{section} must be a mapping of {cls.__name__} keys, got {data!r}")
+        raise error(f"{head}{section} must be a mapping of {cls.__name__} keys, got {shown(data)}")
     hints = typing.get_type_hints(cls)
     fields = public_fields(cls)
     names = [f.name for f in fields]
@@ -190,7 +205,9 @@ def build(
         if key not in names:
             near = close_matches(key, names, cutoff=0.5)
             hint = f"; did you mean {', '.join(repr(prefix + n) for n in near)}?" if near else ""
-            problems.append(f"unknown key {prefix + str(key)!r}{hint} (valid keys in {section}: {', '.join(names)})")
+            problems.append(
+                f"unknown key {shown(prefix + str(key))}{hint} (valid keys in {section}: {', '.join(names)})"
+            )
             continue
         try:
             kwargs[key] = _check_value(value, hints[key], prefix + key, cls, key, error=error, where=where)
@@ -205,7 +222,9 @@ def build(
     if len(problems) == 1:
         raise error(head + problems[0])
     if problems:
-        raise error(f"{head}{len(problems)} problems: " + " ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
+        listed = " ".join(f"({i}) {p}" for i, p in enumerate(problems[:MAX_PROBLEMS], 1))
+        more = f" (and {len(problems) - MAX_PROBLEMS} more)" if len(problems) > MAX_PROBLEMS else ""
+        raise error(f"{head}{len(problems)} problems: {listed}{more}")
     try:
         return cls(**kwargs)
     except RopeExtendError as exc:  # a dataclass's own validation (__post_init__), named by its section
@@ -241,59 +260,12 @@ def annotated(obj: Any, indent: int = 0) -> str:
 
 
 # ------------------------------------------------------------------------------------------ YAML, overrides
-class _Loader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` whose plain floats are YAML 1.2's: an exponent needs no dot (``1e-3``, ``5E4``)."""
-
-
-_FLOAT = "tag:yaml.org,2002:float"
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != _FLOAT]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    _FLOAT,
-    re.compile(
-        r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?   # 1.5, 1., 1.0e-3
-        |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+                      # 1e-3, 5E4: a string in YAML 1.1
-        |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?               # .5, .5e-3
-        |[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*           # 1:30.5 (YAML 1.1's base 60, kept)
-        |[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""",
-        re.VERBOSE,
-    ),
-    list("-+0123456789."),
-)
-
-
-def load_yaml(text: str) -> Any:
-    """``text`` read as ``yaml.safe_load`` reads it, but ``1e-3`` is a float (see the module docstring)."""
-    return yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
-
-
-def read_yaml(path: str | Path, *, what: str = "file", error: type[RopeExtendError] = RopeExtendError) -> dict:
-    """A YAML mapping from ``path`` (``safe_load``); an empty file is ``{}``."""
-    path = Path(path)
-    if not path.is_file():
-        raise error(f"{what} {str(path)!r}: no such file")
-    try:
-        data = load_yaml(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        detail = " ".join(str(exc).split())
-        raise error(f"{what} {path} is not valid YAML (or uses a tag that safe loading refuses): {detail}") from None
-    except UnicodeDecodeError:
-        raise error(f"{what} {path} is not a UTF-8 text file") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise error(f"{what} {path}: expected a mapping of keys at the top, got {type(data).__name__}")
-    return data
-
-
 def parse_value(text: str, key: str = "value", error: type[RopeExtendError] = RopeExtendError) -> Any:
     """A command-line value read as YAML (``8`` -> 8, ``[1, 2]`` -> list, ``true`` -> True)."""
     try:
         return load_yaml(text)
     except yaml.YAMLError as exc:
-        raise error(f"{key}: cannot read {text!r} as a YAML value ({' '.join(str(exc).split())})") from None
+        raise error(f"{key}: cannot read {shown(text)} as a YAML value ({yaml_problem(exc)})") from None
 
 
 def parse_overrides(items: list[str] | None, error: type[RopeExtendError] = RopeExtendError) -> dict[str, Any]:

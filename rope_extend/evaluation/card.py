@@ -41,14 +41,15 @@ from ..errors import RopeExtendError
 from ..export import export, routes
 from ..hf.config import rotary_geometry, text_config
 from ..io import write_json, write_text, writing
-from ..loading import load_model, load_tokenizer
+from ..loading import load_model, load_tokenizer, model_config
 from ..patching import patch, patched, unpatch
 from .card_options import CardOptions
 from .data import default_texts
 from .engines import LlamaCppModel
+from .identity import tokenizer_digest
 from .passkey import passkey
 from .perplexity import perplexity
-from .records import RecordLog
+from .records import RecordLog, check_records_file
 from .records import _config_scaling as configured
 from .report import _pyplot, wilson
 from .retention import retention_from_records
@@ -189,6 +190,27 @@ def _plan(model, tok, model_name: str, options: CardOptions):
     return scaling, lengths, texts
 
 
+def check_original(original: str, model_name: str, tok) -> None:
+    """``--original`` answers MODEL's prompts (every prompt is built with MODEL's tokenizer ``tok``, so that both
+    models answer the same questions): its embedding must hold every id of ``tok``, and its own tokenizer must be
+    ``tok`` (``identity.tokenizer_digest``: the same ids for the same text), else the same ids would mean other
+    words to it. Read from its config and tokenizer, before any model loads."""
+    rows = getattr(text_config(model_config(original)), "vocab_size", None)
+    if isinstance(rows, int) and rows < len(tok):
+        raise RopeExtendError(
+            f"--original {original} has a vocabulary of {rows} tokens, fewer than the {len(tok)} of {model_name}'s "
+            "tokenizer, which builds the prompts both models answer: give the original of this model (the same "
+            "tokenizer)"
+        )
+    theirs = load_tokenizer(original)
+    if tokenizer_digest(theirs) != tokenizer_digest(tok):
+        raise RopeExtendError(
+            f"--original {original} has another tokenizer ({len(theirs)} tokens) than {model_name} ({len(tok)} "
+            "tokens): retention compares both models on the same prompts, which mean the same only with the same "
+            "tokenizer; give the original of this model"
+        )
+
+
 def card(
     model_name: str,
     out: str | os.PathLike,
@@ -212,8 +234,12 @@ def card(
         raise RopeExtendError(
             f"{out} already holds a card's records: pass resume=True (--resume) to continue it, or give another folder"
         )
+    check_records_file(out / "records.jsonl", resume=resume)  # a folder, a link or a bad record: before any load
     began = time.perf_counter()
-    model, tok = _model(model_name, dtype), load_tokenizer(model_name)
+    tok = load_tokenizer(model_name)
+    if original is not None:
+        check_original(original, model_name, tok)  # before anything loads or is measured
+    model = _model(model_name, dtype)
     if method != "none":
         patch(model, method, **(scaling_kwargs or {}))
     scaling, lengths, texts = _plan(model, tok, model_name, options)

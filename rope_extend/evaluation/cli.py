@@ -64,7 +64,7 @@ def _cmd_task(args) -> int:
     from .. import schema
     from ..io import claim_output_dir
     from ..loading import load_model, load_tokenizer
-    from .records import earlier_records, import_records
+    from .records import check_records_file, earlier_records, import_records
     from .report import owned
     from .tasks.base import Context, get_task, load_task_texts
 
@@ -73,6 +73,7 @@ def _cmd_task(args) -> int:
     scaling = scaling_from_args(args)  # checked before a model is loaded
     claim_output_dir(args.out, kind="eval", owned=owned, resume=args.resume, overwrite=args.overwrite, check_only=True)
     earlier = earlier_records(args.records_from)  # a bad file fails before the model is loaded
+    check_records_file(Path(args.out) / "records.jsonl", resume=args.resume)  # so does a bad --out/records.jsonl
     texts = load_task_texts(options) if task.reads_texts else None
     model = load_model(args.model, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code)
     tokenizer = load_tokenizer(args.tokenizer or args.model, trust_remote_code=args.trust_remote_code)

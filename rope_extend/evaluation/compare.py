@@ -17,7 +17,7 @@ from ..hf import config as hf_config
 from ..io import claim_output_dir, write_text
 from ..loading import load_model, load_tokenizer
 from ..patching import patched, unpatch
-from .records import earlier_records, import_records
+from .records import check_records_file, earlier_records, import_records
 from .report import owned, write_report
 from .suite import MethodSpec, Suite, default_out, resolve_path
 from .tasks.base import Context, load_task_texts
@@ -60,6 +60,7 @@ def run_suite(
     records_path = out / "records.jsonl"
     claim_output_dir(out, kind="eval", owned=owned, resume=resume, overwrite=overwrite, check_only=True)
     earlier = earlier_records(records_from)  # a bad file fails before the model is loaded
+    check_records_file(records_path, resume=resume)  # so does a bad OUT/records.jsonl
     texts = {
         task.name: load_task_texts(options, resolve_path(suite, options.data))
         for task, options in suite.tasks()

@@ -13,7 +13,8 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Collection
+import stat
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -77,31 +78,11 @@ def run_info(model, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     return info
 
 
-_INT, _NUM, _STR = "an integer", "a number", "a string"
-_NONE = " or null"
-# The type of each field a harness writes; a field not named here (a toy task's own) is not checked. A field
-# with another type is an edited or damaged record: counted, it would pass off a wrong number ("correct":
-# "false" is truthy), so it is refused.
-FIELD_TYPES: dict[str, str] = {
-    **dict.fromkeys(("task", "setting", "model", "method", "model_digest", "rope_extend", "scaling_from"), _STR),
-    **dict.fromkeys(("label", "output", "text", "ruler_task"), _STR),
-    **dict.fromkeys(("length", "trial", "doc", "tokens", "sample", "task_version", "units", "pad_tokens"), _INT),
-    **dict.fromkeys(("prompt_tokens",), _INT),
-    **dict.fromkeys(("max_new_tokens",), _INT),
-    **dict.fromkeys(("factor", "seconds", "cpu_seconds", "score", "depth", "actual_depth", "perplexity"), _NUM),
-    "nll": "a finite number",
-    "original_length": _INT + _NONE,
-    "stride": _INT + _NONE,
-    "depth_grid": _NUM + _NONE,
-    "haystack": _STR + _NONE,
-    "correct": "true or false",
-    "params": "a mapping",
-    "answers": "a list",
-    "answer": "an integer or a string",
-    "prediction": "an integer, a string or null",
-}
-
-
+# ------------------------------------------------------------------------------------------ the record schema
+# What each field a harness writes may hold: its type and its range, in words (the error says it) and as a
+# check. A field not named here (a toy task's own) is not checked. A value outside its range is an edited or
+# damaged record just as a wrong type is: counted, it would pass off a wrong number ("correct": "false" is
+# truthy; a negative token count turns a perplexity of 2.32 into 0.43), so it is refused, never reused.
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -110,35 +91,137 @@ def _is_num(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-_CHECKS = {
+def _int_from(low: int):
+    return lambda v: _is_int(v) and v >= low
+
+
+def _finite(low: float, high: float = math.inf, *, above: bool = False):
+    """A finite number in ``[low, high]`` (``(low, high]`` with ``above``): NaN and infinities are never in range."""
+    return lambda v: _is_num(v) and math.isfinite(v) and (v > low if above else v >= low) and v <= high
+
+
+def _or_null(check):
+    return lambda v: v is None or check(v)
+
+
+_STR, _COUNT, _POSITIVE, _FRACTION = "a string", "an integer >= 0", "an integer >= 1", "a number in [0, 1]"
+_NONNEG, _NULL = "a finite number >= 0", " or null"
+KINDS: dict[str, Callable[[Any], bool]] = {
     _STR: lambda v: isinstance(v, str),
-    _INT: _is_int,
-    _NUM: _is_num,
-    _INT + _NONE: lambda v: v is None or _is_int(v),
-    _NUM + _NONE: lambda v: v is None or _is_num(v),
-    _STR + _NONE: lambda v: v is None or isinstance(v, str),
-    "a finite number": lambda v: _is_num(v) and math.isfinite(v),
+    _COUNT: _int_from(0),
+    _POSITIVE: _int_from(1),
+    _FRACTION: _finite(0.0, 1.0),
+    _NONNEG: _finite(0.0),
+    "a finite number >= 1": _finite(1.0),
+    "a finite number > 0": _finite(0.0, above=True),
+    _POSITIVE + _NULL: _or_null(_int_from(1)),
+    _FRACTION + _NULL: _or_null(_finite(0.0, 1.0)),
+    _STR + _NULL: lambda v: v is None or isinstance(v, str),
     "true or false": lambda v: isinstance(v, bool),
     "a mapping": lambda v: isinstance(v, dict),
-    "a list": lambda v: isinstance(v, list),
+    "a list of strings": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     "an integer or a string": lambda v: _is_int(v) or isinstance(v, str),
     "an integer, a string or null": lambda v: v is None or _is_int(v) or isinstance(v, str),
 }
+FIELD_TYPES: dict[str, str] = {
+    **dict.fromkeys(("task", "setting", "model", "method", "model_digest", "rope_extend", "scaling_from"), _STR),
+    **dict.fromkeys(("tokenizer_digest", "engine", "label", "output", "text", "ruler_task"), _STR),
+    **dict.fromkeys(("length", "task_version", "prompt_tokens", "max_new_tokens", "tokens"), _POSITIVE),
+    **dict.fromkeys(("trial", "doc", "sample", "units", "pad_tokens"), _COUNT),  # indices and counts
+    **dict.fromkeys(("score", "depth", "actual_depth"), _FRACTION),  # a share of the answers; a place in the prompt
+    **dict.fromkeys(("seconds", "cpu_seconds", "nll"), _NONNEG),  # a token's NLL is -log p >= 0
+    "perplexity": "a finite number >= 1",  # exp(NLL / tokens) with NLL >= 0
+    "factor": "a finite number > 0",
+    "original_length": _POSITIVE + _NULL,
+    "stride": _POSITIVE + _NULL,
+    "depth_grid": _FRACTION + _NULL,
+    "haystack": _STR + _NULL,
+    "correct": "true or false",
+    "params": "a mapping",
+    "answers": "a list of strings",
+    "answer": "an integer or a string",
+    "prediction": "an integer, a string or null",
+}
+
+
+def _relations(record: dict) -> str | None:
+    """What two fields of one record must agree on (each harness computes one from the other), or None."""
+    if all(isinstance(record.get(k), (int, float)) for k in ("nll", "tokens", "perplexity")):
+        try:
+            expected = math.exp(record["nll"] / record["tokens"])
+        except OverflowError:
+            expected = math.inf
+        if not math.isclose(record["perplexity"], expected, rel_tol=1e-9):
+            return f"'perplexity' {record['perplexity']!r} is not exp(nll / tokens) = {expected:.6g}"
+    if "score" in record and "correct" in record and record["correct"] != (record["score"] == 1.0):
+        return f"'correct' {record['correct']!r} does not follow its 'score' {record['score']!r} (correct means 1)"
+    return None
 
 
 def check_record(record: Any, where: str) -> dict:
-    """``record`` if it is a rope-extend record whose fields have their types (``FIELD_TYPES``), else a
-    RopeExtendError naming ``where`` (the file and line), the field, the value and the type expected."""
+    """``record`` if it is a rope-extend record whose fields hold what they may (``FIELD_TYPES``: type and range;
+    ``_relations``), else a RopeExtendError naming ``where`` (the file and line), the field, the value and what
+    is allowed. The one check of a record: every reader (a resumed run, ``--records-from``) and the writer use it."""
     if not isinstance(record, dict) or "setting" not in record or "task" not in record:
         raise RopeExtendError(f"{where}: not a rope-extend record (no task or setting): {record!r:.80}")
+    repair = "an edited or damaged record is not counted; remove or repair that line"
     for name, value in record.items():
         kind = FIELD_TYPES.get(name)
-        if kind is not None and not _CHECKS[kind](value):
-            raise RopeExtendError(
-                f"{where}: the record's {name!r} must be {kind}, got {value!r:.60}: an edited or damaged record "
-                "is not counted; remove or repair that line"
-            )
+        if kind is not None and not KINDS[kind](value):
+            raise RopeExtendError(f"{where}: the record's {name!r} must be {kind}, got {value!r:.60}: {repair}")
+    problem = _relations(record)
+    if problem is not None:
+        raise RopeExtendError(f"{where}: the record's {problem}: {repair}")
     return record
+
+
+MAX_BYTES = 1 << 30  # a records file rope-extend writes: about 1 kB a record, so a million records fit
+
+
+def _log_size(path: Path) -> int:
+    """The size of the records file ``path`` (0 when there is none yet), after checking that it is a plain file:
+    a folder, a link (appending through it would write into whatever it points at) or a device there is refused."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise RopeExtendError(f"{path} cannot be read ({exc.strerror}): give a readable output folder") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise RopeExtendError(
+            f"{path} is a symbolic link: records are appended only to a plain file that rope-extend wrote (never "
+            "through a link); remove the link or give another output folder"
+        )
+    if not stat.S_ISREG(st.st_mode):
+        what = "a folder" if stat.S_ISDIR(st.st_mode) else "not a plain file"
+        raise RopeExtendError(
+            f"{path} is {what}: it must be the records file rope-extend wrote (or absent); move it away or give "
+            "another output folder"
+        )
+    return st.st_size
+
+
+def _read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of the records file ``path``, at most ``MAX_BYTES`` of it read."""
+    with open(path, "rb") as f:
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise RopeExtendError(f"{path} is larger than {MAX_BYTES >> 20} MiB, more than rope-extend writes: give {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RopeExtendError(f"{path} is not a UTF-8 text file (byte {exc.start}): give {what}") from None
+
+
+def check_records_file(path: str | os.PathLike, *, resume: bool) -> list[dict]:
+    """What a command checks before it loads a model: the records file it will append to (``OUT/records.jsonl``)
+    is absent or a plain file (``_log_size``), and with ``resume`` every record in it is read and checked now
+    (``check_record``), so that a damaged file fails in one line before minutes of loading and measuring.
+    Returns those records."""
+    if resume:
+        return RecordLog(path, resume=True).records
+    _log_size(Path(path))
+    return []
 
 
 class RecordLog:
@@ -150,7 +233,8 @@ class RecordLog:
     def __init__(self, path: str | os.PathLike | None, *, resume: bool = False):
         self.path = Path(path) if path is not None else None
         self.records: list[dict] = []
-        if self.path is not None and self.path.exists() and self.path.stat().st_size > 0:
+        size = _log_size(self.path) if self.path is not None else 0
+        if size > 0:
             if not resume:
                 raise RopeExtendError(
                     f"{self.path} already holds results of an earlier run; pass resume=True (--resume) to continue "
@@ -158,24 +242,17 @@ class RecordLog:
                 )
             self.records = self._read(self.path)
         # a run killed mid-write leaves a line without its newline: start the next record on a fresh line
-        self._newline = (
-            self.path is not None
-            and self.path.exists()
-            and self.path.stat().st_size > 0
-            and self.path.read_bytes()[-1:] != b"\n"
-        )
+        self._newline = False
+        if size > 0:
+            with open(self.path, "rb") as f:  # type: ignore[arg-type]
+                f.seek(-1, os.SEEK_END)
+                self._newline = f.read(1) != b"\n"
 
     @staticmethod
     def _read(path: Path) -> list[dict]:
         """The records of a JSONL file, each checked (``check_record``); a line that is not JSON (one cut short
         by an interruption) is skipped, so that its record is simply measured again."""
-        try:
-            text = path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise RopeExtendError(
-                f"{path} is not a UTF-8 text file (byte {exc.start}): give a records.jsonl or results.json that "
-                "rope-extend wrote"
-            ) from None
+        text = _read_text(path, "a records.jsonl or results.json that rope-extend wrote")
         records = []
         for number, line in enumerate(text.split("\n"), 1):
             line = line.strip()
@@ -185,6 +262,8 @@ class RecordLog:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut short by an interruption: that record is simply redone
+            except RecursionError:  # not cut short: made
+                raise RopeExtendError(f"{path}:{number}: nests deeper than a record: remove that line") from None
             records.append(check_record(record, f"{path}:{number}"))
         return records
 
@@ -199,14 +278,24 @@ class RecordLog:
         return None
 
     def add(self, record: dict[str, Any]) -> dict:
-        self.records.append(record)
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a", encoding="utf-8") as f:
-                f.write(("\n" if self._newline else "") + json.dumps(record, default=str) + "\n")
+            line = json.dumps(record, default=str)
+            # checked as a resumed run will read it: a harness never writes a record that would then be refused
+            check_record(json.loads(line), f"{self.path}: the record to append")
+            _log_size(self.path)  # still a plain file (not replaced by a folder or a link meanwhile)
+            # O_NOFOLLOW: a link put there after that check is refused by the kernel, not written through
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+            try:
+                fd = os.open(self.path, flags, 0o644)
+            except OSError as exc:
+                raise RopeExtendError(f"{self.path} cannot be appended to ({exc.strerror})") from None
+            with os.fdopen(fd, "a", encoding="utf-8") as f:
+                f.write(("\n" if self._newline else "") + line + "\n")
                 self._newline = False
                 f.flush()
                 os.fsync(f.fileno())
+        self.records.append(record)
         return record
 
 
@@ -223,12 +312,13 @@ def read_records(path: str | os.PathLike) -> list[dict]:
         raise RopeExtendError(f"no records at {path}: give a records.jsonl, a results.json or the folder of a run")
     if path.suffix != ".json":
         return RecordLog._read(path)
+    text = _read_text(path, "a results.json")
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise RopeExtendError(f"{path} is not a UTF-8 text file (byte {exc.start}): give a results.json") from None
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RopeExtendError(f"{path} is not a JSON file ({' '.join(str(exc).split())})") from None
+    except RecursionError:
+        raise RopeExtendError(f"{path} nests deeper than a results.json rope-extend writes") from None
     records = data.get("records") if isinstance(data, dict) else None
     if not isinstance(records, list):
         raise RopeExtendError(f"{path} has no list of records: give a results.json that rope-extend wrote")

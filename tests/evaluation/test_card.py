@@ -131,3 +131,130 @@ def test_engine_lengths_outside_the_lengths_are_refused(tmp_path):
     with pytest.raises(RopeExtendError, match=r"engine_lengths \[1024\] are not among the card's lengths \[256, 512\]"):
         card("bundled", tmp_path / "c", method="yarn", scaling_kwargs={"factor": 4}, options=options)
     assert not (tmp_path / "c").exists()
+
+
+# ------------------------------------------------------------------------------------ bad inputs, refused at once
+def _planted_card_folder(tmp_path):
+    """A card folder as an earlier card left it (its marker), with nothing measured yet."""
+    out = tmp_path / "c"
+    out.mkdir()
+    (out / ".rope-extend").write_text(json.dumps({"kind": "card", "tool": "rope-extend"}))
+    return out
+
+
+def _nothing_loads(monkeypatch):
+    import rope_extend.evaluation.card as card_module
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model or tokenizer was loaded before the bad input was refused")
+
+    monkeypatch.setattr(card_module, "_model", refuse)
+    monkeypatch.setattr(card_module, "load_tokenizer", refuse)
+
+
+def _snapshot(folder):
+    return {
+        p.relative_to(folder): (p.is_dir(), p.is_symlink(), p.read_bytes() if p.is_file() else None)
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+def _resume_card(out, capsys):
+    argv = ["card", "bundled", "--method", "yarn", "--factor", "4", "--out", str(out), "--resume", "--no-engine"]
+    code = main([*argv, "--samples", "1", "--trials", "1"])
+    return code, capsys.readouterr().err
+
+
+def test_resume_with_a_folder_for_records_is_refused_before_anything_loads(tmp_path, capsys, monkeypatch):
+    out = _planted_card_folder(tmp_path)
+    (out / "records.jsonl").mkdir()
+    (out / "records.jsonl" / "mine.txt").write_text("a user's file")
+    before = _snapshot(out)
+    _nothing_loads(monkeypatch)
+    code, err = _resume_card(out, capsys)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert f"{out / 'records.jsonl'} is a folder: it must be the records file rope-extend wrote (or absent)" in err
+    assert _snapshot(out) == before
+
+
+def test_resume_with_records_linked_to_a_users_file_is_refused(tmp_path, capsys, monkeypatch):
+    out = _planted_card_folder(tmp_path)
+    mine = tmp_path / "notes.jsonl"
+    mine.write_text("mine\n")
+    (out / "records.jsonl").symlink_to(mine)
+    _nothing_loads(monkeypatch)
+    code, err = _resume_card(out, capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "records.jsonl is a symbolic link: records are appended only to a plain file" in err
+    assert mine.read_text() == "mine\n" and (out / "records.jsonl").is_symlink()
+
+
+def test_resume_with_a_nan_score_names_the_file_and_line_before_anything_loads(tmp_path, capsys, monkeypatch):
+    out = _planted_card_folder(tmp_path)
+    good = {"task": "ruler", "setting": "abc", "length": 256, "sample": 0, "score": 1.0, "correct": True}
+    text = json.dumps(good) + "\n" + json.dumps({**good, "sample": 1, "score": float("nan")}) + "\n"
+    (out / "records.jsonl").write_text(text)
+    _nothing_loads(monkeypatch)
+    code, err = _resume_card(out, capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert f"{out / 'records.jsonl'}:2: the record's 'score' must be a number in [0, 1], got nan" in err
+    assert (out / "records.jsonl").read_text() == text
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    """MODEL (a tiny Llama, L = 512, vocabulary 512, and the tiny tokenizer: 467 tokens) and three candidates for its
+    --original: the same, one whose embedding holds only 256 ids, one with another tokenizer."""
+    from rope_extend.training.data import train_bpe_tokenizer
+    from tests.tiny import TOKENIZER_TEXT, tiny_model, tiny_tokenizer
+
+    root = tmp_path_factory.mktemp("originals")
+    other = train_bpe_tokenizer(TOKENIZER_TEXT[:2] * 4, 300)
+    folders = {}
+    for name, vocab, tokenizer in (
+        ("model", 512, tiny_tokenizer()),
+        ("same", 512, tiny_tokenizer()),
+        ("small", 256, tiny_tokenizer()),
+        ("other", 512, other),
+    ):
+        folders[name] = root / name
+        tiny_model("llama", vocab_size=vocab, max_position_embeddings=512).save_pretrained(folders[name])
+        tokenizer.save_pretrained(folders[name])
+    return folders
+
+
+@pytest.mark.parametrize(
+    ("original", "why"),
+    [
+        (
+            "small",
+            "has a vocabulary of 256 tokens, fewer than the 467 of {model}'s tokenizer, which builds the prompts",
+        ),
+        ("other", "has another tokenizer (300 tokens) than {model} (467 tokens): retention compares both models on"),
+    ],
+)
+def test_an_original_that_cannot_read_the_prompts_is_refused_before_anything_is_measured(
+    tiny_models, tmp_path, capsys, monkeypatch, original, why
+):
+    import rope_extend.evaluation.card as card_module
+
+    measured = []
+    monkeypatch.setattr(card_module, "measure", lambda *a, **k: measured.append(a))
+    model = tiny_models["model"]
+    argv = ["card", str(model), "--original", str(tiny_models[original]), "--method", "yarn", "--factor", "4"]
+    code = main([*argv, "--out", str(tmp_path / "c"), "--samples", "1", "--trials", "1", "--no-engine"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert f"--original {tiny_models[original]} " + why.format(model=model) in err
+    assert measured == [] and not (tmp_path / "c").exists()
+
+
+def test_an_original_with_the_same_tokenizer_is_measured(tiny_models, tmp_path):
+    """A saved copy of MODEL (its own tokenizer files) reads the same prompts: the card measures it inside L."""
+    options = CardOptions(
+        lengths=[512, 1024], samples=1, trials=2, tasks=["niah_single_1"], answer_tokens=8, docs=1, engine=False
+    )
+    model, same = str(tiny_models["model"]), str(tiny_models["same"])
+    result = card(model, tmp_path / "c", method="yarn", scaling_kwargs={"factor": 2}, original=same, options=options)
+    assert result["original"] == same and set(result["backends"]["original"]["passkey"]) == {512}
+    assert result["retention"]["perplexity"]["examples"] == 1 and result["retention"]["perplexity"]["ratio"] > 0

@@ -26,11 +26,11 @@ def _edited(records, **fields):
     [
         ({"correct": "false", "prediction": -1}, r"'correct' must be true or false, got 'false'"),
         ({"correct": 1}, r"'correct' must be true or false, got 1"),
-        ({"length": "128"}, r"'length' must be an integer, got '128'"),
-        ({"trial": True}, r"'trial' must be an integer, got True"),
+        ({"length": "128"}, r"'length' must be an integer >= 1, got '128'"),
+        ({"trial": True}, r"'trial' must be an integer >= 0, got True"),
         ({"prediction": [5]}, r"'prediction' must be an integer, a string or null"),
         ({"setting": 7}, r"'setting' must be a string"),
-        ({"nll": float("nan")}, r"'nll' must be a finite number, got nan"),
+        ({"nll": float("nan")}, r"'nll' must be a finite number >= 0, got nan"),
     ],
 )
 def test_a_record_with_a_wrong_type_is_refused_with_its_line(records, tmp_path, fields, match):
@@ -78,3 +78,188 @@ def test_cli_refuses_a_records_file_that_is_not_utf8_in_one_line(tmp_path, capsy
     assert code == 2 and err.count("\n") == 1 and str(path) in err
     assert "is not a UTF-8 text file (byte 32)" in err
     assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------ values out of their range
+@pytest.fixture(scope="module")
+def documents(llama, tok, tmp_path_factory):
+    """Two real perplexity records."""
+    from rope_extend.evaluation.perplexity import perplexity
+    from tests.evaluation.conftest import make_text
+
+    path = tmp_path_factory.mktemp("ppl") / "records.jsonl"
+    texts = [make_text(60, seed=i) for i in range(2)]
+    return perplexity(llama, tok, texts, [64], records=path, progress=False).records
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"tokens": -63}, r"'tokens' must be an integer >= 1, got -63"),
+        ({"tokens": 0}, r"'tokens' must be an integer >= 1, got 0"),
+        ({"nll": -1.0}, r"'nll' must be a finite number >= 0, got -1.0"),
+        ({"perplexity": float("inf")}, r"'perplexity' must be a finite number >= 1, got inf"),
+        ({"perplexity": 0.43}, r"'perplexity' must be a finite number >= 1, got 0.43"),
+        ({"length": 0}, r"'length' must be an integer >= 1, got 0"),
+        ({"doc": -1}, r"'doc' must be an integer >= 0, got -1"),
+        ({"seconds": -0.5}, r"'seconds' must be a finite number >= 0, got -0.5"),
+        ({"factor": 0}, r"'factor' must be a finite number > 0, got 0"),
+        ({"stride": -4}, r"'stride' must be an integer >= 1 or null, got -4"),
+        # in range each, but not what the harness computed from the others: an edited count
+        ({"tokens": 5}, r"'perplexity' \S+ is not exp\(nll / tokens\) = "),
+    ],
+)
+def test_a_perplexity_record_out_of_range_is_refused_with_its_line(documents, tmp_path, fields, match):
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _edited(documents, **fields)))
+    before = path.read_bytes()
+    with pytest.raises(RopeExtendError, match=rf"records\.jsonl:2: the record's {match}.*remove or repair that line"):
+        RecordLog(path, resume=True)
+    with pytest.raises(RopeExtendError, match=rf"records\.jsonl:2: the record's {match}"):
+        read_records(path)
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"score": float("nan")}, r"'score' must be a number in \[0, 1\], got nan"),
+        ({"score": 1.5}, r"'score' must be a number in \[0, 1\], got 1.5"),
+        ({"score": -0.25, "correct": False}, r"'score' must be a number in \[0, 1\], got -0.25"),
+        ({"depth": 2.0}, r"'depth' must be a number in \[0, 1\], got 2.0"),
+        ({"actual_depth": float("-inf")}, r"'actual_depth' must be a number in \[0, 1\], got -inf"),
+        ({"depth_grid": 1.01}, r"'depth_grid' must be a number in \[0, 1\] or null, got 1.01"),
+        ({"trial": -2}, r"'trial' must be an integer >= 0, got -2"),
+        ({"task_version": 0}, r"'task_version' must be an integer >= 1, got 0"),
+        ({"answers": ["a", 3]}, r"'answers' must be a list of strings, got \['a', 3\]"),
+        ({"score": 0.5, "correct": True}, r"'correct' True does not follow its 'score' 0.5"),
+    ],
+)
+def test_a_retrieval_record_out_of_range_is_refused_with_its_line(records, tmp_path, fields, match):
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _edited(records, **fields)))
+    with pytest.raises(RopeExtendError, match=rf"records\.jsonl:2: the record's {match}"):
+        read_records(path)
+    report = tmp_path / "results.json"
+    report.write_text(json.dumps({"summary": {}, "records": _edited(records, **fields)}))
+    with pytest.raises(RopeExtendError, match=rf"results\.json: records\[1\]: the record's {match}"):
+        read_records(report)
+
+
+def test_a_resumed_run_never_reuses_a_forged_count(llama, tok, documents, tmp_path):
+    """The issue's case: a record whose token count was made negative would turn the perplexity into another
+    number (0.43 for 2.32); the resumed run refuses it, naming the line, and writes nothing."""
+    from rope_extend.evaluation.perplexity import perplexity
+    from tests.evaluation.conftest import make_text
+
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _edited(documents, tokens=-documents[1]["tokens"])))
+    before = path.read_bytes()
+    texts = [make_text(60, seed=i) for i in range(2)]
+    with pytest.raises(RopeExtendError, match=r"records\.jsonl:2: the record's 'tokens' must be an integer >= 1"):
+        perplexity(llama, tok, texts, [64], records=path, resume=True, progress=False)
+    assert path.read_bytes() == before
+
+
+def test_a_record_that_would_be_refused_is_never_written(tmp_path):
+    path = tmp_path / "records.jsonl"
+    log = RecordLog(path)
+    log.add({"task": "perplexity", "setting": "s", "length": 64, "nll": 1.0, "tokens": 2, "perplexity": 1.6487212707})
+    before = path.read_bytes()
+    with pytest.raises(RopeExtendError, match=r"the record to append: the record's 'nll' must be a finite number"):
+        log.add({"task": "perplexity", "setting": "s", "length": 64, "nll": float("nan"), "tokens": 2})
+    assert path.read_bytes() == before and len(log.records) == 1
+
+
+def test_every_shipped_record_is_in_range():
+    """The reports committed in eval/reports were written by the harnesses: every one of their records passes."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "eval" / "reports"
+    files = sorted(root.glob("*/records.jsonl"))
+    assert files, root
+    assert sum(len(read_records(f)) for f in files) > 500
+
+
+# ------------------------------------------------------------------------------------ the records file itself
+def test_a_records_path_that_is_not_a_plain_file_is_refused(tmp_path):
+    from rope_extend.evaluation.records import check_records_file
+
+    folder = tmp_path / "a" / "records.jsonl"
+    folder.mkdir(parents=True)
+    for resume in (False, True):
+        with pytest.raises(RopeExtendError, match=r"records\.jsonl is a folder: it must be the records file"):
+            check_records_file(folder, resume=resume)
+    mine = tmp_path / "mine.txt"
+    mine.write_text("a user's file\n")
+    link = tmp_path / "b" / "records.jsonl"
+    link.parent.mkdir()
+    link.symlink_to(mine)
+    with pytest.raises(RopeExtendError, match=r"records\.jsonl is a symbolic link"):
+        RecordLog(link)
+    dangling = tmp_path / "c" / "records.jsonl"
+    dangling.parent.mkdir()
+    dangling.symlink_to(tmp_path / "nowhere.jsonl")
+    with pytest.raises(RopeExtendError, match=r"records\.jsonl is a symbolic link"):
+        RecordLog(dangling, resume=True)
+    assert mine.read_text() == "a user's file\n" and not (tmp_path / "nowhere.jsonl").exists()
+    assert check_records_file(tmp_path / "d" / "records.jsonl", resume=True) == []  # none yet: nothing to check
+
+
+def test_a_line_nested_too_deep_is_refused_with_its_line(records, tmp_path):
+    path = tmp_path / "records.jsonl"
+    path.write_text(json.dumps(records[0]) + "\n" + "[" * 200_000 + "]" * 200_000 + "\n")
+    with pytest.raises(RopeExtendError, match=r"records\.jsonl:2: nests deeper than a record"):
+        read_records(path)
+    report = tmp_path / "results.json"
+    report.write_text('{"records": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    with pytest.raises(RopeExtendError, match=r"results\.json nests deeper than a results\.json"):
+        read_records(report)
+
+
+def test_a_records_file_larger_than_any_run_writes_is_refused_unread(tmp_path, monkeypatch):
+    from rope_extend.evaluation import records as records_module
+
+    monkeypatch.setattr(records_module, "MAX_BYTES", 100)
+    path = tmp_path / "records.jsonl"
+    path.write_text("x" * 101)
+    with pytest.raises(RopeExtendError, match=r"records\.jsonl is larger than"):
+        read_records(path)
+
+
+def test_eval_resume_with_a_folder_for_records_is_refused_before_the_model_loads(tmp_path, capsys):
+    out = tmp_path / "out"
+    (out / "records.jsonl").mkdir(parents=True)
+    (out / ".rope-extend").write_text(json.dumps({"kind": "eval", "tool": "rope-extend"}))
+    argv = ["eval", "passkey", "--model", "nowhere", "--lengths", "128", "--out", str(out), "--resume"]
+    assert main([*argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1  # the folder, not the model named nowhere: it was never loaded
+    assert f"{out / 'records.jsonl'} is a folder: it must be the records file rope-extend wrote" in err
+    assert sorted(p.name for p in out.iterdir()) == [".rope-extend", "records.jsonl"]
+
+
+def test_a_suite_resumed_with_a_folder_for_records_is_refused_before_the_model_loads(tmp_path, monkeypatch):
+    from rope_extend.evaluation import compare
+    from rope_extend.evaluation.suite import load_suite
+
+    out = tmp_path / "out"
+    (out / "records.jsonl").mkdir(parents=True)
+    (out / ".rope-extend").write_text(json.dumps({"kind": "eval", "tool": "rope-extend"}))
+    monkeypatch.setattr(compare, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(RopeExtendError, match=r"records\.jsonl is a folder: it must be the records file"):
+        compare.run_suite(load_suite("smoke"), out=out, resume=True, progress=False)
+
+
+def test_a_link_put_in_place_of_the_records_file_mid_run_is_not_written_through(tmp_path):
+    path = tmp_path / "records.jsonl"
+    log = RecordLog(path)
+    record = {"task": "toy", "setting": "s", "length": 8}
+    log.add(record)
+    mine = tmp_path / "mine.txt"
+    mine.write_text("a user's file\n")
+    path.unlink()
+    path.symlink_to(mine)
+    with pytest.raises(RopeExtendError, match=r"records\.jsonl is a symbolic link"):
+        log.add(record)
+    assert mine.read_text() == "a user's file\n"
