@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import RopeExtendError
-from . import engines, gguf_file, reference
+from . import engines, files, gguf_file, gguf_read, reference
 from .rope import FREQ_RTOL, SCALE_RTOL, Rope, differences
 
 TARGETS = ("transformers", "gguf", "vllm", "sglang")
@@ -97,7 +97,7 @@ def kind_of(path: Path, engine: str | None) -> str:
     """``gguf``, ``vllm``, ``sglang`` or ``transformers`` for ``path`` (and ``--engine``)."""
     if engine is not None and engine not in ("vllm", "sglang", "transformers"):
         raise RopeExtendError(f"unknown --engine {engine!r}; allowed: vllm, sglang, transformers")
-    if path.is_file() and (path.suffix.lower() == ".gguf" or path.read_bytes()[:4] == b"GGUF"):
+    if path.is_file() and (path.suffix.lower() == ".gguf" or files.head(path, 4) == b"GGUF"):
         if engine not in (None,):
             raise RopeExtendError(f"{path} is a GGUF file (llama.cpp): --engine {engine} reads a model folder")
         return "gguf"
@@ -149,9 +149,16 @@ def audit(
 def _engine_layers(kind: str, path: Path, overrides, length: int | None):
     """``(layers, served length, engine name, warnings)`` of ``path`` read by ``kind``."""
     if kind == "gguf":
-        keys, tensors = gguf_file.read(path)
-        served = length or int(keys.get(f"{keys.get('general.architecture')}.context_length", 0) or 0) or 4096
-        return gguf_file.layers(keys, tensors, served), served, gguf_file.ENGINE, gguf_warnings(keys, tensors)
+        try:
+            keys, tensors = gguf_read.read(path)
+        except RopeExtendError as exc:
+            raise RopeExtendError(f"{path} is not a readable GGUF file: {exc}") from None
+        try:
+            s = gguf_file.settings(keys)
+            served = length or s.context or 4096
+            return gguf_file.layers(s, tensors, served), served, gguf_file.ENGINE, gguf_warnings(s, tensors)
+        except RopeExtendError as exc:
+            raise RopeExtendError(f"{path}: {exc}") from None
     config = reference.load(path, overrides)
     warnings = traps(config)
     if kind == "transformers":
@@ -243,18 +250,11 @@ def traps(config) -> list[str]:
     return out
 
 
-def gguf_warnings(keys: dict[str, Any], tensors: dict) -> list[str]:
-    """What is suspicious in a GGUF file's rope keys, without a reference."""
-    arch = keys.get("general.architecture", "")
-
-    def key(name, default=None):
-        return keys.get(f"{arch}.{name}", default)
-
+def gguf_warnings(s: gguf_file.Settings, tensors: dict) -> list[str]:
+    """What is suspicious in a GGUF file's rope keys (checked: ``gguf_file.settings``), without a reference."""
     out = []
-    kind, context = key("rope.scaling.type", "linear"), key("context_length")
-    original = key("rope.scaling.original_context_length")
-    factor = key("rope.scaling.factor") or key("rope.scale_linear")
-    scaled = (kind in ("linear", "yarn") and factor and factor != 1.0) or "rope_freqs" in tensors or kind == "longrope"
+    kind, context, original = s.kind, s.context, s.original
+    scaled = (kind in ("linear", "yarn") and s.freq_scale != 1.0) or "rope_freqs" in tensors or kind == "longrope"
     if original and context and context > original and not scaled:
         out.append(
             f"context_length {context} > rope.scaling.original_context_length {original} with no scaling: scaling "
@@ -266,7 +266,7 @@ def gguf_warnings(keys: dict[str, Any], tensors: dict) -> list[str]:
             f"{context} as the original length"
             + (" (the YaRN ramp is placed for it)" if kind == "yarn" else " (the long factors are never chosen)")
         )
-    if arch == "gpt-oss" and kind == "yarn":
+    if s.arch == "gpt-oss" and kind == "yarn":
         out.append(
             "gpt-oss with YaRN: llama.cpp floors and ceils the ramp ends, GPT-OSS was trained with truncate=false "
             "(compare with --reference to see which frequencies differ)"
