@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,8 @@ from .rope import FREQ_RTOL, SCALE_RTOL, Rope, differences
 
 TARGETS = ("transformers", "gguf", "vllm", "sglang")
 LOCAL_TYPES = ("sliding_attention", "chunked_attention", "local_attention")
+NOTE = "rope-extend-export.json"  # what an export wrote about itself: said in the report, never computed with
+NOTE_BYTES = 1 << 16
 
 
 @dataclass
@@ -128,12 +129,10 @@ def audit(
         raise RopeExtendError("--overrides is an engine's override JSON for a model folder, not for a GGUF file")
     got, served, name, warnings = _engine_layers(kind, path, overrides, length)
     notes: list[str] = []
-    info = path / "rope-extend-export.json" if path.is_dir() else None
-    if info is not None and info.is_file():
-        made = json.loads(info.read_text(encoding="utf-8"))
-        notes.append(
-            f"exported by {made.get('tool')} for {made.get('engine')}: {made.get('method')} ({made.get('how')})"
-        )
+    if path.is_dir() and (path / NOTE).exists():
+        note, warning = export_note(path / NOTE)
+        notes += note
+        warnings += warning
     ref_config, ref_name = None, None
     if reference_path is not None:
         ref_config, ref_name = reference.load(reference_path), f"transformers on {reference_path}"
@@ -206,6 +205,23 @@ def causes(g: Group) -> list[str]:
             "check the original length (rope.scaling.original_context_length / original_max_position_embeddings)"
         )
     return [f"likely: {c}" for c in out]
+
+
+def export_note(file: Path) -> tuple[list[str], list[str]]:
+    """``(notes, warnings)`` from an export's note: what it says it made, or a warning that the note is damaged
+    (it describes the export; the audit reads the rope from the files themselves, so a bad note stops nothing)."""
+    fields = ("tool", "engine", "method", "how")
+    try:
+        made = files.read_json(file, "the export note", NOTE_BYTES)
+        if not isinstance(made, dict):
+            raise RopeExtendError(f"the export note {file} is {type(made).__name__}, not a JSON object")
+        wrong = [k for k in fields if not isinstance(made.get(k, ""), str)]
+        if wrong:
+            raise RopeExtendError(f"the export note {file} has {', '.join(wrong)} that are not text")
+    except RopeExtendError as exc:
+        return [], [f"{exc}: not said here"]
+    said = {k: made.get(k, "?")[:200] for k in fields}
+    return [f"exported by {said['tool']} for {said['engine']}: {said['method']} ({said['how']})"], []
 
 
 def _rope(config, layer_type):
