@@ -8,7 +8,7 @@ from typing import Any
 
 from ...errors import RopeExtendError
 from . import engines, files, gguf_file, gguf_read, reference
-from .rope import FREQ_RTOL, SCALE_RTOL, Rope, differences
+from .rope import FACTOR_RTOL, FREQ_RTOL, SCALE_RTOL, Rope, close, differences
 
 TARGETS = ("transformers", "gguf", "vllm", "sglang")
 LOCAL_TYPES = ("sliding_attention", "chunked_attention", "local_attention")
@@ -190,7 +190,8 @@ def _groups(got, want) -> list[Group]:
 
 
 def causes(g: Group) -> list[str]:
-    """A one-line guess at why the engine's rope differs, from the settings on both sides."""
+    """A one-line guess at why the engine's rope differs, from the settings on both sides; a setting is named
+    only where the two sides differ in it."""
     e, r = g.engine.what, g.reference.what
     out = []
     local = g.layer_type in LOCAL_TYPES
@@ -200,10 +201,15 @@ def causes(g: Group) -> list[str]:
         out.append("the reference's YaRN is not there: dropped, or written as another type")
     if "truncate False" in r:
         out.append("the reference's YaRN has truncate=false (GPT-OSS): the engine floors and ceils the ramp")
-    if "original_max_position_embeddings" in r and "original" in e and not out:
+    ours, theirs = g.engine.original, g.reference.original
+    if ours is not None and theirs is not None and ours != theirs:
         out.append(
-            "check the original length (rope.scaling.original_context_length / original_max_position_embeddings)"
+            f"the original length differs: {ours} in the engine, {theirs} in the reference "
+            "(rope.scaling.original_context_length / original_max_position_embeddings)"
         )
+    ours, theirs = g.engine.factor, g.reference.factor
+    if not out and ours is not None and theirs is not None and not close(ours, theirs, FACTOR_RTOL):
+        out.append(f"the factor differs: x{ours:g} in the engine, x{theirs:g} in the reference")
     return [f"likely: {c}" for c in out]
 
 
