@@ -202,6 +202,50 @@ def test_a_rope_tensor_with_a_nan_or_a_zero(tmp_path, capsys, values, said):
 
 
 # ------------------------------------------------------------------------------ GGUF structures that lie
+@pytest.mark.parametrize("endian", ["LITTLE", "BIG"])
+def test_the_bounded_reader_reads_what_gguf_reads(tmp_path, endian):
+    """The audit's reader against gguf's own GGUFReader on a file with a key of every type, an array of strings,
+    rope tensors in F32 and F16 (and one that is not a rope tensor), in both byte orders."""
+    from rope_extend.export.audit import gguf_read
+
+    f = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(f, "llama", endianess=getattr(gguf.GGUFEndian, endian))
+    scalars = [T.UINT8, T.INT8, T.UINT16, T.INT16, T.UINT32, T.INT32, T.FLOAT32, T.UINT64, T.INT64, T.FLOAT64]
+    for i, vtype in enumerate(scalars):
+        w.add_key_value(f"k.{vtype.name}", 1.5 if "FLOAT" in vtype.name else i + 1, vtype)
+    w.add_bool("k.bool", True)
+    w.add_string("k.string", "héllo")
+    w.add_array("k.ints", [3, 1, 4])
+    w.add_array("k.floats", [0.5, 2.5])
+    w.add_array("k.strings", ["a", "bc", ""])
+    w.add_tensor("token_embd.weight", np.ones((4, 8), dtype=np.float32))
+    w.add_tensor("rope_factors_long.weight", np.linspace(1, 2, 8, dtype=np.float32))
+    w.add_tensor("blk.0.rope_factors_short.weight", np.linspace(1, 1.5, 8).astype(np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    keys, tensors = gguf_read.read(f)
+    theirs = gguf.GGUFReader(f)
+    for field in theirs.fields.values():
+        if field.name.startswith("GGUF."):  # the reader's own header fields
+            continue
+        if field.types[0] == T.ARRAY and field.types[1] == T.STRING:
+            assert keys[field.name] == gguf_read.Unread("array of strings", len(field.data))
+        elif field.types[0] == T.ARRAY:
+            assert keys[field.name] == [field.parts[i].tolist()[0] for i in field.data], field.name
+        elif field.types[0] == T.STRING:
+            assert keys[field.name] == bytes(field.parts[field.data[0]]).decode(), field.name
+        else:
+            assert keys[field.name] == field.parts[field.data[0]].tolist()[0], field.name
+    assert len(keys) == len([name for name in theirs.fields if not name.startswith("GGUF.")]) == 16
+    assert sorted(tensors) == ["rope_factors_long", "rope_factors_short"]
+    for t in theirs.tensors:
+        if "rope" in t.name:
+            want = np.asarray(t.data, dtype=np.float64).reshape(-1)
+            assert np.array_equal(tensors[t.name.removeprefix("blk.0.").removesuffix(".weight")], want), t.name
+
+
 def _array_claim(path):
     """The issue's 60-byte file: one key, an array of uint32 whose length field claims 2^60 items."""
     return raw(path, string(b"llama.x") + struct.pack("<IIQ", 9, 4, 1 << 60) + b"\0" * 5)
