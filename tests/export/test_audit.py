@@ -103,8 +103,19 @@ def test_wrong_original_length(base, tmp_path, capsys):
     f = write_gguf(tmp_path / "m.gguf", **keys)  # no original length: llama.cpp takes context_length 1024
     code, text = run(capsys, f, "--reference", ref)
     assert code == 1 and "frequencies differ" in text and "without rope.scaling.original_context_length" in text, text
+    assert "likely: the original length differs: 1024 in the engine, 256 in the reference" in text, text
     good = write_gguf(tmp_path / "g.gguf", rope__scaling__original_context_length=256, **keys)
     assert run(capsys, good, "--reference", ref)[0] == 0
+
+
+def test_a_cause_is_named_only_where_the_two_sides_differ(base, tmp_path, capsys):
+    """YaRN x4 served against YaRN x8, both with original length 256: the factor is named, the original length
+    (equal on both sides) is not."""
+    ref = configured(base, tmp_path, "yarn", factor=8)
+    keys = {"rope__scaling__type": "yarn", "rope__scaling__factor": 4.0, "rope__scaling__original_context_length": 256}
+    code, text = run(capsys, write_gguf(tmp_path / "m.gguf", rope__freq_base=10000.0, **keys), "--reference", ref)
+    assert code == 1 and "likely: the factor differs: x4 in the engine, x8 in the reference" in text, text
+    assert "original length" not in text and "original_context_length" not in text, text
 
 
 def test_wrong_number_of_frequencies(base, tmp_path, capsys):

@@ -7,7 +7,10 @@ with what transformers computes for the same model.
     report = audit("folder/")                                  # transformers itself, with its known traps
 
 The engine models are in ``gguf_file`` (llama.cpp), ``engines`` (vLLM, SGLang) and ``reference`` (transformers,
-through its own ``ROPE_INIT_FUNCTIONS`` and the model's rotary module). A difference beyond ``rope.FREQ_RTOL`` /
+through its own ``ROPE_INIT_FUNCTIONS`` and the model's rotary module). The files are read as hostile
+(``files``, ``gguf_read``: only regular files, every count and length held against the bytes there are) and
+every value is checked before it is computed with (``gguf_file.settings``, ``reference.check``): a damaged or
+impossible file is one line and exit 2. A difference beyond ``rope.FREQ_RTOL`` /
 ``SCALE_RTOL`` in any layer is a mismatch (exit 1). What is suspicious but cannot be proved without a reference
 (a context longer than the original with no scaling, a local layer scaled, GPT-OSS's YaRN without
 ``truncate=false``, a LongRoPE original length that is never passed), and what an engine does by design (LongRoPE's

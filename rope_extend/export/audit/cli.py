@@ -8,17 +8,15 @@ import json
 
 from ...arguments import add_json_argument
 from ...errors import RopeExtendError
+from .files import parse_json
 
 
 def _overrides(text: str | None):
     if text is None:
         return None
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise RopeExtendError(f"--overrides must be a JSON object, got {text!r}: {exc}") from None
+    value = parse_json(text, f"--overrides {text[:80]!r}")
     if not isinstance(value, dict):
-        raise RopeExtendError(f"--overrides must be a JSON object, got {text!r}")
+        raise RopeExtendError(f"--overrides must be a JSON object, got {text[:80]!r}")
     return value
 
 

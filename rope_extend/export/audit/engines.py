@@ -183,7 +183,9 @@ def layers(config, engine: str, served: int) -> tuple[list[tuple[str | None, Rop
                 params = {"rope_type": "default", "rope_theta": params.get("rope_theta", 10000.0)}
             eff, length, said = effective(params, engine, int(config.max_position_embeddings), served)
             freqs, scale = reference.compute(config, kind, length, eff)
-            cache[kind] = Rope(freqs, scale, f"{ENGINES[engine]}: {reference.describe(params)}")
+            cache[kind] = Rope(
+                freqs, scale, f"{ENGINES[engine]}: {reference.describe(params)}", *reference.named(params)
+            )
             notes += [f"{kind or 'all layers'}: {n}" if kind else n for n in said]
         out.append((kind, cache[kind]))
     return out, notes

@@ -22,76 +22,209 @@ From llama.cpp 0c1e57098 (vendored by llama-cpp-python 0.3.36):
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ...errors import RopeExtendError
+from ...methods import Geometry, check_int, check_number, rotary_dim
 from ...methods.yarn import correction_range, mscale
-from .rope import Rope
+from . import gguf_read
+from .rope import MAX_LAYERS, MAX_ROTARY_DIM, Rope
 
 ENGINE = "llama.cpp 0c1e57098"
 # arch: (pattern, swa base (None: the global base), swa frequency scale (None: the global scale))
 SWA = {"gemma3": (6, 10000.0, 1.0), "gemma2": (2, None, None), "gpt-oss": (2, None, None)}
 READS_BETAS = ("mistral3", "grok")
+KINDS = ("none", "linear", "yarn", "longrope")
+ORIGINAL_KINDS = ("yarn", "longrope")  # the types whose numbers depend on the original length
 
 
-def read(path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """``(keys, rope tensors)`` of a GGUF file: every metadata key, and the ``rope_freqs`` /
-    ``rope_factors_long`` / ``rope_factors_short`` tensors as float64 arrays."""
+@dataclass(frozen=True)
+class Settings:
+    """The rope settings llama.cpp reads from a GGUF's keys, each checked before anything is computed with it."""
+
+    arch: str
+    n_layer: int
+    n_rot: int
+    base: float
+    kind: str  # rope.scaling.type
+    factor: float  # rope.scaling.factor (or rope.scale_linear); 0: none, as llama.cpp reads it
+    attn: float  # rope.scaling.attn_factor
+    context: int  # context_length; 0: the file has none
+    original: int  # rope.scaling.original_context_length; 0: none (llama.cpp then takes context_length)
+    betas: tuple[float, float]
+    log_mul: float  # rope.scaling.yarn_log_multiplier
+    swa: tuple[bool, ...]  # which layers are sliding-window layers
+    swa_base: float
+
+    @property
+    def freq_scale(self) -> float:
+        return 1.0 if self.kind == "none" or self.factor == 0.0 else 1.0 / self.factor
+
+
+def _kind(value: Any) -> str:
+    """How a message names a value of the wrong type."""
+    if isinstance(value, gguf_read.Unread):
+        return repr(value)
+    if isinstance(value, list):
+        return f"an array of {len(value)} items"
+    return f"{type(value).__name__} {value!r}"[:200]
+
+
+class _Keys:
+    """The keys of one architecture (``{arch}.name``), each checked for its type and range as it is read."""
+
+    def __init__(self, keys: dict[str, Any], arch: str):
+        self.keys, self.arch = keys, arch
+
+    def name(self, name: str) -> str:
+        return f"{self.arch}.{name}"
+
+    def get(self, name: str) -> Any:
+        return self.keys.get(self.name(name))
+
+    def int(self, name: str, default: int, minimum: int = 0, value: Any = None) -> int:
+        value = self.get(name) if value is None else value
+        if value is None:
+            return default
+        return check_int(self.name(name), value, minimum=minimum)
+
+    def float(self, name: str, default: float, **bounds) -> float:
+        value = self.get(name)
+        if value is None:
+            return default
+        if not isinstance(value, float):
+            raise RopeExtendError(f"{self.name(name)} must be a float (llama.cpp reads a float32), got {_kind(value)}")
+        return check_number(self.name(name), value, **bounds)
+
+    def per_layer(self, name: str, n_layer: int) -> list | None:
+        """A per-layer array (``get_key_or_arr``: one item per layer), or None when the key is a single value."""
+        value = self.get(name)
+        if isinstance(value, gguf_read.Unread) or (isinstance(value, list) and len(value) != n_layer):
+            raise RopeExtendError(f"{self.name(name)} must have one item per layer ({n_layer}), got {_kind(value)}")
+        return value if isinstance(value, list) else None
+
+
+def settings(keys: dict[str, Any]) -> Settings:
+    """The rope settings of a GGUF's keys, read as llama.cpp's ``load_hparams`` reads them; a key of the wrong type
+    or out of its range is refused naming it (a NaN factor, an odd rotary dimension, a string block count)."""
+    arch = keys.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise RopeExtendError(f"general.architecture must name the architecture, got {_kind(arch)}")
+    k = _Keys(keys, arch)
+    if k.get("block_count") is None:
+        raise RopeExtendError(f"the GGUF file has no {arch}.block_count: not a decoder model")
+    n_layer = k.int("block_count", 0, minimum=1)
+    if n_layer > MAX_LAYERS:
+        raise RopeExtendError(f"{arch}.block_count {n_layer}: the audit reads models of at most {MAX_LAYERS} layers")
+    n_rot = _rotary_dim(k, n_layer)
+    kind = k.get("rope.scaling.type")
+    kind = "linear" if kind is None else kind  # an empty name is llama.cpp's UNSPECIFIED, which it aborts on
+    if kind not in KINDS:
+        raise RopeExtendError(
+            f"llama.cpp aborts on {arch}.rope.scaling.type {_kind(kind)} (none, linear, yarn, longrope)"
+        )
+    # load_hparams: rope.scaling.factor when the key is there (0 included), else the older rope.scale_linear
+    old = k.get("rope.scaling.factor") is None
+    factor = k.float("rope.scale_linear" if old else "rope.scaling.factor", 0.0, minimum=0.0)
+    context = k.int("context_length", 0, minimum=1)
+    original = k.int("rope.scaling.original_context_length", 0)
+    if kind == "yarn" and not (original or context):
+        raise RopeExtendError(
+            f"YaRN needs an original length: {arch} has no context_length nor original_context_length"
+        )
+    betas = (32.0, 1.0)
+    if arch in READS_BETAS:
+        betas = (
+            k.float("rope.scaling.yarn_beta_fast", 32.0, above=0.0),
+            k.float("rope.scaling.yarn_beta_slow", 1.0, above=0.0),
+        )
+    base = k.float("rope.freq_base", 10000.0)
+    _, swa_base, _ = SWA.get(arch, (0, None, None))
+    swa_base = k.float("rope.freq_base_swa", swa_base if swa_base is not None else base)
+    for name, value in (("rope.freq_base", base), ("rope.freq_base_swa", swa_base)):
+        _check_base(k.name(name), n_rot, value)
+    return Settings(
+        arch,
+        n_layer,
+        n_rot,
+        base,
+        kind,
+        factor,
+        k.float("rope.scaling.attn_factor", 1.0, above=0.0),
+        context,
+        original,
+        betas,
+        k.float("rope.scaling.yarn_log_multiplier", 0.0, minimum=0.0),
+        tuple(_swa_layers(k, n_layer)),
+        swa_base,
+    )
+
+
+def _check_base(name: str, n_rot: int, base: float) -> None:
+    """The methods' own rule for a base (``Geometry``: finite and > 1), named by the GGUF key."""
     try:
-        from gguf import GGUFReader, GGUFValueType
-    except ImportError:
-        raise RopeExtendError("reading a GGUF file needs the gguf package: pip install 'rope-extend[gguf]'") from None
+        Geometry(n_rot, base, 1)
+    except RopeExtendError as exc:
+        raise RopeExtendError(f"{name}: {exc}") from None
+
+
+def _rotary_dim(k: _Keys, n_layer: int) -> int:
+    """``rope.dimension_count``, else the head dimension (``attention.key_length``, else ``embedding_length /
+    head_count``): an even number from 2 to ``MAX_ROTARY_DIM`` (the methods' ``rotary_dim`` rule)."""
+    heads_list = k.per_layer("attention.head_count", n_layer)
+    heads = k.int("attention.head_count", 0, value=heads_list[0] if heads_list else None)
+    n_rot = k.get("rope.dimension_count")
+    if n_rot is None:
+        n_rot = k.int("attention.key_length", 0, minimum=1)
+        if not n_rot and heads:
+            n_rot = k.int("embedding_length", 0, minimum=1) // heads
+        if not n_rot:
+            raise RopeExtendError(f"the GGUF file has no {k.arch}.rope.dimension_count or head dimension")
     try:
-        reader = GGUFReader(Path(path))
-    except (OSError, ValueError, IndexError) as exc:
-        raise RopeExtendError(f"{path} is not a readable GGUF file: {exc}") from None
-    keys: dict[str, Any] = {}
-    for field in reader.fields.values():
-        if not field.types:
-            continue
-        if field.types[0] == GGUFValueType.ARRAY:
-            if len(field.types) > 1 and field.types[1] == GGUFValueType.STRING:
-                continue  # token lists
-            keys[field.name] = [field.parts[i].tolist()[0] for i in field.data]
-        elif field.types[0] == GGUFValueType.STRING:
-            keys[field.name] = bytes(field.parts[field.data[0]]).decode("utf-8", "replace")
-        else:
-            keys[field.name] = field.parts[field.data[0]].tolist()[0]
-    tensors = {
-        t.name: np.asarray(t.data, dtype=np.float64).reshape(-1)
-        for t in reader.tensors
-        if t.name.split(".")[0] in ("rope_freqs", "rope_factors_long", "rope_factors_short")
-        or t.name.startswith(("blk.0.rope_freqs", "blk.0.rope_factors"))
-    }
-    return keys, {name.removeprefix("blk.0.").removesuffix(".weight"): value for name, value in tensors.items()}
+        n_rot = rotary_dim(n_rot)
+    except RopeExtendError as exc:
+        raise RopeExtendError(f"{k.name('rope.dimension_count')} (or the head dimension): {exc}") from None
+    if n_rot > MAX_ROTARY_DIM:
+        raise RopeExtendError(f"rotary dimension {n_rot}: the audit reads at most {MAX_ROTARY_DIM}")
+    return n_rot
 
 
-def _swa_layers(arch: str, keys: dict[str, Any], n_layer: int) -> list[bool]:
-    pattern = keys.get(f"{arch}.attention.sliding_window_pattern")
-    if isinstance(pattern, list):
-        return [bool(x) for x in pattern[:n_layer]]
-    if arch not in SWA or (arch == "gemma3" and not keys.get(f"{arch}.attention.sliding_window")):
+def _swa_layers(k: _Keys, n_layer: int) -> list[bool]:
+    """Which layers are sliding-window layers: ``attention.sliding_window_pattern`` (one flag per layer, or every
+    n-th layer global), else the architecture's own pattern (``SWA``)."""
+    flags = k.per_layer("attention.sliding_window_pattern", n_layer)
+    if flags is not None:
+        return [bool(k.int("attention.sliding_window_pattern", 0, value=x)) for x in flags]
+    if k.arch not in SWA or (k.arch == "gemma3" and not k.int("attention.sliding_window", 0)):
         return [False] * n_layer
-    n = int(pattern) if pattern is not None else SWA[arch][0]
+    n = k.int("attention.sliding_window_pattern", SWA[k.arch][0])
     return [n == 0 or i % n < n - 1 for i in range(n_layer)]
 
 
 def _divisors(tensors: dict[str, np.ndarray], served: int, original: int, n_rot: int) -> tuple[np.ndarray, str]:
-    """The factors each frequency is divided by (``get_rope_factors``) and which tensor gave them."""
+    """The factors each frequency is divided by (``get_rope_factors``) and which tensor gave them: one per rotated
+    pair, each finite and > 0 (a NaN would make every comparison false, a 0 an infinite frequency)."""
     if "rope_freqs" in tensors:
-        divisors, which = tensors["rope_freqs"], "rope_freqs tensor"
+        name, which = "rope_freqs", "rope_freqs tensor"
     elif "rope_factors_long" in tensors and served > original:
-        divisors, which = tensors["rope_factors_long"], f"long factors (context {served} > original {original})"
+        name, which = "rope_factors_long", f"long factors (context {served} > original {original})"
     elif "rope_factors_short" in tensors:
-        divisors, which = tensors["rope_factors_short"], f"short factors (context {served} <= original {original})"
+        name, which = "rope_factors_short", f"short factors (context {served} <= original {original})"
     else:
-        divisors, which = np.ones(n_rot // 2), ""
+        return np.ones(n_rot // 2), ""
+    divisors = tensors[name]
     if divisors.size != n_rot // 2:
         raise RopeExtendError(
-            f"the GGUF's rope tensor has {divisors.size} values, rope.dimension_count/2 is {n_rot // 2}"
+            f"the GGUF's {name} tensor has {divisors.size} values, rotary dimension/2 is {n_rot // 2}"
+        )
+    bad = np.flatnonzero(~(np.isfinite(divisors) & (divisors > 0)))
+    if bad.size:
+        raise RopeExtendError(
+            f"the GGUF's {name} tensor holds {divisors[bad[0]]} at index {bad[0]} ({bad.size} such values): each "
+            "factor must be a finite number > 0"
         )
     return divisors, which
 
@@ -107,68 +240,35 @@ def _rope(n_rot: int, base: float, fs: float, divisors, attn: float, *, yarn_ori
     return fs * extrap * (1 - mix) + extrap * mix, attn * (1.0 + 0.1 * np.log(1.0 / fs))
 
 
-def layers(keys: dict[str, Any], tensors: dict[str, np.ndarray], served: int) -> list[tuple[str | None, Rope]]:
+def layers(s: Settings, tensors: dict[str, np.ndarray], served: int) -> list[tuple[str | None, Rope]]:
     """``[(layer type, Rope)]`` llama.cpp computes for every layer when started with ``served`` tokens of
     context (``-c``); the layer type is ``sliding_attention`` / ``full_attention`` where the architecture has
     sliding-window layers with their own rope."""
-    arch = keys.get("general.architecture")
-    if not arch:
-        raise RopeExtendError("the GGUF file names no general.architecture")
-
-    def key(name, default=None):
-        return keys.get(f"{arch}.{name}", default)
-
-    n_layer = int(key("block_count", 0))
-    heads = key("attention.head_count")
-    heads = heads[0] if isinstance(heads, list) else heads
-    head_dim = key("attention.key_length") or (int(key("embedding_length")) // int(heads) if heads else None)
-    n_rot = int(key("rope.dimension_count") or head_dim or 0)
-    if not n_layer or not n_rot:
-        raise RopeExtendError(f"the GGUF file has no {arch}.block_count or rotary dimension: not a decoder model")
-    base = float(key("rope.freq_base", 10000.0))
-    kind = str(key("rope.scaling.type", "linear"))
-    if kind not in ("none", "linear", "yarn", "longrope"):
-        raise RopeExtendError(f"llama.cpp aborts on {arch}.rope.scaling.type {kind!r} (none, linear, yarn, longrope)")
-    factor = float(key("rope.scaling.factor", 0.0) or key("rope.scale_linear", 0.0) or 0.0)
-    freq_scale = 1.0 if kind == "none" or factor == 0.0 else 1.0 / factor
-    attn = float(key("rope.scaling.attn_factor", 1.0))
-    context = int(key("context_length", 0) or 0)
-    original = int(key("rope.scaling.original_context_length", 0) or context)
-    betas = (32.0, 1.0)
-    if arch in READS_BETAS:
-        betas = (float(key("rope.scaling.yarn_beta_fast", 32.0)), float(key("rope.scaling.yarn_beta_slow", 1.0)))
-    yarn = kind == "yarn"
+    freq_scale, attn = s.freq_scale, s.attn
+    original = s.original or s.context
+    yarn = s.kind == "yarn"
     if yarn:  # llama-context.cpp: the temperature is cancelled there and applied again in ggml's rope_yarn
-        log_mul = float(key("rope.scaling.yarn_log_multiplier", 0.0))
-        s = 1.0 / freq_scale
-        temp = mscale(s) / mscale(s, log_mul) if log_mul else mscale(s)
-        attn = temp / (1.0 + 0.1 * np.log(s)) * attn
-    divisors, which = _divisors(tensors, served, original, n_rot)
-    swa = _swa_layers(arch, keys, n_layer)
-    _, swa_base, swa_scale = SWA.get(arch, (0, None, None))
-    swa_base = float(key("rope.freq_base_swa", swa_base if swa_base is not None else base))
+        f = 1.0 / freq_scale
+        temp = mscale(f) / mscale(f, s.log_mul) if s.log_mul else mscale(f)
+        attn = temp / (1.0 + 0.1 * np.log(f)) * attn
+    divisors, which = _divisors(tensors, served, original, s.n_rot)
+    swa_scale = SWA.get(s.arch, (0, None, None))[2]
     swa_scale = freq_scale if swa_scale is None else swa_scale
     out, cache = [], {}
-    for il in range(n_layer):
-        local = swa[il]
-        layer_type = ("sliding_attention" if local else "full_attention") if any(swa) else None
+    for il in range(s.n_layer):
+        local = s.swa[il]
+        layer_type = ("sliding_attention" if local else "full_attention") if any(s.swa) else None
         if layer_type not in cache:
-            b, fs = (swa_base, swa_scale) if local else (base, freq_scale)
-            freqs, scale = _rope(n_rot, b, fs, divisors, attn, yarn_original=original if yarn else None, betas=betas)
-            what = f"{ENGINE}: {arch}, freq_base {b:g}, scaling {kind}" + (f" x{1 / fs:g}" if fs != 1.0 else "")
+            b, fs = (s.swa_base, swa_scale) if local else (s.base, freq_scale)
+            freqs, scale = _rope(
+                s.n_rot, b, fs, divisors, attn, yarn_original=original if yarn else None, betas=s.betas
+            )
+            what = f"{ENGINE}: {s.arch}, freq_base {b:g}, scaling {s.kind}" + (f" x{1 / fs:g}" if fs != 1.0 else "")
             what += (
                 (f", original {original}" if yarn else "") + f", attn_factor {attn:g}" + (f", {which}" if which else "")
             )
-            cache[layer_type] = Rope(freqs, float(scale), what)
+            cache[layer_type] = Rope(
+                freqs, float(scale), what, original=original if s.kind in ORIGINAL_KINDS else None, factor=1 / fs
+            )
         out.append((layer_type, cache[layer_type]))
     return out
-
-
-def summary(keys: dict[str, Any]) -> dict[str, Any]:
-    """The rope-related keys (for the report and the checks made without a reference)."""
-    arch = keys.get("general.architecture", "")
-    return {
-        k.removeprefix(f"{arch}."): v
-        for k, v in keys.items()
-        if k.startswith(f"{arch}.rope") or k.endswith(".context_length")
-    }

@@ -10,38 +10,160 @@ from __future__ import annotations
 
 import copy
 import importlib
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from ...errors import RopeExtendError
-from .rope import Rope
+from ...errors import RopeExtendError, UnsupportedModelError
+from ...hf import reading
+from ...methods import Geometry, check_factor, check_int, check_number
+from ...methods.llama3 import Llama3Params
+from ...methods.longrope import LongRopeParams
+from ...methods.yarn import NTKByPartsParams
+from . import files
+from .rope import MAX_LAYERS, MAX_ROTARY_DIM, Rope
 
 ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta")
+COUNTS = ("num_hidden_layers", "max_position_embeddings")  # checked again on the built config (check)
+# What transformers' config classes raise on values of the wrong type or shape (a strict dataclass field, a rope
+# dict it cannot standardize, an original length of 0 it divides by): the user's file, said in one line.
+BUILD_ERRORS = (ValueError, KeyError, TypeError, AttributeError, IndexError, ArithmeticError, StrictDataclassError)
 
 
 def load(source, overrides: dict[str, Any] | None = None):
     """The text config of a transformers folder or ``config.json`` (``source``), with ``overrides`` (vLLM's
-    ``--hf-overrides`` / SGLang's ``--json-model-override-args``) merged into its JSON first."""
+    ``--hf-overrides`` / SGLang's ``--json-model-override-args``) merged into its JSON first; every value the
+    audit computes with is checked (``check``)."""
     path = Path(source)
     file = path / "config.json" if path.is_dir() else path
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise RopeExtendError(f"cannot read a transformers config at {source}: {exc}") from None
+    data = files.read_json(file, "the transformers config")
     if not isinstance(data, dict) or "model_type" not in data:
         raise RopeExtendError(f"{file} is not a transformers config (no model_type)")
+    if overrides is not None and not isinstance(overrides, dict):
+        raise RopeExtendError(f"the override JSON must be an object, got {type(overrides).__name__}")
     data = merge(data, overrides or {})
     kind = data.pop("model_type")
+    if not isinstance(kind, str):
+        raise RopeExtendError(f"{file}: model_type must be a string, got {kind!r}"[:300])
+    said = " (with the override JSON)" if overrides else ""
+    try:  # before transformers, which divides by some of these values as it builds the config
+        for key in COUNTS:
+            if key in data:
+                check_int(key, data[key], minimum=1)
+        for where, params in _raw_rope_dicts(data):
+            try:
+                _check_rope(params)
+            except RopeExtendError as exc:
+                raise RopeExtendError(f"{where}: {exc}") from None
+    except RopeExtendError as exc:
+        raise RopeExtendError(f"{file}{said}: {exc}") from None
     try:
-        config = AutoConfig.for_model(kind, **data)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise RopeExtendError(f"transformers cannot build a {kind!r} config from {file}: {exc}") from None
-    return config.get_text_config()
+        config = AutoConfig.for_model(kind, **data).get_text_config()
+    except BUILD_ERRORS as exc:
+        why = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+        raise RopeExtendError(f"transformers cannot build a {kind!r} config from {file}: {why}"[:500]) from None
+    try:
+        check(config)
+    except (RopeExtendError, UnsupportedModelError) as exc:
+        raise RopeExtendError(f"{file}{said}: {exc}") from None
+    return config
+
+
+def _raw_rope_dicts(data: dict[str, Any]):
+    """``(where, dict)`` for each rope dict in a config's JSON: ``rope_parameters`` or the older ``rope_scaling``,
+    one flat dict or one per layer type."""
+    for key in ("rope_parameters", "rope_scaling"):
+        value = data.get(key)
+        if isinstance(value, dict):
+            nested = [(f"{key}[{k!r}]", v) for k, v in value.items() if isinstance(v, dict)]
+            yield from nested or [(key, value)]
+
+
+def check(config) -> None:
+    """Refuse a config whose values the audit cannot compute with: a layer count, length or rope value of the
+    wrong type or out of its range (the methods' own checks, ``methods.check_*`` and their parameter classes, and
+    ``hf.reading``'s rotary geometry)."""
+    n_layers = check_int("num_hidden_layers", getattr(config, "num_hidden_layers", None), minimum=1)
+    types = getattr(config, "layer_types", None)
+    if types is not None and (not isinstance(types, list) or not all(isinstance(t, str) for t in types)):
+        raise RopeExtendError(f"layer_types must be a list of layer type names, got {types!r}"[:300])
+    if max(n_layers, len(types or ())) > MAX_LAYERS:
+        raise RopeExtendError(f"{max(n_layers, len(types or ()))} layers: the audit reads at most {MAX_LAYERS}")
+    check_int("max_position_embeddings", getattr(config, "max_position_embeddings", None), minimum=1)
+    if config.__dict__.get("original_max_position_embeddings") is not None:  # Phi-3 keeps L at the top level too
+        check_int("original_max_position_embeddings", config.original_max_position_embeddings, minimum=2)
+    for kind in dict.fromkeys(layer_types(config)):
+        where = "rope_parameters" + (f"[{kind!r}]" if kind else "")
+        params = rope_params(config, kind)
+        try:
+            _check_rope(params)
+            dim = _rotary_dim(config, kind)
+        except (RopeExtendError, UnsupportedModelError) as exc:
+            raise RopeExtendError(f"{where}: {exc}") from None
+        for name in ("short_factor", "long_factor") if params.get("rope_type") == "longrope" else ():
+            if len(params[name]) != dim // 2:
+                raise RopeExtendError(
+                    f"{where}.{name} has {len(params[name])} values; rotary dimension/2 is {dim // 2}"
+                )
+
+
+# rope dict key: the range check_number holds it to (the types' own rules where the methods have one: a base
+# > 1 as Geometry's; every scale > 0; mscale and mscale_all_dim >= 0, as vLLM and SGLang read 0 as "not set")
+NUMBERS = {
+    "rope_theta": {"above": 1.0},
+    "attention_factor": {"above": 0.0},
+    "attn_factor": {"above": 0.0},
+    "short_mscale": {"above": 0.0},
+    "long_mscale": {"above": 0.0},
+    "mscale": {"minimum": 0.0},
+    "mscale_all_dim": {"minimum": 0.0},
+    "extrapolation_factor": {},
+}
+# rope dict key: the least value of an integer key (an original length of 1 makes LongRoPE's scale divide by
+# ln 1 = 0)
+INTEGERS = {"original_max_position_embeddings": 2, "max_trained_positions": 1}
+
+
+def _check_rope(params: dict[str, Any]) -> None:
+    """One rope dict's values, each with the package's own check for it."""
+    kind = params.get("rope_type", params.get("type", "default"))
+    if not isinstance(kind, str):
+        raise RopeExtendError(f"rope_type must be a name, got {kind!r}"[:300])
+    for key, bounds in NUMBERS.items():
+        if params.get(key) is not None:
+            check_number(key, params[key], **bounds)
+    for key, least in INTEGERS.items():
+        if params.get(key) is not None:
+            check_int(key, params[key], minimum=least)
+    if params.get("factor") is not None:
+        check_factor(params["factor"])
+    if kind == "yarn":
+        NTKByPartsParams(**{k: params[k] for k in ("beta_fast", "beta_slow", "truncate") if params.get(k) is not None})
+    elif kind == "llama3":
+        Llama3Params(**{k: params[k] for k in ("low_freq_factor", "high_freq_factor") if k in params})
+    elif kind == "longrope":
+        LongRopeParams(params.get("short_factor"), params.get("long_factor"))
+
+
+def _rotary_dim(config, kind: str | None) -> int:
+    """The rotary dimension of a layer type by ``hf.reading``'s rule (even, >= 2, partial rotary factor in (0, 1]),
+    the numbers it divides checked first (``reading.head_dim`` takes them as they are); its base held to
+    ``Geometry``'s rule."""
+    layer = reading.layer_config(config, kind)
+    if getattr(layer, "head_dim", None):
+        check_int("head_dim", layer.head_dim, minimum=2)
+    else:
+        check_int("hidden_size", getattr(layer, "hidden_size", None), minimum=1)
+        check_int("num_attention_heads", getattr(layer, "num_attention_heads", None), minimum=1)
+    dim, base = reading.rotary_geometry(config, kind)
+    Geometry(dim, base, 2)
+    if dim > MAX_ROTARY_DIM:
+        raise RopeExtendError(f"rotary dimension {dim}: the audit reads at most {MAX_ROTARY_DIM}")
+    return dim
 
 
 def merge(data: dict, overrides: dict) -> dict:
@@ -102,6 +224,14 @@ def compute(config, layer_type: str | None, length: int, params: dict[str, Any] 
     return inv_freq.double().numpy(), float(scale)
 
 
+def named(params: dict[str, Any]) -> tuple[int | None, float]:
+    """``(original length, factor)`` a rope dict names, for ``Rope``: the original length of the types that
+    depend on it, the factor (1 when absent)."""
+    kind = params.get("rope_type", "default")
+    original = params.get("original_max_position_embeddings") if kind in ("yarn", "longrope", "llama3") else None
+    return original, float(params.get("factor") or 1.0)
+
+
 def describe(params: dict[str, Any]) -> str:
     keys = ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "truncate")
     parts = [str(params.get("rope_type", "default")), f"theta {params.get('rope_theta', '?'):g}"]
@@ -118,7 +248,8 @@ def layers(config, length: int) -> list[tuple[str | None, Rope]]:
     for kind in layer_types(config):
         if kind not in cache:
             freqs, scale = compute(config, kind, length)
-            cache[kind] = Rope(freqs, scale, "transformers: " + describe(rope_params(config, kind)))
+            params = rope_params(config, kind)
+            cache[kind] = Rope(freqs, scale, "transformers: " + describe(params), *named(params))
         out.append((kind, cache[kind]))
     return out
 

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...errors import RopeExtendError
-from . import engines, gguf_file, reference
-from .rope import FREQ_RTOL, SCALE_RTOL, Rope, differences
+from . import engines, files, gguf_file, gguf_read, reference
+from .rope import FACTOR_RTOL, FREQ_RTOL, SCALE_RTOL, Rope, close, differences
 
 TARGETS = ("transformers", "gguf", "vllm", "sglang")
 LOCAL_TYPES = ("sliding_attention", "chunked_attention", "local_attention")
+NOTE = "rope-extend-export.json"  # what an export wrote about itself: said in the report, never computed with
+NOTE_BYTES = 1 << 16
 
 
 @dataclass
@@ -97,7 +98,7 @@ def kind_of(path: Path, engine: str | None) -> str:
     """``gguf``, ``vllm``, ``sglang`` or ``transformers`` for ``path`` (and ``--engine``)."""
     if engine is not None and engine not in ("vllm", "sglang", "transformers"):
         raise RopeExtendError(f"unknown --engine {engine!r}; allowed: vllm, sglang, transformers")
-    if path.is_file() and (path.suffix.lower() == ".gguf" or path.read_bytes()[:4] == b"GGUF"):
+    if path.is_file() and (path.suffix.lower() == ".gguf" or files.head(path, 4) == b"GGUF"):
         if engine not in (None,):
             raise RopeExtendError(f"{path} is a GGUF file (llama.cpp): --engine {engine} reads a model folder")
         return "gguf"
@@ -128,12 +129,10 @@ def audit(
         raise RopeExtendError("--overrides is an engine's override JSON for a model folder, not for a GGUF file")
     got, served, name, warnings = _engine_layers(kind, path, overrides, length)
     notes: list[str] = []
-    info = path / "rope-extend-export.json" if path.is_dir() else None
-    if info is not None and info.is_file():
-        made = json.loads(info.read_text(encoding="utf-8"))
-        notes.append(
-            f"exported by {made.get('tool')} for {made.get('engine')}: {made.get('method')} ({made.get('how')})"
-        )
+    if path.is_dir() and (path / NOTE).exists():
+        note, warning = export_note(path / NOTE)
+        notes += note
+        warnings += warning
     ref_config, ref_name = None, None
     if reference_path is not None:
         ref_config, ref_name = reference.load(reference_path), f"transformers on {reference_path}"
@@ -149,9 +148,16 @@ def audit(
 def _engine_layers(kind: str, path: Path, overrides, length: int | None):
     """``(layers, served length, engine name, warnings)`` of ``path`` read by ``kind``."""
     if kind == "gguf":
-        keys, tensors = gguf_file.read(path)
-        served = length or int(keys.get(f"{keys.get('general.architecture')}.context_length", 0) or 0) or 4096
-        return gguf_file.layers(keys, tensors, served), served, gguf_file.ENGINE, gguf_warnings(keys, tensors)
+        try:
+            keys, tensors = gguf_read.read(path)
+        except RopeExtendError as exc:
+            raise RopeExtendError(f"{path} is not a readable GGUF file: {exc}") from None
+        try:
+            s = gguf_file.settings(keys)
+            served = length or s.context or 4096
+            return gguf_file.layers(s, tensors, served), served, gguf_file.ENGINE, gguf_warnings(s, tensors)
+        except RopeExtendError as exc:
+            raise RopeExtendError(f"{path}: {exc}") from None
     config = reference.load(path, overrides)
     warnings = traps(config)
     if kind == "transformers":
@@ -184,7 +190,8 @@ def _groups(got, want) -> list[Group]:
 
 
 def causes(g: Group) -> list[str]:
-    """A one-line guess at why the engine's rope differs, from the settings on both sides."""
+    """A one-line guess at why the engine's rope differs, from the settings on both sides; a setting is named
+    only where the two sides differ in it."""
     e, r = g.engine.what, g.reference.what
     out = []
     local = g.layer_type in LOCAL_TYPES
@@ -194,11 +201,33 @@ def causes(g: Group) -> list[str]:
         out.append("the reference's YaRN is not there: dropped, or written as another type")
     if "truncate False" in r:
         out.append("the reference's YaRN has truncate=false (GPT-OSS): the engine floors and ceils the ramp")
-    if "original_max_position_embeddings" in r and "original" in e and not out:
+    ours, theirs = g.engine.original, g.reference.original
+    if ours is not None and theirs is not None and ours != theirs:
         out.append(
-            "check the original length (rope.scaling.original_context_length / original_max_position_embeddings)"
+            f"the original length differs: {ours} in the engine, {theirs} in the reference "
+            "(rope.scaling.original_context_length / original_max_position_embeddings)"
         )
+    ours, theirs = g.engine.factor, g.reference.factor
+    if not out and ours is not None and theirs is not None and not close(ours, theirs, FACTOR_RTOL):
+        out.append(f"the factor differs: x{ours:g} in the engine, x{theirs:g} in the reference")
     return [f"likely: {c}" for c in out]
+
+
+def export_note(file: Path) -> tuple[list[str], list[str]]:
+    """``(notes, warnings)`` from an export's note: what it says it made, or a warning that the note is damaged
+    (it describes the export; the audit reads the rope from the files themselves, so a bad note stops nothing)."""
+    fields = ("tool", "engine", "method", "how")
+    try:
+        made = files.read_json(file, "the export note", NOTE_BYTES)
+        if not isinstance(made, dict):
+            raise RopeExtendError(f"the export note {file} is {type(made).__name__}, not a JSON object")
+        wrong = [k for k in fields if not isinstance(made.get(k, ""), str)]
+        if wrong:
+            raise RopeExtendError(f"the export note {file} has {', '.join(wrong)} that are not text")
+    except RopeExtendError as exc:
+        return [], [f"{exc}: not said here"]
+    said = {k: made.get(k, "?")[:200] for k in fields}
+    return [f"exported by {said['tool']} for {said['engine']}: {said['method']} ({said['how']})"], []
 
 
 def _rope(config, layer_type):
@@ -243,18 +272,11 @@ def traps(config) -> list[str]:
     return out
 
 
-def gguf_warnings(keys: dict[str, Any], tensors: dict) -> list[str]:
-    """What is suspicious in a GGUF file's rope keys, without a reference."""
-    arch = keys.get("general.architecture", "")
-
-    def key(name, default=None):
-        return keys.get(f"{arch}.{name}", default)
-
+def gguf_warnings(s: gguf_file.Settings, tensors: dict) -> list[str]:
+    """What is suspicious in a GGUF file's rope keys (checked: ``gguf_file.settings``), without a reference."""
     out = []
-    kind, context = key("rope.scaling.type", "linear"), key("context_length")
-    original = key("rope.scaling.original_context_length")
-    factor = key("rope.scaling.factor") or key("rope.scale_linear")
-    scaled = (kind in ("linear", "yarn") and factor and factor != 1.0) or "rope_freqs" in tensors or kind == "longrope"
+    kind, context, original = s.kind, s.context, s.original
+    scaled = (kind in ("linear", "yarn") and s.freq_scale != 1.0) or "rope_freqs" in tensors or kind == "longrope"
     if original and context and context > original and not scaled:
         out.append(
             f"context_length {context} > rope.scaling.original_context_length {original} with no scaling: scaling "
@@ -266,7 +288,7 @@ def gguf_warnings(keys: dict[str, Any], tensors: dict) -> list[str]:
             f"{context} as the original length"
             + (" (the YaRN ramp is placed for it)" if kind == "yarn" else " (the long factors are never chosen)")
         )
-    if arch == "gpt-oss" and kind == "yarn":
+    if s.arch == "gpt-oss" and kind == "yarn":
         out.append(
             "gpt-oss with YaRN: llama.cpp floors and ceils the ramp ends, GPT-OSS was trained with truncate=false "
             "(compare with --reference to see which frequencies differ)"
