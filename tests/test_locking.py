@@ -172,3 +172,72 @@ def test_a_lock_swapped_for_a_link_while_held_is_not_taken_again(tmp_path):
     with pytest.raises(RopeExtendError, match="is a symbolic link"):
         claim_output_dir(out, kind="eval", owned=owned, resume=True)
     assert json.loads(moved.read_text())["pid"] == os.getpid()  # given back only by its descriptor: kept as is
+
+
+# ---------------------------------------------------------------------- export: one writer per path, too
+EXPORT_HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from rope_extend import locking
+    with locking.beside(sys.argv[1]):
+        print("holding", flush=True)
+        time.sleep(120)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    from tests.tiny import tiny_model, tiny_tokenizer
+
+    folder = tmp_path_factory.mktemp("models") / "tiny"
+    tiny_model("llama").save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("to,name", [("vllm", "served"), ("gguf", "m.gguf")])
+def test_a_second_export_to_one_path_is_refused_naming_the_first(tmp_path, tiny_folder, capsys, to, name):
+    out = tmp_path / name
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen([sys.executable, "-c", EXPORT_HOLDER, str(out)], stdout=subprocess.PIPE, text=True, env=env)
+    argv = ["export", str(tiny_folder), "--to", to, "--method", "yarn", "--factor", "2", "--out", str(out)]
+    argv += ["--tokenizer-pre", "smollm"] if to == "gguf" else []
+    try:
+        assert proc.stdout.readline().strip() == "holding"
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--out {out} is being written by another rope-extend process" in err, err
+        assert f"(pid {proc.pid} on " in err
+        assert sorted(os.listdir(tmp_path)) == [f".{name}{locking.LOCK}"]  # the holder's lock, and nothing else
+    finally:
+        proc.kill()
+        proc.wait()
+    assert main(argv) == 0  # its holder gone: the export runs, and its lock goes with it
+    assert sorted(os.listdir(tmp_path)) == [name]
+    if out.is_dir():
+        assert not any(p.name.endswith(locking.LOCK) for p in out.rglob("*"))  # never inside the artifact
+    assert main(argv) == 2 and "exists" in capsys.readouterr().err  # the second, after the first: refused too
+
+
+def test_a_planted_lock_beside_an_export_is_refused(tmp_path, tiny_folder, capsys):
+    outside = tmp_path / "user.txt"
+    outside.write_bytes(USER_FILE)
+    (tmp_path / f".m.gguf{locking.LOCK}").symlink_to(outside)
+    argv = [
+        "export",
+        str(tiny_folder),
+        "--to",
+        "gguf",
+        "--method",
+        "yarn",
+        "--factor",
+        "2",
+        "--tokenizer-pre",
+        "smollm",
+    ]
+    assert main([*argv, "--out", str(tmp_path / "m.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"its lock {tmp_path}/.m.gguf{locking.LOCK} is a symbolic link" in err, err
+    assert outside.read_bytes() == USER_FILE and not (tmp_path / "m.gguf").exists()
