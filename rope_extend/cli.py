@@ -8,7 +8,6 @@ project owns its commands.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -61,12 +60,33 @@ def _cmd_methods(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_configure_out(out: Path, overwrite: bool) -> None:
+    """Refuse an ``--out`` configure must not replace (``io.claim_output_dir``): a folder holding anything but an
+    earlier configure's copy (the entries its marker lists), or that one without ``--overwrite``."""
+    from . import locking
+    from .io import claim_output_dir, read_marker
+
+    marker = read_marker(out)
+    written = marker.get("entries") if marker.get("kind") == "configure" else None
+    claim_output_dir(
+        out,
+        kind="configure",
+        owned=lambda name: isinstance(written, list) and name in written,
+        overwrite=overwrite,
+        check_only=True,
+        how="pass --overwrite to replace it",
+    )
+    locking.probe_beside(out)  # the lock configure takes (it replaces the folder in one rename)
+
+
 def _cmd_configure(args: argparse.Namespace) -> int:
     """Copy a saved model folder with its config rewritten for a scaling (the weights are not loaded), or convert
-    a .gguf file into a scaled safetensors folder."""
+    a .gguf file into a scaled safetensors folder. The folder is written under a temporary name beside ``--out``
+    and renamed into place, holding the lock beside it (``locking.beside``) so that two runs cannot both write."""
+    from . import locking
     from .errors import RopeExtendError
     from .hf.config import configure
-    from .io import MARKER, atomic_path, claim_output_dir, normal_permissions, write_json
+    from .io import MARKER, normal_permissions, remove_abandoned, write_json, writing
     from .loading import load_config, load_model, load_tokenizer, resolve_name
 
     scaling = scaling_from_args(args)  # checked before anything is read
@@ -77,16 +97,7 @@ def _cmd_configure(args: argparse.Namespace) -> int:
     a, b = (source.parent if gguf else source).resolve(), out.resolve()
     if a == b or a in b.parents or b in a.parents:
         raise RopeExtendError(f"--out {out} overlaps the source folder {a}: give a folder outside it")
-    marker = out / MARKER
-    written = set(json.loads(marker.read_text(encoding="utf-8")).get("entries", [])) if marker.is_file() else set()
-    claim_output_dir(
-        out,
-        kind="configure",
-        owned=written.__contains__,
-        overwrite=args.overwrite,
-        check_only=True,
-        how="pass --overwrite to replace it",
-    )
+    _check_configure_out(out, args.overwrite)  # before any weight is read
     if gguf:  # the weights are converted: a GGUF file has no config.json to rewrite
         model = load_model(str(source), trust_remote_code=args.trust_remote_code)
         tokenizer = load_tokenizer(str(source), trust_remote_code=args.trust_remote_code)
@@ -94,17 +105,19 @@ def _cmd_configure(args: argparse.Namespace) -> int:
     else:
         config = load_config(source, trust_remote_code=args.trust_remote_code)
     configure(config, scaling.method, **scaling.patch_kwargs())
-    with atomic_path(out) as tmp:
-        if gguf:
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-        else:
-            shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(MARKER))
-            config.save_pretrained(tmp)
-        write_json(
-            tmp / MARKER, {"kind": "configure", "tool": "rope-extend", "entries": sorted(p.name for p in tmp.iterdir())}
-        )
-        normal_permissions(tmp)  # a copy of a cached folder would keep the cache's 0600 files
+    with locking.beside(out):
+        _check_configure_out(out, args.overwrite)  # again, holding the lock: another run may have written it
+        remove_abandoned(out)  # the copy a configure that was killed left beside it
+        with writing(out) as tmp:
+            if gguf:
+                model.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+            else:  # a source that was an output folder may hold a marker and a lock: neither is the model's
+                shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(MARKER, locking.LOCK))
+                config.save_pretrained(tmp)
+            entries = sorted(p.name for p in tmp.iterdir())
+            write_json(tmp / MARKER, {"kind": "configure", "tool": "rope-extend", "entries": entries})
+            normal_permissions(tmp)  # a copy of a cached folder would keep the cache's 0600 files
     text = config.get_text_config()
     result = {"out": str(out), "max_position_embeddings": text.max_position_embeddings}
     print_result({**result, "rope_parameters": text.rope_parameters}, as_json=args.json)

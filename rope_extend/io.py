@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from . import locking
 from .errors import RopeExtendError
 
 # ------------------------------------------------------------------------------ temporaries and their owners
+PROBE = ".rope-extend-probe-"  # the folder check_writable makes and removes at once: a killed one is harmless
 OWNER = ".rope-extend-owner"  # inside each temporary folder: the host, pid and start time of the process using it
 
 
@@ -103,30 +105,57 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def check_writable(path: str | os.PathLike, what: str = "--out") -> None:
-    """Refuse at once a ``path`` that cannot be created: a file where a parent folder would be (``afile/m.gguf``),
-    or a nearest existing parent that is not writable (``/proc/x``, a read-only folder), so that the failure is
-    one line naming the path, not an OSError after the work is done."""
+def check_writable(path: str | os.PathLike, what: str = "--out", *, error=None) -> None:
+    """The one check of every command's output path (a folder to fill, a file or folder to write), made before
+    any model is loaded so that a failure is one line naming the path, not an OSError after the work.
+
+    Refused: ``path`` itself a symbolic link (rope-extend never writes through a link, so it never writes into
+    the folder or file a link leads to), a link to nothing on the way, a file where a parent folder would be
+    (``afile/m.gguf``), and a folder that cannot be written: the existing ``path`` or, when it is to be made,
+    its nearest existing parent. Permissions do not tell (root passes ``access`` on ``/proc``, where nothing
+    can be made), so a hidden folder is made there and removed at once: the kernel's own answer.
+    Raises ``error`` (default ``RopeExtendError``).
+    """
+    fail = error or RopeExtendError
     path = Path(path)
-    parent = path.absolute().parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise RopeExtendError(f"{what} {path}: {parent} is a file, not a folder; give a path in a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise RopeExtendError(f"{what} {path}: the folder {parent} cannot be written; give a path you can write")
+    if path.is_symlink():
+        raise fail(
+            f"{what} {path} is a symbolic link (to {os.readlink(path)}): rope-extend never writes through a link; "
+            "give the real path of a new or empty folder, or another path"
+        )
+    folder = path if path.is_dir() else path.absolute().parent
+    while not os.path.lexists(folder) and folder != folder.parent:
+        folder = folder.parent
+    if folder.is_symlink() and not folder.exists():
+        raise fail(f"{what} {path}: {folder} is a link to nothing ({os.readlink(folder)}); give a path in a folder")
+    if not folder.is_dir():
+        raise fail(f"{what} {path}: {folder} is a file, not a folder; give a path in a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=PROBE, dir=folder))
+    except OSError as exc:
+        where = "the folder itself" if folder == path else f"the folder {folder}"
+        reason = exc.strerror or type(exc).__name__
+        raise fail(
+            f"cannot write {what} {path}: {reason} ({where} cannot be written); give a path you can write"
+        ) from None
+
+
+@contextlib.contextmanager
+def one_line(what: str, path: str | os.PathLike, error=None) -> Iterator[None]:
+    """Turn an OS failure in the block (a folder that turns out not to be writable, a full disk) into ``error``
+    (default ``RopeExtendError``) naming ``path`` and the reason, in one line."""
+    try:
+        yield
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise (error or RopeExtendError)(f"cannot write {what} {path}: {reason}; give a path you can write") from None
 
 
 @contextlib.contextmanager
 def writing(path: str | os.PathLike, what: str = "--out") -> Iterator[Path]:
-    """``atomic_path`` whose OS failures (a folder that turns out not to be writable, as ``/proc`` is even for
-    root, a full disk) end in a ``RopeExtendError`` naming ``path`` and the reason, in one line."""
-    try:
-        with atomic_path(path) as tmp:
-            yield tmp
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise RopeExtendError(f"cannot write {what} {path}: {reason}; give a path you can write") from None
+    """``atomic_path`` whose OS failures end in one line naming ``path`` and the reason (``one_line``)."""
+    with one_line(what, path), atomic_path(path) as tmp:
+        yield tmp
 
 
 def normal_permissions(path: str | os.PathLike) -> None:
@@ -167,8 +196,29 @@ MARKER = ".rope-extend"  # written into every folder rope-extend creates for its
 
 
 def _temporary(name: str) -> bool:
-    """Leftovers of an interrupted atomic write (``atomic_path``): ``.name.XXXX.tmp`` or ``.name.old-PID``."""
-    return name.startswith(".") and (name.endswith(".tmp") or ".old-" in name)
+    """Leftovers of an interrupted atomic write (``atomic_path``): ``.name.XXXX.tmp`` or ``.name.old-PID``, or a
+    probe of ``check_writable`` whose process was killed between making and removing it."""
+    return name.startswith(".") and (name.endswith(".tmp") or ".old-" in name or name.startswith(PROBE))
+
+
+def read_marker(folder: str | os.PathLike) -> dict[str, Any]:
+    """What the marker of ``folder`` says (``{}`` when there is none): read only from a small regular file, not
+    through a link, and only a JSON object; anything else is not a marker rope-extend wrote (``{}``)."""
+    marker = Path(folder) / MARKER
+    try:
+        fd = os.open(marker, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return {}
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
+            return {}
+        data = json.loads(os.read(fd, st.st_size + 1).decode("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    finally:
+        os.close(fd)
+    return data if isinstance(data, dict) else {}
 
 
 def unsafe_folder(path: Path) -> str | None:
@@ -203,29 +253,35 @@ def claim_output_dir(
 
     - a new or empty folder is created and marked (``.rope-extend``, naming ``kind``);
     - a folder that rope-extend did not make (no marker, or files ``owned`` does not claim) is refused,
-      whatever the flags: nothing in it is touched;
+      whatever the flags: nothing in it is touched; so is one made by another command;
     - an earlier ``kind`` run: ``resume`` keeps it, ``overwrite`` removes only the entries it wrote;
       otherwise it is refused;
-    - the working folder, its parents, the home folder and the root are refused; so is an existing file;
-    - a folder another rope-extend process is writing is refused, naming it (``locking``); this process
-      holds the folder's lock from here until it exits.
+    - the working folder, its parents, the home folder and the root are refused; so are an existing file, a
+      symbolic link, and a folder that cannot be written (``check_writable``, the check every command makes);
+    - a folder another rope-extend process is writing is refused, naming it (``locking``), and so is a lock
+      file that is not one (a link, a folder, a pipe: ``locking.check``); this process holds the folder's lock
+      from here until it exits.
 
-    With ``check_only`` nothing is created or removed (for ``--check`` and checks before a long setup).
-    Raises ``error`` (``RopeExtendError``) naming the folder, what is in the way, and what to do.
+    With ``check_only`` nothing is created or removed (for ``--check`` and checks before a long setup: it
+    refuses all that the claim would). Raises ``error`` (``RopeExtendError``) naming the folder, what is in the
+    way, and what to do.
     """
     fail = error or RopeExtendError
     path = Path(path)
+    if path.is_symlink():
+        check_writable(path, what, error=fail)  # refuses it: a link is never followed, nor its folder listed
     why = unsafe_folder(path)
     if why:
         raise fail(f"{what} {path} {why}: give a new folder for this {kind} output")
     if path.exists() and not path.is_dir():
         raise fail(f"{what} {path} is a file, not a folder: give a folder for this {kind} output")
-    entries = sorted(p.name for p in path.iterdir() if p.name != locking.LOCK) if path.is_dir() else []
+    locking.check(path, what=what, error=fail)  # a planted lock is no lock: the folder is not empty, nor ours
+    with one_line(what, path, fail):
+        entries = sorted(p.name for p in path.iterdir() if p.name != locking.LOCK) if path.is_dir() else []
     if entries:
-        marker = path / MARKER
-        made = json.loads(marker.read_text(encoding="utf-8")).get("kind") if marker.is_file() else None
+        made = read_marker(path).get("kind")
         foreign = [n for n in entries if n != MARKER and not owned(n) and not _temporary(n)]
-        if made is None or foreign:
+        if not isinstance(made, str) or (made == kind and foreign):
             listing = ", ".join((foreign or entries)[:5]) + (", ..." if len(foreign or entries) > 5 else "")
             raise fail(
                 f"{what} {path} holds files rope-extend did not write ({listing}): nothing there is "
@@ -235,24 +291,19 @@ def claim_output_dir(
             raise fail(
                 f"{what} {path} holds the output of a rope-extend {made} run, not a {kind} run: give another folder"
             )
-        locking.lock(path, what=what, probe=check_only, error=fail)  # before anything is kept or removed
-        if resume:
-            return path
-        results = [n for n in entries if n != MARKER and not _temporary(n)]
-        if not results:  # an earlier run that stopped before writing anything (a bad input): nothing to lose
-            return path
-        if not overwrite:
-            raise fail(f"{what} {path} already holds results of an earlier {kind} run: {how}, or give another folder")
-        if check_only:
-            return path
-        for name in entries:
+    check_writable(path, what, error=fail)  # after the folder is known to be empty or ours: a probe goes there
+    locking.lock(path, what=what, probe=check_only or not path.is_dir(), error=fail)  # before anything changes
+    results = [n for n in entries if n != MARKER and not _temporary(n)]
+    if results and not resume and not overwrite:
+        raise fail(f"{what} {path} already holds results of an earlier {kind} run: {how}, or give another folder")
+    if check_only or (entries and (resume or not results)):  # kept: continued, or nothing there to lose
+        return path
+    with one_line(what, path, fail):
+        for name in entries:  # an earlier run's, replaced (--overwrite)
             if name != MARKER:
                 target = path / name
                 shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
-    elif check_only:
-        locking.lock(path, what=what, probe=True, error=fail)  # a folder not made yet: nothing to check
-        return path
-    path.mkdir(parents=True, exist_ok=True)
-    locking.lock(path, what=what, error=fail)
-    write_json(path / MARKER, {"kind": kind, "tool": "rope-extend"})
+        path.mkdir(parents=True, exist_ok=True)
+        locking.lock(path, what=what, error=fail)
+        write_json(path / MARKER, {"kind": kind, "tool": "rope-extend"})
     return path

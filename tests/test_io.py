@@ -42,3 +42,53 @@ def test_foreign_files_and_other_kinds_are_refused(tmp_path):
     other = claim_output_dir(tmp_path / "other", kind="train", owned=owned)
     with pytest.raises(RopeExtendError, match="not a eval run"):
         claim_output_dir(other, kind="eval", owned=owned, overwrite=True)
+
+
+def test_a_marker_is_read_only_from_a_small_regular_file_of_its_own(tmp_path):
+    from rope_extend.io import read_marker
+
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"kind": "eval"}')
+    cases = {
+        "link": lambda m: m.symlink_to(secret),  # a marker is never read through a link
+        "list": lambda m: m.write_text('["kind", "eval"]'),
+        "not json": lambda m: m.write_text("kind: eval"),
+        "folder": lambda m: m.mkdir(),
+        "too big": lambda m: m.write_text('{"kind": "eval", "pad": "' + "x" * (1 << 20) + '"}'),
+    }
+    for name, plant in cases.items():
+        folder = tmp_path / name.replace(" ", "-")
+        folder.mkdir()
+        plant(folder / MARKER)
+        (folder / "records.jsonl").write_text("{}\n")
+        assert read_marker(folder) == {}, name
+        with pytest.raises(RopeExtendError, match=r"did not write \(\.rope-extend, records\.jsonl\)"):
+            claim_output_dir(folder, kind="eval", owned=owned, resume=True)
+    assert read_marker(tmp_path / "nowhere") == {}
+
+
+def test_check_writable_refuses_in_one_line_and_leaves_nothing(tmp_path):
+    from rope_extend.io import check_writable
+
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "link").symlink_to(tmp_path)
+    with pytest.raises(RopeExtendError, match=r"afile is a file, not a folder"):
+        check_writable(tmp_path / "afile" / "m.gguf")
+    with pytest.raises(RopeExtendError, match=r"dangling is a link to nothing"):
+        check_writable(tmp_path / "dangling" / "sub" / "m.gguf")
+    with pytest.raises(RopeExtendError, match=rf"--out {tmp_path}/link is a symbolic link \(to {tmp_path}\)"):
+        check_writable(tmp_path / "link")
+    with pytest.raises(
+        RopeExtendError, match=r"cannot write output_dir /proc/x/y: .* \(the folder /proc cannot be written\)"
+    ):
+        check_writable("/proc/x/y", "output_dir")
+    check_writable(tmp_path / "new" / "deeper")  # a folder to be made, in one that can be written
+    check_writable(tmp_path / "link" / "new")  # a link on the way is the user's own path: followed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "dangling", "link"]  # the probes are gone
+
+
+def test_a_killed_probe_is_not_a_foreign_file(tmp_path):
+    out = claim_output_dir(tmp_path / "run", kind="eval", owned=owned)
+    (out / ".rope-extend-probe-abc123").mkdir()  # a process killed between making and removing its probe
+    assert claim_output_dir(out, kind="eval", owned=owned) == out

@@ -226,11 +226,12 @@ def card(
     """Measure the card of ``model_name`` patched with ``method`` (or as configured, ``method="none"``) and write
     it into ``out`` (see the module docstring). ``original``: the model retention is measured against (default:
     ``model_name`` unpatched). ``claim``: called once the model, scaling, lengths and texts are checked and before
-    anything is written (the CLI claims ``out`` there, so a bad input leaves no folder behind). Returns the card as
+    anything is written (the CLI claims ``out`` there, so a bad input leaves no folder behind); it decides what
+    earlier records may stay (``--resume``) or go (``--overwrite``), so they are not checked here then. Returns the card as
     a dict (what ``card.json`` holds)."""
     options = options or CardOptions()
     out = Path(out)
-    if (out / "records.jsonl").exists() and not resume:
+    if claim is None and (out / "records.jsonl").exists() and not resume:  # a claim checks it, --overwrite too
         raise RopeExtendError(
             f"{out} already holds a card's records: pass resume=True (--resume) to continue it, or give another folder"
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import locking
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..hf.config import config_scaling, nested_layer_types, plan, rotary_geometry, text_config
 from ..io import check_writable, remove_abandoned
@@ -55,10 +56,12 @@ def _geometry(config, layer=None):
 
 
 def _check_out(out: Path) -> None:
-    if out.exists() or out.is_symlink():
+    """``--out`` must be a new path that can be written (``io.check_writable``: a link is refused as one) and
+    that no other export is writing (``locking.probe_beside``)."""
+    if out.exists() and not out.is_symlink():
         raise RopeExtendError(f"--out {out} exists: nothing there is touched; give a new path")
     check_writable(out)
-    remove_abandoned(out)  # what an export into the same path that was killed left behind
+    locking.probe_beside(out)
 
 
 def export(
@@ -110,7 +113,8 @@ def export(
 
     Raises:
         RopeExtendError: a bad argument, an unknown target, or a method the engine cannot serve (the message names
-            the nearest that exports).
+            the nearest that exports); an ``out`` that exists, cannot be written or is a link, or that another
+            export is writing (``locking.beside``: the message names it).
     """
     target = TARGETS.get(to)
     opts = ExportOptions(
@@ -163,4 +167,7 @@ def export(
         notes=[decision.reason] if decision.status == APPROXIMATE else [],
         options=opts,
     )
-    return target.write(job)
+    with locking.beside(out):  # one export per path: a second one would silently replace the first
+        _check_out(out)  # again, holding the lock: an export that ended meanwhile has made it
+        remove_abandoned(out)  # what an export into the same path that was killed left behind
+        return target.write(job)

@@ -9,7 +9,7 @@ def _cmd_search(args) -> int:
     from ..documents import read_documents
     from ..errors import RopeExtendError
     from ..loading import load_model, load_tokenizer
-    from .run import search
+    from .run import claim, search
 
     if args.data is None:
         if args.model != "bundled":
@@ -19,6 +19,7 @@ def _cmd_search(args) -> int:
         texts = bundled.eval_texts()[:4]  # the held-out chronicles 0-3; 4-7 stay unseen for evaluation
     else:
         texts = read_documents(args.data, text_field=args.text_field, max_docs=args.max_docs)
+    claim(args.out, resume=args.resume, overwrite=args.overwrite, check_only=True)  # refused before the model loads
     model = load_model(args.model, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code)
     tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code)
     result = search(

@@ -309,13 +309,21 @@ def _read_state(path: Path, size: int) -> dict[str, Any]:
     raise RopeExtendError(f"resume: cannot read the search state {path}: {why}; {fix}")
 
 
+def claim(out: str | Path, *, resume: bool, overwrite: bool, check_only: bool = False) -> None:
+    """Claim ``out`` for a search (``io.claim_output_dir``); ``check_only``: refuse what the claim would, before
+    the model is loaded, changing nothing."""
+    owned = {STATE, RESULT, "report.md", "search.png"}
+    claim_output_dir(
+        out, kind="search", owned=owned.__contains__, resume=resume, overwrite=overwrite, check_only=check_only
+    )
+
+
 def _open_state(out, settings: dict, run: _Run, *, resume: bool, overwrite: bool) -> Path | None:
     """Claim ``out`` for the search and, with ``resume``, restore ``run`` from the state saved there (refused if
     it was run with other settings). Returns where the state is saved, or None without ``out``."""
     state_path = None
     if out is not None:
-        owned = {STATE, RESULT, "report.md", "search.png"}
-        claim_output_dir(out, kind="search", owned=owned.__contains__, resume=resume, overwrite=overwrite)
+        claim(out, resume=resume, overwrite=overwrite)
         state_path = Path(out) / STATE
     if resume:
         if state_path is None or not state_path.is_file():
