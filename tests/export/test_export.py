@@ -321,3 +321,26 @@ def test_notes_say_what_serving_past_the_target_gives(tmp_path, method, says):
         "with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 every log-prob past it is NaN or garbage"
     )
     assert r.notes == [vllm_note]
+
+
+def test_gguf_context_past_a_uint32_is_one_line_before_anything(tmp_path, capsys):
+    """GGUF's context_length is a uint32 (the gguf writer and llama.cpp's n_ctx_train): 2^32 - 1 tokens fits and is
+    written; one token more names the factor, the length and the limit, exit 2, nothing written."""
+    pytest.importorskip("gguf")
+    from gguf import GGUFReader
+
+    (tmp_path / "mine.txt").write_text("keep")
+    limit = 2**32 - 1
+    args = ["export", "bundled", "--to", "gguf", "--method", "yarn", "--out"]
+    assert main([*args, str(tmp_path / "big.gguf"), "--factor", str(2**24)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert (
+        f"factor 1.67772e+07 x L=256 gives a context of {2**32} tokens, past GGUF's context_length, a uint32 in the "
+        f"file and in llama.cpp (at most {limit}): give a factor of at most {limit // 256} for L=256" in err
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+    assert (tmp_path / "mine.txt").read_text() == "keep"
+    assert main([*args, str(tmp_path / "edge.gguf"), "--factor", repr(limit / 256)]) == 0, capsys.readouterr().err
+    field = GGUFReader(tmp_path / "edge.gguf").fields["llama.context_length"]
+    assert int(field.parts[field.data[0]][0]) == limit
