@@ -60,6 +60,8 @@ import torch
 
 import rope_extend
 from rope_extend.export import export
+from rope_extend.export.forms import patched_length
+from rope_extend.methods import registry
 from rope_extend.methods.ntk import dynamic_alpha
 
 L, FACTOR, NEW = 256, 4.0, 8  # the tiny models' trained length, the factor, the greedy continuation
@@ -107,8 +109,11 @@ class Case:
 
     def static(self) -> tuple[str, dict]:
         """The method and arguments transformers runs to reproduce what the engine serves (the static form)."""
-        if self.method == "dynamic":
-            alpha = dynamic_alpha(self.factor, self.original, int(self.factor * self.original))
+        if self.method == "dynamic":  # the export's alpha: the patched model's at the target (its grid's rounding)
+            scaling = registry.resolve(
+                registry.get("dynamic"), factor=self.factor, original_max_position_embeddings=self.original, params={}
+            )
+            alpha = dynamic_alpha(self.factor, self.original, patched_length(scaling))
             return "ntk", {**self.patch_args(), "alpha": alpha}
         if self.method == "dynamic_yarn":
             return "yarn", self.patch_args()
