@@ -48,7 +48,14 @@ def default_buckets(factor: float) -> tuple[float, ...]:
 
 def check_buckets(buckets, factor: float) -> tuple[float, ...]:
     """``buckets`` (an iterable of factors, or a comma-separated string) sorted, each above 1; the largest must be
-    ``factor`` (the length the engine serves). None gives ``default_buckets``."""
+    ``factor`` (the length the engine serves), itself above 1: checked first, since at 1 no bucket can be right
+    and the buckets are not what is wrong. None gives ``default_buckets``."""
+    if not factor > 1.0:  # NaN too
+        raise RopeExtendError(
+            f"the length-adaptive vLLM export of {METHOD} needs a factor above 1, got {factor:g}: at factor 1 it "
+            "serves L tokens, all with the model's own RoPE, so there is nothing to adapt; export without a method "
+            "to serve the model as it is, or give a factor above 1"
+        )
     if buckets is None:
         return default_buckets(factor)
     if isinstance(buckets, str):

@@ -52,6 +52,29 @@ def test_a_request_needs_its_prompt_and_max_tokens():
     assert adaptive.need(4000, 500, 4096) == 4096
 
 
+def test_factor_one_names_the_factor_not_the_buckets():
+    for buckets in (None, "2", "1,2"):
+        with pytest.raises(RopeExtendError, match="needs a factor above 1, got 1: ") as caught:
+            adaptive.check_buckets(buckets, 1.0)
+        assert "bucket" not in str(caught.value)
+    with pytest.raises(RopeExtendError, match="needs a factor above 1, got nan"):
+        adaptive.check_buckets(None, float("nan"))
+
+
+def test_factor_one_through_the_command_line(tmp_path, capsys):
+    from rope_extend.cli import main
+
+    folder = _saved(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for extra in ([], ["--buckets", "2"]):
+        capsys.readouterr()
+        args = ["export", str(folder), "--to", "vllm", "--method", "dynamic_yarn", "--factor", "1"]
+        assert main([*args, "--out", str(tmp_path / "out"), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "needs a factor above 1, got 1" in err and "bucket" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 def test_offsets_per_token_follow_the_batch_order():
     got = adaptive.offsets_per_token(PLAN, [0, 2, 1], [2, 1, 3])
     assert got.tolist() == [0, 0, 3072, 1024, 1024, 1024]
