@@ -146,7 +146,7 @@ def shift_positions(runner, plan: adaptive.Plan, scheduler_output, positions: An
     if bool((view.cpu().numpy() >= limits).any()):
         raise RuntimeError(
             "rope-extend adaptive dynamic_yarn: a token's position is past its request's bucket "
-            f"(lengths {plan.lengths}); the request grew beyond prompt + max_tokens"
+            f"(lengths {plan.lengths}); the request was fed more than prompt + max_tokens - 1 positions"
         )
     if segments.any():
         view += torch.from_numpy(adaptive.offsets_per_token(plan, segments, counts)).to(view.device, view.dtype)

@@ -43,11 +43,21 @@ PLUGIN_NOTE = (
     "serve with rope-extend installed in vLLM's environment: its vllm.general_plugins entry point registers "
     "the architecture (without it vLLM refuses the folder)"
 )
-BUCKET_NOTE = (
-    "past L a request gets its bucket's factor from its first token, where transformers' dynamic_yarn uses "
-    "l / L at the current length l (and turns cached keys as it grows): the two agree inside L and at "
-    "each bucket's edge"
-)
+
+
+def bucket_note(plan: adaptive.Plan) -> str:
+    """What the plugin serves against rope-extend's dynamic_yarn in transformers, with this plan's numbers."""
+    edges = ", ".join(f"{n} tokens" for n in plan.lengths[1:])
+    served = ", ".join(f"x{s:g}" for s in plan.factors[1:])
+    patched = ", ".join(f"x{s:.4g}" for s in adaptive.patched_factors(plan))
+    return (
+        "a request's factor is chosen from the most positions it feeds (prompt + max_tokens - 1: the last token "
+        "sampled is never fed back) and kept from its first token, where rope-extend's dynamic_yarn in transformers "
+        "uses l / L at the current length l and turns cached keys as l grows: the two are the same model up to "
+        f"L={plan.original} positions (a prompt of exactly L tokens scored with max_tokens=1 included); at the "
+        f"bucket edges ({edges}) this serves yarn at {served}, dynamic_yarn's l / L there, where the patched "
+        f"transformers model, which rounds l up to its re-rotation grid (steps of 1/16), runs yarn at {patched}"
+    )
 
 
 class VllmTarget(FolderTarget):
@@ -91,11 +101,11 @@ class VllmTarget(FolderTarget):
         )
         command = self.serve_command(str(job.out), None, plan.longest, model_dtype(job))
         tokens = (
-            "give each request max_tokens: its factor is chosen from prompt + max_tokens and kept for its life "
+            "give each request max_tokens: its factor is chosen from prompt + max_tokens - 1 and kept for its life "
             f"(without max_tokens a request may grow to {plan.longest} tokens, so it gets x{plan.factors[-1]:g})"
         )
         longest = f"do not serve past {plan.longest} tokens: the table ends there"
-        job.notes[:] = [PLUGIN_NOTE, tokens, longest, BUCKET_NOTE]
+        job.notes[:] = [PLUGIN_NOTE, tokens, longest, bucket_note(plan)]
         self.write_folder(job, updates, method=adaptive.METHOD, how=how, command=command, notes=job.notes)
         return self.result(job, how=how, command=command, method=adaptive.METHOD)
 
