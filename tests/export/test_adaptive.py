@@ -5,6 +5,7 @@ and the exported folder (the engine itself: test_vllm_adaptive.py)."""
 from __future__ import annotations
 
 import json
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -225,6 +226,11 @@ def test_export_writes_the_plugins_folder(tmp_path):
     }
     assert result.command.endswith("--max-model-len 512 --dtype float32") and "x2, x4, x8" in result.how
     assert not any("VLLM_ALLOW_LONG_MAX_MODEL_LEN" in n for n in result.notes)
+    # the record and the notes name the release the plugin runs on, not the source the static rules were read from
+    info = json.loads((tmp_path / "a" / "rope-extend-export.json").read_text())
+    assert result.engine == info["engine"] == "vllm 0.32.0 with rope-extend's plugin"
+    assert info["notes"] == result.notes and "serve with vLLM 0.32.0" in result.notes[0]
+    assert "0.33" not in json.dumps(info)
     # what the plugin serves against transformers, with this plan's numbers: the same up to L positions; at the
     # bucket edges yarn at the bucket, where the patched model's grid runs it a little higher
     edge = result.notes[3]
@@ -278,3 +284,30 @@ def test_export_refuses_what_the_plugin_does_not_serve(tmp_path):
     with pytest.raises(UnsupportedModelError, match="ships linear scaling"):
         export(model, "vllm", tmp_path / "l", method="dynamic_yarn", factor=4)
     assert not (tmp_path / "q2").exists() and not (tmp_path / "l").exists()
+
+
+# ------------------------------------------------------------------------------------------ vLLM versions
+def test_only_the_checked_vllm_release_is_served():
+    assert vllm_plugin.CHECKED == ("0.32.0",)
+    assert vllm_plugin.version_problem("0.32.0") is None
+    assert vllm_plugin.version_problem("0.32.0+cpu") is None  # a local build of the same release
+    for other in ("0.33.0", "0.32.1", "0.31.2", "0.32"):
+        problem = vllm_plugin.version_problem(other)
+        assert f"this is vLLM {other}: install vllm 0.32.0" in problem and "\n" not in problem
+
+
+@pytest.mark.parametrize(("version", "wrapped"), [("0.32.0", True), ("0.33.0", False)])
+def test_register_wraps_nothing_under_another_release(monkeypatch, version, wrapped):
+    """The architectures are registered either way (an adaptive folder then reaches its model class, which
+    refuses with version_problem's line); the engine core is wrapped only under the checked release."""
+    registered, calls = [], []
+    fake = SimpleNamespace(
+        __version__=version, ModelRegistry=SimpleNamespace(register_model=lambda *a: registered.append(a))
+    )
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setattr(vllm_plugin, "_wrap_admission", lambda: calls.append(True))
+    vllm_plugin.register()
+    assert registered == [
+        ("RopeExtendAdaptiveLlamaForCausalLM", "rope_extend.export.vllm_models:RopeExtendAdaptiveLlamaForCausalLM")
+    ]
+    assert calls == ([True] if wrapped else [])
