@@ -13,9 +13,10 @@ compare with the same model patched in transformers, on the same token ids:
 - a greedy continuation of ``new`` tokens (identical or not, and the first differing step).
 
 The prompt is the target length minus ``new`` tokens, so the continuation ends at the length the export
-serves. ``dynamic`` and ``dynamic_yarn`` export only approximately (a static scaling, exact at the target,
-``rope_extend.export.routes``): they are compared with the static method the engine gets (``ntk`` with the
-target's alpha, ``yarn`` at the factor), and the row also gives the perplexity of the dynamic method itself.
+serves. ``dynamic`` and ``dynamic_yarn`` export only approximately (a static scaling at the target,
+``rope_extend.export.forms``): they are compared with the static method the engine gets (``ntk`` with the alpha
+the patched model uses at the target, ``yarn`` at the factor), and the row also gives the perplexity of the
+dynamic method itself.
 ``longrope`` exports approximately too (the engine keeps its long factors below L); past L, where every case
 here is, it is compared with the patched model.
 
