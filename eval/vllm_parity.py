@@ -13,9 +13,10 @@ compare with the same model patched in transformers, on the same token ids:
 - a greedy continuation of ``new`` tokens (identical or not, and the first differing step).
 
 The prompt is the target length minus ``new`` tokens, so the continuation ends at the length the export
-serves. ``dynamic`` and ``dynamic_yarn`` export only approximately (a static scaling, exact at the target,
-``rope_extend.export.routes``): they are compared with the static method the engine gets (``ntk`` with the
-target's alpha, ``yarn`` at the factor), and the row also gives the perplexity of the dynamic method itself.
+serves. ``dynamic`` and ``dynamic_yarn`` export only approximately (a static scaling at the target,
+``rope_extend.export.forms``): they are compared with the static method the engine gets (``ntk`` with the alpha
+the patched model uses at the target, ``yarn`` at the factor), and the row also gives the perplexity of the
+dynamic method itself.
 ``longrope`` exports approximately too (the engine keeps its long factors below L); past L, where every case
 here is, it is compared with the patched model.
 
@@ -60,6 +61,8 @@ import torch
 
 import rope_extend
 from rope_extend.export import export
+from rope_extend.export.forms import patched_length
+from rope_extend.methods import registry
 from rope_extend.methods.ntk import dynamic_alpha
 
 L, FACTOR, NEW = 256, 4.0, 8  # the tiny models' trained length, the factor, the greedy continuation
@@ -107,8 +110,11 @@ class Case:
 
     def static(self) -> tuple[str, dict]:
         """The method and arguments transformers runs to reproduce what the engine serves (the static form)."""
-        if self.method == "dynamic":
-            alpha = dynamic_alpha(self.factor, self.original, int(self.factor * self.original))
+        if self.method == "dynamic":  # the export's alpha: the patched model's at the target (its grid's rounding)
+            scaling = registry.resolve(
+                registry.get("dynamic"), factor=self.factor, original_max_position_embeddings=self.original, params={}
+            )
+            alpha = dynamic_alpha(self.factor, self.original, patched_length(scaling))
             return "ntk", {**self.patch_args(), "alpha": alpha}
         if self.method == "dynamic_yarn":
             return "yarn", self.patch_args()

@@ -5,10 +5,15 @@ YaRN x4 on SmolLM2-135M: perplexity 49.69 against 43.04 at 4k, inside L). rope-e
 plain RoPE up to ``L`` and YaRN at ``l / L`` past it, which needs cached keys turned as ``l`` grows; an engine
 that pages its KV cache cannot turn them. The engine form fixes each request's factor at admission instead:
 
-- ``need = min(prompt tokens + max_tokens, max_model_len)``, the longest the request can grow;
+- ``need = min(prompt tokens + max_tokens, max_model_len) - 1``, the most positions the model is fed for the
+  request: the engine stops once it has sampled the last token and never feeds that one back, so a prompt of
+  ``L`` tokens scored with ``max_tokens=1`` feeds ``L`` positions, as a forward of those ``L`` tokens does in
+  transformers;
 - ``need <= L``: the model's own frequencies (``dynamic_yarn`` at ``L``, plain RoPE), exactly the unscaled model;
-- else YaRN at the smallest factor ``s_k`` of the bucket set with ``need <= s_k L`` (``dynamic_yarn`` at
-  ``s_k L``, the same as ``yarn`` at ``s_k``), kept for the request's whole life, so no key is ever turned.
+- else YaRN at the smallest factor ``s_k`` of the bucket set with ``need <= s_k L`` (``dynamic_yarn``'s formula at
+  ``l = s_k L``, the same as ``yarn`` at ``s_k``), kept for the request's whole life, so no key is ever turned.
+  rope-extend's patched model rounds ``l`` up to its re-rotation grid past ``L`` (``hf.rotary.bucket``), so at
+  ``s_k L`` it runs yarn a little above ``s_k`` (``patched_factors``).
 
 One cos/sin table holds every segment, one after another (segment 0: ``L`` rows of plain RoPE; segment ``k``:
 ``s_k L`` rows of YaRN at ``s_k``), and each token looks up row ``offset_k + position``: the per-token offset
@@ -29,6 +34,7 @@ import numpy as np
 import torch
 
 from ..errors import RopeExtendError, UnsupportedModelError
+from ..hf.rotary import bucket
 from ..methods import registry
 
 CONFIG_KEY = "rope_extend_adaptive"  # the exported config.json's key: buckets, L, the model's own architecture
@@ -48,7 +54,14 @@ def default_buckets(factor: float) -> tuple[float, ...]:
 
 def check_buckets(buckets, factor: float) -> tuple[float, ...]:
     """``buckets`` (an iterable of factors, or a comma-separated string) sorted, each above 1; the largest must be
-    ``factor`` (the length the engine serves). None gives ``default_buckets``."""
+    ``factor`` (the length the engine serves), itself above 1: checked first, since at 1 no bucket can be right
+    and the buckets are not what is wrong. None gives ``default_buckets``."""
+    if not factor > 1.0:  # NaN too
+        raise RopeExtendError(
+            f"the length-adaptive vLLM export of {METHOD} needs a factor above 1, got {factor:g}: at factor 1 it "
+            "serves L tokens, all with the model's own RoPE, so there is nothing to adapt; export without a method "
+            "to serve the model as it is, or give a factor above 1"
+        )
     if buckets is None:
         return default_buckets(factor)
     if isinstance(buckets, str):
@@ -127,11 +140,20 @@ class Plan:
 
 
 def need(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
-    """The longest a request can grow: its prompt plus ``max_tokens``, at most ``max_model_len`` (the engine
-    stops a request there); without ``max_tokens`` the engine lets it grow to ``max_model_len``."""
-    if max_tokens is None:
-        return int(max_model_len)
-    return min(int(prompt_tokens) + int(max_tokens), int(max_model_len))
+    """The most positions the model is fed for a request. It grows to its prompt plus ``max_tokens`` (at most
+    ``max_model_len``, where the engine stops it; without ``max_tokens`` to ``max_model_len``), and the last token
+    it samples is never fed back: one less, but never less than the prompt, which is fed whole. A prompt of ``L``
+    tokens with ``max_tokens=1`` (pure scoring) feeds ``L`` positions: the unscaled model, as transformers'
+    ``dynamic_yarn`` on those ``L`` tokens."""
+    grown = int(max_model_len) if max_tokens is None else min(int(prompt_tokens) + int(max_tokens), int(max_model_len))
+    return max(grown - 1, int(prompt_tokens))
+
+
+def patched_factors(plan: Plan) -> tuple[float, ...]:
+    """The yarn factor rope-extend's patched ``dynamic_yarn`` runs at each bucket's edge ``s_k L``: ``l / L`` with
+    ``l`` rounded up to its re-rotation grid (``hf.rotary.bucket``), a little above ``s_k`` (x2.075 at 2L for
+    L = 1024), where the plugin serves yarn at ``s_k``. Said in the export's note."""
+    return tuple(bucket(n, plan.original) / plan.original for n in plan.lengths[1:])
 
 
 def salt(plan: Plan, segment: int, user_salt: str | None) -> str:

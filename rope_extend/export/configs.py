@@ -95,12 +95,15 @@ class FolderTarget(ExportTarget):
         self.write_folder(job, updates, method=job.method, how=how, command=command, notes=job.notes)
         return self.result(job, how=how, command=command, overrides=updates if self.override_flag else None)
 
-    def result(self, job: ExportJob, *, how: str, command: str, overrides=None, method: str | None = None):
-        """The ``ExportResult`` of ``job`` written by this target."""
+    def result(
+        self, job: ExportJob, *, how: str, command: str, overrides=None, method: str | None = None, engine: str = ""
+    ):
+        """The ``ExportResult`` of ``job`` written by this target (``engine``: another engine than the target's
+        own, as the vLLM plugin's release)."""
         return ExportResult(
             out=job.out,
             target=self.name,
-            engine=self.engine,
+            engine=engine or self.engine,
             method=method or job.method,
             how=how,
             command=command,
@@ -110,9 +113,18 @@ class FolderTarget(ExportTarget):
         )
 
     def write_folder(
-        self, job: ExportJob, updates: dict[str, Any], *, method: str, how: str, command: str, notes: list[str]
+        self,
+        job: ExportJob,
+        updates: dict[str, Any],
+        *,
+        method: str,
+        how: str,
+        command: str,
+        notes: list[str],
+        engine: str = "",
     ) -> None:
-        """The model (copied, or saved from memory) with ``updates`` in its config and the info file beside it."""
+        """The model (copied, or saved from memory) with ``updates`` in its config and the info file beside it
+        (``engine``: as in ``result``)."""
         with writing(job.out) as tmp:
             if job.source is not None:
                 shutil.copytree(job.source, tmp, ignore=shutil.ignore_patterns(MARKER, INFO, ".*"))
@@ -121,7 +133,7 @@ class FolderTarget(ExportTarget):
                 if job.tokenizer is not None:
                     job.tokenizer.save_pretrained(tmp)
             self._rewrite_config(tmp, updates)
-            info = {"tool": f"rope-extend {__version__}", "engine": self.engine, "method": method, "how": how}
+            info = {"tool": f"rope-extend {__version__}", "engine": engine or self.engine, "method": method, "how": how}
             write_json(tmp / INFO, {**info, "command": command, "notes": notes})
             normal_permissions(tmp)  # a copy of a cached folder would keep the cache's 0600 files
 

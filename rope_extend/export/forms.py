@@ -6,11 +6,16 @@ into the one of those that computes the same cos/sin, or says there is none:
 
 - ``ntk`` is plain RoPE with the base ``b * alpha ** (d / (d - 2))`` (bloc97 2023): every engine takes it;
 - ``ntk_by_parts`` is YaRN with the attention factor 1 (Peng et al. 2023, section 3.2);
-- ``dynamic`` and ``dynamic_yarn`` change with the length; their frequencies at the target length
-  (``dynamic``: ``alpha = s^2 - s + 1``; ``dynamic_yarn``: YaRN at ``s``) are the closest static scaling,
-  exact at the target and different below ``L`` (where the dynamic methods are plain RoPE), so they are
-  offered only on request (``approximate``); vLLM serves ``dynamic_yarn`` per request instead, through
-  rope-extend's plugin (``adaptive``);
+- ``dynamic`` and ``dynamic_yarn`` change with the length; their frequencies at the target length are the
+  closest static scaling, different below ``L`` (where the dynamic methods are plain RoPE), so they are offered
+  only on request (``approximate``); vLLM serves ``dynamic_yarn`` per request instead, through rope-extend's
+  plugin (``adaptive``). ``dynamic``: the base the patched model uses for a sequence of the target's length, the
+  same function at the same rounded length (``patched_length``: past ``L`` the patched model computes dynamic
+  frequencies at the next length of its re-rotation grid, so at ``L = 256``, ``T = 1024`` its alpha is 13.44, not
+  the 13.0 of ``s T / L - (s - 1)`` at ``T`` itself); the served model is the patched one at the target.
+  ``dynamic_yarn``: YaRN at ``s``, the standard static form every engine and a model fine-tuned with YaRN at ``s``
+  share, which is ``dynamic_yarn``'s ``l / L`` at ``l = T``; the patched model rounds ``l`` up to its grid there
+  too (YaRN at ``1052 / 256 = 4.11`` for the same example), and the export's note says so;
 - the attention methods keep plain frequencies and change positions inside attention: an engine needs an
   attention kernel of its own for them (``routes``).
 
@@ -23,6 +28,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..hf.rotary import bucket
 from ..methods import registry
 from ..methods.llama3 import Llama3Params
 from ..methods.longrope import LongRopeParams
@@ -59,6 +65,12 @@ class Form:
         return mscale(self.factor)
 
 
+def patched_length(scaling: registry.Scaling) -> int:
+    """The length rope-extend's patched model computes a dynamic method's frequencies at for a sequence of the
+    target's length: the target rounded up to the re-rotation grid past ``L`` (``hf.rotary.bucket``)."""
+    return bucket(scaling.target_length, scaling.original_max_position_embeddings)
+
+
 def static_form(scaling: registry.Scaling | None, dim: int, base: float) -> Form | None:
     """The static ``Form`` of ``scaling`` for a rotary dimension ``dim`` and base ``base``; None for an
     attention method (plain frequencies, positions changed in attention) and for ``logn``."""
@@ -74,14 +86,17 @@ def static_form(scaling: registry.Scaling | None, dim: int, base: float) -> Form
         alpha = s if p.alpha is None else p.alpha
         return Form(DEFAULT, ntk_base(float(base), alpha, dim), s, length)
     if name == "dynamic":
-        alpha = dynamic_alpha(s, length, target)
+        at = patched_length(scaling)  # the patched model's own rounding, so the two are one model at the target
+        alpha = dynamic_alpha(s, length, at)
         return Form(
             DEFAULT,
             ntk_base(float(base), alpha, dim),
             s,
             length,
-            changes=f"dynamic NTK made static at the target {target} (base x {alpha:g}^(d/(d-2))): below the "
-            f"target every position uses the target's base, where rope-extend's dynamic is plain RoPE up to L={length}",
+            changes=f"dynamic NTK made static at the target {target} (base x {alpha:g}^(d/(d-2)), the patched "
+            f"model's base at the target: it computes dynamic frequencies at {at}, the target rounded up to its "
+            f"re-rotation grid): below the target every position uses this base, where rope-extend's dynamic is "
+            f"plain RoPE up to L={length}",
         )
     if isinstance(p, NTKByPartsParams):  # ntk_by_parts, yarn, dynamic_yarn
         scale = yarn_attention_scale(p, s) if isinstance(p, YarnParams) else 1.0
@@ -91,7 +106,8 @@ def static_form(scaling: registry.Scaling | None, dim: int, base: float) -> Form
             changes = (
                 f"dynamic YaRN made static at factor {s:g}: below the target every position uses YaRN at "
                 f"{s:g}, where rope-extend's dynamic_yarn is plain RoPE up to L={length} "
-                "(the same as finetuned=true from L on)"
+                "(the same as finetuned=true from L on); at the target itself the patched model, which rounds "
+                f"the length up to its re-rotation grid, runs YaRN at {patched_length(scaling) / length:.4g}"
                 if not p.finetuned
                 else ""
             )

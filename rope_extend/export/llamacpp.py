@@ -25,6 +25,10 @@ run); file references are to that tree:
   halves of every query and key head (``permute`` in conversion/llama.py), undone by transformers' GGUF reader.
 - Self-Extend: ``--grp-attn-n`` / ``--grp-attn-w`` are accepted by ``llama-completion`` only (and
   ``llama-passkey``'s ``--grp-attn-n``); ``llama-cli`` and ``llama-server`` reject them (common/arg.cpp).
+- ``{arch}.context_length`` and ``rope.scaling.original_context_length`` are uint32 keys: the ``gguf`` writer
+  packs them as such (``add_context_length``, ``add_uint32``) and llama.cpp reads them into ``uint32_t``
+  (``hparams.n_ctx_train``, ``n_ctx_orig_yarn``; ``get_key`` refuses any other type), so ``2^32 - 1`` tokens is
+  the most a file can say (``check_context``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from .forms import DEFAULT, LINEAR, LLAMA3, LONGROPE, YARN, Form, yarn_attn_fact
 from .gguf_families import LONG, ROPE_FREQS, SHORT, Family, check_rope, family, head_dim, problems, rotary_dim, shifted
 
 LLAMACPP_VERSION = "llama.cpp 0c1e57098 (llama-cpp-python 0.3.36)"
+UINT32_MAX = 2**32 - 1  # the context length keys' type in GGUF and in llama.cpp
 YARN_BETAS = (32.0, 1.0)  # the llama architecture's fixed betas
 DTYPES = ("f32", "f16", "q8_0")
 # llama.cpp names a BPE tokenizer's pre-tokenizer (tokenizer.ggml.pre); its converter recognises a tokenizer by
@@ -105,6 +110,23 @@ def rope_metadata(
         )
         return keys, dict.fromkeys(divisors, ratio), how
     raise RopeExtendError(f"llama.cpp has no rope metadata for a {form.kind!r} scaling")
+
+
+def check_context(length: int, factor: float | None, original: int | None) -> None:
+    """Refuse, before anything is read or written, a context the file cannot say: ``length`` (the target,
+    ``factor`` x ``original``, or the model's own when there is no scaling) past a uint32."""
+    if length <= UINT32_MAX:
+        return
+    if factor is None or original is None:
+        raise RopeExtendError(
+            f"the model's context of {length} tokens does not fit GGUF's context_length, a uint32 in the file and in "
+            f"llama.cpp (at most {UINT32_MAX})"
+        )
+    raise RopeExtendError(
+        f"factor {factor:g} x L={original} gives a context of {length} tokens, past GGUF's context_length, a uint32 "
+        f"in the file and in llama.cpp (at most {UINT32_MAX}): give a factor of at most {UINT32_MAX // original} "
+        f"for L={original}"
+    )
 
 
 def self_extend_flags(group_size: int, window: int) -> list[str]:

