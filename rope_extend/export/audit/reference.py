@@ -24,7 +24,7 @@ from ...methods import Geometry, check_factor, check_int, check_number
 from ...methods.llama3 import Llama3Params
 from ...methods.longrope import LongRopeParams
 from ...methods.yarn import NTKByPartsParams
-from . import files
+from ...untrusted import read_json
 from .rope import MAX_LAYERS, MAX_ROTARY_DIM, Rope
 
 ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta")
@@ -40,7 +40,7 @@ def load(source, overrides: dict[str, Any] | None = None):
     audit computes with is checked (``check``)."""
     path = Path(source)
     file = path / "config.json" if path.is_dir() else path
-    data = files.read_json(file, "the transformers config")
+    data = read_json(file, name=f"the transformers config {file}", fix="give the config.json of a transformers model")
     if not isinstance(data, dict) or "model_type" not in data:
         raise RopeExtendError(f"{file} is not a transformers config (no model_type)")
     if overrides is not None and not isinstance(overrides, dict):
