@@ -32,10 +32,12 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import untrusted
 from .errors import RopeExtendError, closest
 from .io import atomic_path, owned_tempdir, remove_abandoned, sha256, write_json
 
 SOURCE_FILE = "rope-extend-source.json"  # written last into a cached model folder: its presence means complete
+MAX_RECORD = 1 << 20  # bytes of a SOURCE_FILE: a digest per cached file, a few kB
 
 
 @dataclass(frozen=True)
@@ -261,6 +263,11 @@ def _record(folder: Path) -> dict[str, dict]:
     }
 
 
+def _inside(rel) -> bool:
+    """Whether ``rel`` (from a cache record) names a file inside the cached folder: relative, no ``..``."""
+    return isinstance(rel, str) and bool(rel) and not Path(rel).is_absolute() and ".." not in Path(rel).parts
+
+
 def verify(name: str) -> None:
     """Check the cached files of ``name`` against the digests recorded when they were fetched: cheaply by size
     and mtime, and by the full SHA-256 when the mtime changed (a copy, a touch, or damage). A damaged or missing
@@ -270,14 +277,19 @@ def verify(name: str) -> None:
     remote = _remote(name)
     folder = cache_dir() / remote.name
     again = f"fetch it again: rope-extend fetch {remote.name} --force"
+    record = folder / SOURCE_FILE  # fetch wrote it: a regular file, not a link, of a few kB (``untrusted``)
+    source = untrusted.read_object(
+        record, limit=MAX_RECORD, name=f"the cache record {record} of {remote.name}", follow_links=False, fix=again
+    )
     try:
-        source = json.loads((folder / SOURCE_FILE).read_text(encoding="utf-8"))
         records = source.get("verified")
         if records is None and isinstance(remote, Texts):
             records = {f"texts/{n}": {"sha256": f["sha256"]} for n, f in source.get("files", {}).items()}
         records = dict(records or {})
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError, TypeError, KeyError):
-        raise RopeExtendError(f"the cache record {folder / SOURCE_FILE} of {remote.name} is damaged; {again}") from None
+        if not all(isinstance(r, dict) and _inside(rel) for rel, r in records.items()):
+            raise TypeError("not a record of files in the folder")
+    except (ValueError, AttributeError, TypeError, KeyError):
+        raise RopeExtendError(f"the cache record {record} of {remote.name} is damaged; {again}") from None
     changed = False
     for rel, rec in records.items():
         path = folder / rel

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import socket
-import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,10 +16,12 @@ from typing import Any
 
 from . import locking
 from .errors import RopeExtendError
+from .untrusted import read_object
 
 # ------------------------------------------------------------------------------ temporaries and their owners
 PROBE = ".rope-extend-probe-"  # the folder check_writable makes and removes at once: a killed one is harmless
 OWNER = ".rope-extend-owner"  # inside each temporary folder: the host, pid and start time of the process using it
+OWNER_BYTES = 4096  # an owner record is ~100 bytes
 
 
 def _started(pid: int) -> str | None:
@@ -46,10 +47,10 @@ def _abandoned(folder: Path) -> bool:
     """Whether ``folder`` is a temporary whose owner is provably gone: made on this host by a process that no
     longer runs (or whose pid now belongs to a process started at another time). Anything else, a folder of
     another host (a shared disk) or one without a readable owner record, is not proven abandoned."""
-    try:
-        owner = json.loads((folder / OWNER).read_text(encoding="utf-8"))
+    try:  # not through a link, nor from a pipe planted there (it would block): the file owned_tempdir wrote
+        owner = read_object(folder / OWNER, limit=OWNER_BYTES, follow_links=False)
         host, pid, started = owner["host"], int(owner["pid"]), owner.get("started")
-    except (OSError, ValueError, KeyError, TypeError):
+    except (RopeExtendError, ValueError, KeyError, TypeError, OverflowError):
         return False
     if host != socket.gethostname() or pid == os.getpid():
         return False
@@ -193,6 +194,7 @@ def write_json(path: str | os.PathLike, data: Any) -> Path:
 
 # ------------------------------------------------------------------------------------------ output folders
 MARKER = ".rope-extend"  # written into every folder rope-extend creates for its output
+MARKER_BYTES = 1 << 20  # a marker is ~100 bytes (configure's lists the entries it wrote)
 
 
 def _temporary(name: str) -> bool:
@@ -204,21 +206,10 @@ def _temporary(name: str) -> bool:
 def read_marker(folder: str | os.PathLike) -> dict[str, Any]:
     """What the marker of ``folder`` says (``{}`` when there is none): read only from a small regular file, not
     through a link, and only a JSON object; anything else is not a marker rope-extend wrote (``{}``)."""
-    marker = Path(folder) / MARKER
     try:
-        fd = os.open(marker, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
+        return read_object(Path(folder) / MARKER, limit=MARKER_BYTES, follow_links=False)
+    except RopeExtendError:
         return {}
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
-            return {}
-        data = json.loads(os.read(fd, st.st_size + 1).decode("utf-8"))
-    except (OSError, ValueError):
-        return {}
-    finally:
-        os.close(fd)
-    return data if isinstance(data, dict) else {}
 
 
 def unsafe_folder(path: Path) -> str | None:

@@ -41,6 +41,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import RopeExtendError
+from .untrusted import decode_json
 
 try:
     import fcntl
@@ -121,10 +122,11 @@ def check(folder: str | os.PathLike, *, name: str = LOCK, what: str = "--out", e
 
 def _holder(fd: int) -> str:
     """Who holds the lock, from the file's content: 'pid 123 on host, started ...: rope-extend eval ...'."""
-    try:
-        info = json.loads(os.pread(fd, MAX_RECORD, 0).decode("utf-8"))
-        return f"pid {info['pid']} on {info['host']}, started {info['started']}: {info['command']}"
-    except (OSError, ValueError, KeyError, TypeError):
+    try:  # MAX_RECORD bytes at most, and JSON of any shape or depth refused: a hostile holder may write anything
+        info = decode_json(os.pread(fd, MAX_RECORD, 0), "the holder record")
+        said = f"pid {info['pid']} on {info['host']}, started {info['started']}: {info['command']}"
+        return " ".join(said.split())[:400]  # one line, whatever the record holds
+    except (OSError, RopeExtendError, KeyError, TypeError):
         return "a process that has not written its name yet"
 
 

@@ -13,7 +13,8 @@ allowed. Fields carry their help text in metadata (as PEFT's ``LoraConfig`` fiel
 
 YAML is read with ``load_yaml`` (``yaml_loader``): ``yaml.safe_load`` (no tag constructs an arbitrary object:
 ``!!python/...`` is an error) with YAML 1.2's floats (``1e-3`` is a number), no key given twice, and bounded
-nesting and aliases. An error shows a value at most ``shown``'s few hundred characters long, whatever its size.
+nesting and aliases. An error shows a value at most ``untrusted.shown``'s few hundred characters long, whatever
+its size.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import reprlib
 import types
 import typing
 from typing import Any, Literal
@@ -29,6 +29,7 @@ from typing import Any, Literal
 import yaml
 
 from .errors import RopeExtendError, close_matches
+from .untrusted import shown  # the one bounded repr: an error shows a value in a few hundred characters
 from .yaml_loader import (
     load_yaml,
     read_yaml,  # noqa: F401  (recipes and suites read their files through schema)
@@ -36,17 +37,7 @@ from .yaml_loader import (
 )
 
 _MISSING = dataclasses.MISSING
-_REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 80, 80
-_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 8
 MAX_PROBLEMS = 8  # problems listed in one error; the rest are counted
-
-
-def shown(value: Any) -> str:
-    """``repr(value)`` cut to a few hundred characters, computed without walking the whole value (an error
-    message about a list of a million items prints its first few)."""
-    text = _REPR.repr(value)
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def option(default: Any = _MISSING, *, help: str, factory: Any = _MISSING, internal: bool = False):

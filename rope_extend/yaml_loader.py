@@ -1,6 +1,6 @@
 """How rope-extend reads YAML (recipes, suites, ``--set`` values, a run's saved recipe): one loader, used by every read.
 
-It is ``yaml.SafeLoader`` (no tag constructs an arbitrary object: ``!!python/...`` is an error) with four changes:
+It is ``yaml.SafeLoader`` (no tag constructs an arbitrary object: ``!!python/...`` is an error) with five changes:
 
 - YAML 1.2's floats, so that ``1e-3`` is a number as ``1.0e-3`` is (YAML 1.1, which PyYAML implements, reads an
   exponent without a dot as a string);
@@ -8,6 +8,7 @@ It is ``yaml.SafeLoader`` (no tag constructs an arbitrary object: ``!!python/...
   silently: a recipe with ``max_steps`` twice would train with the second);
 - nesting deeper than ``MAX_DEPTH`` levels is refused (PyYAML composes a document recursively: 20,000 levels
   end in a RecursionError);
+- an integer past Python's 4300 digits of conversion is refused (``int`` raises a ValueError, not a YAML error);
 - aliases (``*name``) may repeat at most ``MAX_ALIASED`` characters in all (a value counts its text, plus one). An
   alias repeats a node without copying it, so ten aliases of ten aliases of ... (an "alias bomb"), or ten thousand
   aliases of a long string, are a few lines that stand for gigabytes; read into a dataclass or printed in an error,
@@ -16,11 +17,13 @@ It is ``yaml.SafeLoader`` (no tag constructs an arbitrary object: ``!!python/...
   hand-written file repeats.
 
 Each refusal is a ``yaml.MarkedYAMLError`` (``LimitError``), so every caller's ``except yaml.YAMLError`` turns it
-into its one-line message, with the line and column.
+into its one-line message, with the line and column. A file is read by ``read_yaml``, through ``untrusted``: a
+regular file of at most ``MAX_BYTES``, UTF-8.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,7 @@ from typing import Any
 import yaml
 
 from .errors import RopeExtendError
+from .untrusted import read_text, shown
 
 MAX_DEPTH = 64  # a recipe nests 3 levels; PyYAML's recursion would end near 300
 MAX_ALIASED = 100_000  # characters (and values) repeated by aliases in one document
@@ -45,11 +49,6 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     if isinstance(node, yaml.MappingNode):
         return [n for pair in node.value for n in pair]
     return []
-
-
-def _shown(key: Any) -> str:
-    text = repr(key)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class Loader(yaml.SafeLoader):
@@ -89,6 +88,17 @@ class Loader(yaml.SafeLoader):
         self._size[id(node)] = 1 + own + sum(self._size[id(child)] for child in _children(node))
         return node
 
+    def construct_yaml_int(self, node):
+        """An integer, or a refusal of one past Python's 4300 digits (``int`` raises a ValueError there, which is
+        not a ``yaml.YAMLError``: every caller would end in a traceback)."""
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            raise LimitError(
+                problem=f"an integer of {len(node.value)} digits: more than any value rope-extend reads",
+                problem_mark=node.start_mark,
+            ) from None
+
     def construct_document(self, node):
         self._check_keys(node)
         return super().construct_document(node)
@@ -118,12 +128,13 @@ class Loader(yaml.SafeLoader):
                     continue
                 if earlier is not None:
                     raise LimitError(
-                        problem=f"the key {_shown(key)} is given twice in one mapping (line "
+                        problem=f"the key {shown(key, 60)} is given twice in one mapping (line "
                         f"{earlier.start_mark.line + 1} and line {key_node.start_mark.line + 1}): give it once",
                     )
                 first[key] = key_node
 
 
+Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
 _FLOAT = "tag:yaml.org,2002:float"
 Loader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != _FLOAT]
@@ -157,25 +168,31 @@ def yaml_problem(exc: yaml.YAMLError) -> str:
     return " ".join(str(exc).split())
 
 
-def read_yaml(path: str | Path, *, what: str = "file", error: type[RopeExtendError] = RopeExtendError) -> dict:
-    """A YAML mapping from ``path`` (see ``load_yaml``); an empty file is ``{}``."""
+def read_yaml(
+    path: str | Path,
+    *,
+    what: str = "file",
+    error: type[RopeExtendError] = RopeExtendError,
+    follow_links: bool = True,
+    fix: str | None = None,
+) -> dict:
+    """A YAML mapping from ``path`` (see ``load_yaml``); an empty file is ``{}``. ``follow_links=False`` for a
+    file rope-extend wrote itself (a run's saved recipe): a link there is refused, not read through. ``fix``
+    ends each refusal (default: what a ``what`` is)."""
     path = Path(path)
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise error(f"{what} {str(path)!r}: no such file")
-    with open(path, "rb") as f:
-        data = f.read(MAX_BYTES + 1)
-    if len(data) > MAX_BYTES:
-        raise error(f"{what} {path} is larger than {MAX_BYTES >> 20} MiB: a {what} is a few kB of YAML")
+    # a regular file of at most MAX_BYTES, UTF-8 (a pipe or a device is refused, not waited on or read forever)
+    fix = f"a {what} is a few kB of YAML" if fix is None else fix
+    text = read_text(path, limit=MAX_BYTES, name=f"{what} {path}", follow_links=follow_links, fix=fix, error=error)
     try:
-        data = load_yaml(data.decode("utf-8"))
+        data = load_yaml(text)
     except LimitError as exc:
         raise error(f"{what} {path}: {yaml_problem(exc)}") from None
     except yaml.YAMLError as exc:
         raise error(
             f"{what} {path} is not valid YAML (or uses a tag that safe loading refuses): {yaml_problem(exc)}"
         ) from None
-    except UnicodeDecodeError:
-        raise error(f"{what} {path} is not a UTF-8 text file") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

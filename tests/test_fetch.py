@@ -221,3 +221,42 @@ def test_the_download_says_what_it_does_and_what_it_got(tmp_path, monkeypatch, c
     monkeypatch.setattr(fetch.subprocess, "run", failing)
     with pytest.raises(RopeExtendError, match="failed \\(ERROR: No matching distribution found\\)"):
         fetch._download(remote, tmp_path / "empty")
+
+
+@pytest.mark.parametrize(
+    ("plant", "said"),
+    [
+        ("link", "is a symbolic link: rope-extend never reads a file it wrote through a link"),
+        ("deep", "is nested too deeply to be read as JSON"),
+        ("outside", "is damaged"),
+        ("string record", "is damaged"),
+    ],
+)
+def test_a_planted_cache_record_is_one_line_naming_the_fetch_again(cache, monkeypatch, capsys, plant, said):
+    """The cache record is fetch's own file, read as hostile (``untrusted``): not through a link, not nested past
+    the recursion limit, and naming only files inside the cached folder (a record naming ``../../x`` would have a
+    file outside the cache hashed)."""
+    from rope_extend.cli import main
+
+    folder = cache / "smollm2-135m"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    record = folder / fetch.SOURCE_FILE
+    outside = cache.parent / "elsewhere.json"
+    if plant == "link":
+        outside.write_text(json.dumps({"verified": {}}))
+        record.symlink_to(outside)
+    elif plant == "deep":
+        record.write_text('{"verified": ' + "[" * 100_000)
+    elif plant == "outside":
+        record.write_text(json.dumps({"verified": {"../../elsewhere.json": {"sha256": "0"}}}))
+    else:
+        record.write_text(json.dumps({"verified": {"config.json": "not a record"}}))
+    monkeypatch.setattr(fetch, "_download", _no_download)
+    with pytest.raises(RopeExtendError, match=r"smollm2-135m --force$") as info:
+        fetch.fetch("smollm2-135m")
+    assert f"the cache record {record} of smollm2-135m {said}" in str(info.value)
+    capsys.readouterr()
+    assert main(["fetch", "smollm2-135m"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err and "Traceback" not in err

@@ -92,3 +92,39 @@ def test_a_killed_probe_is_not_a_foreign_file(tmp_path):
     out = claim_output_dir(tmp_path / "run", kind="eval", owned=owned)
     (out / ".rope-extend-probe-abc123").mkdir()  # a process killed between making and removing its probe
     assert claim_output_dir(out, kind="eval", owned=owned) == out
+
+
+def test_a_planted_marker_or_owner_record_is_never_waited_on_nor_read_through_a_link(tmp_path):
+    """The marker and a temporary's owner record are files rope-extend wrote: a named pipe by their name would
+    block a plain read for good, and a link would lend another file's content (here, one naming a dead owner,
+    which would have a live temporary removed). Both are read through ``untrusted``: refused at once."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from rope_extend.io import OWNER, owned_tempdir, read_marker, remove_abandoned
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    target = tmp_path / "out" / "m"
+    target.parent.mkdir()
+    dead = owned_tempdir(".m.", ".tmp", target.parent)  # control: a real owner record of a dead process
+    record = json.loads((dead / OWNER).read_text())
+    (dead / OWNER).write_text(json.dumps({**record, "pid": gone.pid, "started": "0"}))
+    lent = tmp_path / "lent.json"
+    lent.write_text((dead / OWNER).read_text())
+    piped, linked = owned_tempdir(".m.", ".tmp", target.parent), owned_tempdir(".m.", ".tmp", target.parent)
+    (piped / OWNER).unlink()
+    os.mkfifo(piped / OWNER)
+    (linked / OWNER).unlink()
+    (linked / OWNER).symlink_to(lent)
+    start = time.monotonic()
+    assert remove_abandoned(target) == [dead]
+    assert piped.is_dir() and linked.is_dir() and lent.read_text()  # not proven abandoned: kept
+    folder = tmp_path / "fifo-marker"
+    folder.mkdir()
+    os.mkfifo(folder / MARKER)
+    assert read_marker(folder) == {}
+    assert time.monotonic() - start < 5

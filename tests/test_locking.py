@@ -241,3 +241,45 @@ def test_a_planted_lock_beside_an_export_is_refused(tmp_path, tiny_folder, capsy
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"its lock {tmp_path}/.m.gguf{locking.LOCK} is a symbolic link" in err, err
     assert outside.read_bytes() == USER_FILE and not (tmp_path / "m.gguf").exists()
+
+
+HOSTILE = textwrap.dedent(
+    """
+    import fcntl, os, sys, time
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, sys.argv[2].encode())
+    print("holding", flush=True)
+    time.sleep(120)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("record", "said"),
+    [
+        ("[" * 4000, "a process that has not written its name yet"),  # past json's recursion: no RecursionError
+        ('{"pid": 1, "host": "h\\nx", "started": "s", "command": "a\\nb"}', "pid 1 on h x, started s: a b"),
+        ('{"pid": [1, 2]}', "a process that has not written its name yet"),
+    ],
+    ids=["deep", "newlines", "fields missing"],
+)
+def test_a_holder_record_of_any_content_is_said_in_one_line(tmp_path, capsys, record, said):
+    """The holder record is read from a file another process holds: whatever it wrote there (JSON nested past
+    Python's recursion limit, newlines inside the text, missing fields), the refusal is one line."""
+    out = tmp_path / "out"
+    claim_output_dir(out, kind="eval", owned=owned)
+    locking.release(out)
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOSTILE, str(out / locking.LOCK), record], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert proc.stdout.readline().strip() == "holding"
+        code = main(["eval", "passkey", "--model", "nowhere", "--lengths", "128", "--out", str(out), "--resume"])
+    finally:
+        proc.kill()
+        proc.wait()
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"is being written by another rope-extend process ({said})" in err

@@ -194,3 +194,40 @@ def test_every_shipped_recipe_suite_and_launcher_loads():
         assert load_suite(path).methods
     for path in launchers:
         assert isinstance(read_yaml(path), dict)
+
+
+def test_an_integer_past_4300_digits_is_one_line_wherever_yaml_is_read(tmp_path, capsys):
+    """``int`` refuses more than 4300 digits with a ValueError, which is no ``yaml.YAMLError``: a recipe, a suite
+    or a ``--set`` value holding one was a traceback."""
+    from rope_extend.cli import main
+
+    digits = "1" * 5000
+    with pytest.raises(yaml.YAMLError, match="an integer of 5000 digits"):
+        load_yaml(f"max_steps: {digits}")
+    with pytest.raises(RopeExtendError, match=r"^max_steps: cannot read '1111.*an integer of 5000 digits"):
+        parse_overrides([f"max_steps={digits}"])
+    recipe = _recipe(tmp_path, f"max_steps: {digits}\n")
+    for argv in (["train", str(recipe), "--check"], ["train", "tiny-cpu", f"max_steps={digits}", "--check"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "an integer of 5000 digits: more than any value rope-extend reads" in err
+
+
+def test_a_named_pipe_or_a_folder_is_refused_at_once_not_called_missing(tmp_path):
+    """read_yaml reads through ``untrusted``: a named pipe is refused without waiting for a writer (it was called
+    'no such file'); a link to a recipe is a user's input and is read."""
+    import os
+
+    pipe = tmp_path / "pipe.yaml"
+    os.mkfifo(pipe)
+    with pytest.raises(RopeExtendError, match=r"^recipe \S+pipe\.yaml is a named pipe, not a regular file: a recipe"):
+        read_yaml(pipe, what="recipe")
+    with pytest.raises(RopeExtendError, match=r"^suite \S+ is a folder, not a file: a suite is a few kB of YAML$"):
+        read_yaml(tmp_path, what="suite")
+    link = tmp_path / "link.yaml"
+    link.symlink_to(_recipe(tmp_path, "a: 1\n"))
+    assert read_yaml(link) == {"a": 1}
+    with pytest.raises(RopeExtendError, match=r"link\.yaml is a symbolic link: rope-extend never reads a file it"):
+        read_yaml(link, follow_links=False)
+    with pytest.raises(RopeExtendError, match=r"^recipe '\S+nowhere\.yaml': no such file$"):
+        read_yaml(tmp_path / "nowhere.yaml", what="recipe")

@@ -18,9 +18,11 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
+from .. import untrusted
 from ..errors import RopeExtendBaseError, RopeExtendError
 from ..hf.config import config_scaling, scaled_layer_types, text_config
 from ..patching import patched
+from ..untrusted import shown
 from ..version import __version__
 from .engines import is_engine
 from .identity import model_digest
@@ -163,12 +165,12 @@ def check_record(record: Any, where: str) -> dict:
     ``_relations``), else a RopeExtendError naming ``where`` (the file and line), the field, the value and what
     is allowed. The one check of a record: every reader (a resumed run, ``--records-from``) and the writer use it."""
     if not isinstance(record, dict) or "setting" not in record or "task" not in record:
-        raise RopeExtendError(f"{where}: not a rope-extend record (no task or setting): {record!r:.80}")
+        raise RopeExtendError(f"{where}: not a rope-extend record (no task or setting): {shown(record, 80)}")
     repair = "an edited or damaged record is not counted; remove or repair that line"
     for name, value in record.items():
         kind = FIELD_TYPES.get(name)
         if kind is not None and not KINDS[kind](value):
-            raise RopeExtendError(f"{where}: the record's {name!r} must be {kind}, got {value!r:.60}: {repair}")
+            raise RopeExtendError(f"{where}: the record's {name!r} must be {kind}, got {shown(value, 60)}: {repair}")
     problem = _relations(record)
     if problem is not None:
         raise RopeExtendError(f"{where}: the record's {problem}: {repair}")
@@ -176,6 +178,7 @@ def check_record(record: Any, where: str) -> dict:
 
 
 MAX_BYTES = 1 << 30  # a records file rope-extend writes: about 1 kB a record, so a million records fit
+_CUT = object()  # a line that is not JSON: cut short by an interrupted write
 
 
 def _log_size(path: Path) -> int:
@@ -199,18 +202,6 @@ def _log_size(path: Path) -> int:
             "another output folder"
         )
     return st.st_size
-
-
-def _read_text(path: Path, what: str) -> str:
-    """The UTF-8 text of the records file ``path``, at most ``MAX_BYTES`` of it read."""
-    with open(path, "rb") as f:
-        data = f.read(MAX_BYTES + 1)
-    if len(data) > MAX_BYTES:
-        raise RopeExtendError(f"{path} is larger than {MAX_BYTES >> 20} MiB, more than rope-extend writes: give {what}")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RopeExtendError(f"{path} is not a UTF-8 text file (byte {exc.start}): give {what}") from None
 
 
 def check_records_file(path: str | os.PathLike, *, resume: bool) -> list[dict]:
@@ -240,31 +231,30 @@ class RecordLog:
                     f"{self.path} already holds results of an earlier run; pass resume=True (--resume) to continue "
                     "it, or write to another output folder"
                 )
-            self.records = self._read(self.path)
+            self.records = self._read(self.path, follow_links=False)  # the file this run appends to
         # a run killed mid-write leaves a line without its newline: start the next record on a fresh line
         self._newline = False
         if size > 0:
-            with open(self.path, "rb") as f:  # type: ignore[arg-type]
+            with untrusted.open_regular(self.path, follow_links=False) as f:
                 f.seek(-1, os.SEEK_END)
                 self._newline = f.read(1) != b"\n"
 
     @staticmethod
-    def _read(path: Path) -> list[dict]:
-        """The records of a JSONL file, each checked (``check_record``); a line that is not JSON (one cut short
-        by an interruption) is skipped, so that its record is simply measured again."""
-        text = _read_text(path, "a records.jsonl or results.json that rope-extend wrote")
+    def _read(path: Path, *, follow_links: bool) -> list[dict]:
+        """The records of a JSONL file (a regular file of at most ``MAX_BYTES``, UTF-8: ``untrusted``), each
+        checked (``check_record``); a line that is not JSON (one cut short by an interruption) is skipped, so that
+        its record is simply measured again. ``follow_links``: off for the file a run appends to (``_log_size``)."""
+        fix = "give a records.jsonl or results.json that rope-extend wrote"
+        text = untrusted.read_text(path, limit=MAX_BYTES, follow_links=follow_links, fix=fix)
         records = []
         for number, line in enumerate(text.split("\n"), 1):
             line = line.strip()
             if not line:
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by an interruption: that record is simply redone
-            except RecursionError:  # not cut short: made
-                raise RopeExtendError(f"{path}:{number}: nests deeper than a record: remove that line") from None
-            records.append(check_record(record, f"{path}:{number}"))
+            # cut short: skipped, that record is simply redone; nested past any record, or a huge number: made
+            record = untrusted.decode_json(line, f"{path}:{number}", fix="remove that line", invalid=_CUT)
+            if record is not _CUT:
+                records.append(check_record(record, f"{path}:{number}"))
         return records
 
     def find(self, key: dict[str, Any], settings: Collection[str] | None = None) -> dict | None:
@@ -311,14 +301,8 @@ def read_records(path: str | os.PathLike) -> list[dict]:
     if not path.is_file():
         raise RopeExtendError(f"no records at {path}: give a records.jsonl, a results.json or the folder of a run")
     if path.suffix != ".json":
-        return RecordLog._read(path)
-    text = _read_text(path, "a results.json")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RopeExtendError(f"{path} is not a JSON file ({' '.join(str(exc).split())})") from None
-    except RecursionError:
-        raise RopeExtendError(f"{path} nests deeper than a results.json rope-extend writes") from None
+        return RecordLog._read(path, follow_links=True)  # a user's source: a link to a run's records is fine
+    data = untrusted.read_json(path, limit=MAX_BYTES, fix="give a results.json that rope-extend wrote")
     records = data.get("records") if isinstance(data, dict) else None
     if not isinstance(records, list):
         raise RopeExtendError(f"{path} has no list of records: give a results.json that rope-extend wrote")

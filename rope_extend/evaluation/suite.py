@@ -17,18 +17,20 @@ overrides (``--set passkey.trials=2``) win. Shipped suites (``rope_extend/suites
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, make_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .. import resources, schema
+from .. import resources, schema, untrusted
 from ..errors import RopeExtendError
 from ..methods import registry
 from ..scaling import ScalingSpec
 from ..schema import option
+from ..untrusted import shown
 from .tasks.base import Task, tasks
+
+MAX_PARAMS_BYTES = 1 << 20  # a longrope.json of two factor lists is a few kB
 
 
 @dataclass
@@ -62,12 +64,14 @@ class MethodSpec(ScalingSpec):
         method = registry.get(self.method)
         rope_type = data.get("rope_type", method.rope_type)
         if rope_type not in (method.name, method.rope_type):
-            raise RopeExtendError(f"{where} holds parameters of rope_type {rope_type!r}, not of method {method.name!r}")
+            raise RopeExtendError(
+                f"{where} holds parameters of rope_type {shown(rope_type)}, not of method {method.name!r}"
+            )
         for key in ("factor", "original_max_position_embeddings"):
             if data.get(key) is None:
                 continue
             if isinstance(data[key], bool) or not isinstance(data[key], (int, float)):
-                raise RopeExtendError(f"{where}: {key} must be a number, got {data[key]!r}")
+                raise RopeExtendError(f"{where}: {key} must be a number, got {shown(data[key])}")
             mine = getattr(self, key)
             if key == "factor" and self.target_length is not None:
                 raise RopeExtendError(
@@ -95,15 +99,10 @@ class MethodSpec(ScalingSpec):
 
 
 def _json_object(path: Path, where: str) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise RopeExtendError(f"{where}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RopeExtendError(f"{where}: not a readable JSON file ({exc})") from None
-    if not isinstance(data, dict):
-        raise RopeExtendError(f"{where}: must hold a JSON object of parameters, got {type(data).__name__}")
-    return data
+    """The JSON object of parameters in ``path``, a user's file read as hostile (``untrusted``: a regular file of
+    at most ``MAX_PARAMS_BYTES``, UTF-8, JSON of bounded depth)."""
+    fix = "give a JSON object of the method's parameters, such as the longrope.json a search writes"
+    return untrusted.read_object(path, limit=MAX_PARAMS_BYTES, name=where, fix=fix)
 
 
 @dataclass

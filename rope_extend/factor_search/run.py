@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from .. import untrusted
 from ..errors import RopeExtendError
 from ..evaluation.perplexity import window_nll
 from ..evaluation.runner import check_reachable
@@ -50,6 +52,7 @@ from . import evolution
 from .report import write_report
 
 STATE = "search_state.json"
+MAX_STATE = 64 << 20  # bytes of a saved state: a pool and history of thousands of evaluations fit in a few MiB
 RESULT = "longrope.json"
 SEED_METHODS = ("linear", "ntk", "yarn")
 
@@ -291,22 +294,15 @@ def _state_problem(state, size: int) -> str | None:
 
 def _read_state(path: Path, size: int) -> dict[str, Any]:
     """The state saved at ``path``, checked field by field; a damaged one (truncated, empty, not UTF-8, not
-    JSON, or of another shape) is refused in one line naming the file."""
+    JSON, or of another shape) is refused in one line naming the file. It is read as hostile (``untrusted``):
+    a regular file of at most ``MAX_STATE`` bytes, not through a link (the search wrote it there)."""
     fix = "start the search again into a new --out, or with --overwrite"
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        why = "it is not UTF-8 text"
-    except ValueError as exc:  # json.JSONDecodeError: truncated or empty
-        why = f"it is not valid JSON ({exc})"
-    except OSError as exc:
-        why = exc.strerror or type(exc).__name__
-    else:
-        problem = _state_problem(state, size)
-        if problem is None:
-            return state
-        raise RopeExtendError(f"resume: the search state {path} is damaged: {problem}; {fix}")
-    raise RopeExtendError(f"resume: cannot read the search state {path}: {why}; {fix}")
+    name = f"resume: the search state {path}"
+    state = untrusted.read_json(path, limit=MAX_STATE, name=name, follow_links=False, fix=fix)
+    problem = _state_problem(state, size)
+    if problem is None:
+        return state
+    raise RopeExtendError(f"resume: the search state {path} is damaged: {problem}; {fix}")
 
 
 def claim(out: str | Path, *, resume: bool, overwrite: bool, check_only: bool = False) -> None:
@@ -326,12 +322,12 @@ def _open_state(out, settings: dict, run: _Run, *, resume: bool, overwrite: bool
         claim(out, resume=resume, overwrite=overwrite)
         state_path = Path(out) / STATE
     if resume:
-        if state_path is None or not state_path.is_file():
+        if state_path is None or not os.path.lexists(state_path):
             raise RopeExtendError(f"resume: no search state in {out!r} ({STATE} not found)")
         state = _read_state(state_path, run.space.size)
         if state["settings"] != settings:
             diff = [
-                f"{k}: {state['settings'].get(k)!r} there, {settings[k]!r} now"
+                f"{k}: {untrusted.shown(state['settings'].get(k), 80)} there, {settings[k]!r} now"
                 for k in sorted(settings)
                 if state["settings"].get(k) != settings[k]
             ]

@@ -22,6 +22,7 @@ pickles; such checkpoints (and those of earlier rope-extend versions) are resume
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
@@ -34,7 +35,8 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from ..io import atomic_path, claim_output_dir
-from ..schema import load_yaml
+from ..untrusted import read_object, shown
+from ..yaml_loader import read_yaml
 from .args import RecipeError, TrainArgs, to_dict
 
 PREFIX = "checkpoint-"
@@ -42,6 +44,7 @@ STATE_FILE = "trainer_state.json"
 RUN_FILE = "run_config.yaml"
 FORMAT = "rope-extend-safetensors-1"
 PICKLED = "accelerate-pickle"
+MAX_STATE = 1 << 28  # bytes of a checkpoint's JSON: a loss history of a million steps is well under it
 # recipe keys that may differ between a run and its resumption
 RESUME_KEYS = ("resume_from_checkpoint", "overwrite_output_dir", "resume_allow_changes", "trust_pickled_checkpoint")
 
@@ -72,7 +75,26 @@ def _differences(saved: Any, now: Any, prefix: str = "") -> list[str]:
                 continue
             out += _differences(saved.get(key), now.get(key), f"{prefix}{key}.")
         return out
-    return [] if saved == now else [f"{prefix.rstrip('.')} ({saved!r} -> {now!r})"]
+    return [] if saved == now else [f"{prefix.rstrip('.')} ({shown(saved, 80)} -> {shown(now, 80)})"]
+
+
+def _saved_recipe(run_file: Path) -> dict:
+    """The recipe a run saved (``RUN_FILE``), read as the one YAML reader reads (``yaml_loader.read_yaml``: a
+    regular file of at most a few MiB, valid YAML, a mapping), never through a link: rope-extend wrote it there,
+    so a link or anything else in its place is refused in one line, and the run is not resumed."""
+    fix = (
+        "rope-extend saves the recipe there when a run starts; put back the run's own file, or pass "
+        "resume_allow_changes=true to resume with this recipe"
+    )
+    return read_yaml(run_file, what="the saved recipe", error=RecipeError, follow_links=False, fix=fix)
+
+
+def read_state(path: Path, name: str = STATE_FILE) -> dict:
+    """A JSON object from the checkpoint ``path`` (its ``trainer_state.json`` unless ``name``): a regular file of
+    at most ``MAX_STATE`` bytes, UTF-8, JSON (``untrusted``), not a link (rope-extend wrote it; the checkpoint's
+    folder itself may be reached through one). Damage is one ``RecipeError`` naming the file."""
+    fix = "a checkpoint rope-extend wrote is not damaged; resume from another checkpoint, or start again"
+    return read_object(path / name, limit=MAX_STATE, follow_links=False, fix=fix, error=RecipeError)
 
 
 def resolve_output_dir(args: TrainArgs) -> Path | None:
@@ -114,15 +136,15 @@ def resolve_output_dir(args: TrainArgs) -> Path | None:
         if path is None:
             raise RecipeError(f"resume_from_checkpoint: no {PREFIX}* folder in {out} to resume from")
     run_file = path.parent / RUN_FILE
-    if run_file.is_file() and not args.resume_allow_changes:
-        changed = _differences(load_yaml(run_file.read_text(encoding="utf-8")) or {}, to_dict(args))
+    if os.path.lexists(run_file) and not args.resume_allow_changes:
+        changed = _differences(_saved_recipe(run_file), to_dict(args))
         if changed:
             raise RecipeError(
                 f"resuming {path} with a changed recipe: {'; '.join(changed[:6])}"
                 f"{'; ...' if len(changed) > 6 else ''}. Resume with the recipe the run started with, "
                 "or pass resume_allow_changes=true to continue with the new one"
             )
-    state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    state = read_state(path)
     if state.get("format") != FORMAT and not args.trust_pickled_checkpoint:
         raise RecipeError(
             f"{path} was written by accelerate's save_state (pickle files), which can run code when "
@@ -283,7 +305,7 @@ def load(accelerator, path: str | Path, *, model, optimizer, scheduler) -> dict[
     the trainer state (step and history). Only safetensors and JSON are read, unless the checkpoint is a
     pickled one that ``resolve_output_dir`` let through (``trust_pickled_checkpoint``)."""
     path = Path(path)
-    state = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
+    state = read_state(path)
     if state.get("format") != FORMAT:
         accelerator.load_state(str(path), strict=False)  # trusted by the user (trust_pickled_checkpoint)
         return state
@@ -308,7 +330,9 @@ def load(accelerator, path: str | Path, *, model, optimizer, scheduler) -> dict[
             target.copy_(saved[name].to(target.device, target.dtype))
 
     flat = load_file(str(_own_or_first(path, "optimizer-rank{}.safetensors", accelerator.process_index)))
-    groups = json.loads((path / "optimizer.json").read_text(encoding="utf-8"))["param_groups"]
+    groups = read_state(path, "optimizer.json").get("param_groups")
+    if not isinstance(groups, list) or not isinstance(state.get("scheduler"), dict):
+        raise RecipeError(f"{path} is damaged (no optimizer param_groups, or no scheduler state): resume from another")
     order = [p for group in optimizer.param_groups for p in group["params"]]
     entries: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in flat.items():
@@ -325,7 +349,7 @@ def load(accelerator, path: str | Path, *, model, optimizer, scheduler) -> dict[
     if scaler is not None and state.get("grad_scaler"):
         scaler.load_state_dict(state["grad_scaler"])
     rng = _own_or_first(path, "rng-rank{}.safetensors", accelerator.process_index)
-    _set_rng_state(load_file(str(rng)), json.loads(rng.with_suffix(".json").read_text(encoding="utf-8")))
+    _set_rng_state(load_file(str(rng)), read_state(path, rng.with_suffix(".json").name))
     return state
 
 

@@ -76,7 +76,7 @@ def test_cli_refuses_a_records_file_that_is_not_utf8_in_one_line(tmp_path, capsy
     path.write_bytes(b'{"task": "passkey", "setting": "\xff\xfe"}\n')
     code, err = _cli(tmp_path, path, capsys)
     assert code == 2 and err.count("\n") == 1 and str(path) in err
-    assert "is not a UTF-8 text file (byte 32)" in err
+    assert "is not UTF-8 text (byte 32)" in err
     assert not (tmp_path / "out").exists()
 
 
@@ -209,11 +209,15 @@ def test_a_records_path_that_is_not_a_plain_file_is_refused(tmp_path):
 def test_a_line_nested_too_deep_is_refused_with_its_line(records, tmp_path):
     path = tmp_path / "records.jsonl"
     path.write_text(json.dumps(records[0]) + "\n" + "[" * 200_000 + "]" * 200_000 + "\n")
-    with pytest.raises(RopeExtendError, match=r"records\.jsonl:2: nests deeper than a record"):
+    with pytest.raises(
+        RopeExtendError, match=r"records\.jsonl:2 is nested too deeply to be read as JSON: remove that line"
+    ):
         read_records(path)
     report = tmp_path / "results.json"
     report.write_text('{"records": ' + "[" * 200_000 + "]" * 200_000 + "}")
-    with pytest.raises(RopeExtendError, match=r"results\.json nests deeper than a results\.json"):
+    with pytest.raises(
+        RopeExtendError, match=r"results\.json is nested too deeply to be read as JSON: give a results\.json"
+    ):
         read_records(report)
 
 
@@ -263,3 +267,34 @@ def test_a_link_put_in_place_of_the_records_file_mid_run_is_not_written_through(
     with pytest.raises(RopeExtendError, match=r"records\.jsonl is a symbolic link"):
         log.add(record)
     assert mine.read_text() == "a user's file\n"
+
+
+def test_a_huge_value_in_a_record_is_shown_short_and_quickly(records):
+    """The refusal shows the value bounded (``untrusted.shown``), computed without walking the whole value: a
+    repr of 50 million list items or a 200 MB string would take seconds and fill the terminal."""
+    import time
+
+    from rope_extend.evaluation.records import check_record
+
+    values = (list(range(50_000_000)), "7" * (200 << 20), {str(i): i for i in range(2_000_000)})
+    start = time.monotonic()
+    for value in values:
+        with pytest.raises(RopeExtendError) as info:
+            check_record({**records[1], "length": value}, "records.jsonl:2")
+        assert str(info.value).startswith("records.jsonl:2: the record's 'length' must be an integer >= 1, got ")
+        assert len(str(info.value)) < 250
+        with pytest.raises(RopeExtendError, match=r"^records\.jsonl:2: not a rope-extend record") as info:
+            check_record([value], "records.jsonl:2")
+        assert len(str(info.value)) < 200
+    assert time.monotonic() - start < 1
+
+
+def test_cli_refuses_a_records_line_with_a_5000_digit_number_in_one_line(tmp_path, capsys):
+    """A line with a number past Python's 4300 digits was made, not cut short by a kill: refused in one line (it
+    was a ValueError traceback)."""
+    path = tmp_path / "records.jsonl"
+    path.write_text('{"task": "passkey", "setting": "s", "length": ' + "1" * 5000 + "}\n")
+    code, err = _cli(tmp_path, path, capsys)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"{path}:1 is not valid JSON (Exceeds the limit (4300 digits)" in err
+    assert not (tmp_path / "out").exists()

@@ -223,7 +223,7 @@ def test_records_from_a_report_or_a_records_file_are_reused(llama, tok, tmp_path
     ("content", "name", "match"),
     [
         (None, "missing.jsonl", "no records at"),
-        ("{", "results.json", "is not a JSON file"),
+        ("{", "results.json", "is not valid JSON"),
         ('{"summary": {}}', "results.json", "has no list of records"),
         ('{"length": 5}\n', "records.jsonl", "not a rope-extend record"),
     ],

@@ -1,4 +1,5 @@
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -342,9 +343,9 @@ def test_params_from_reads_a_search_result_beside_the_suite(tiny_dir, tmp_path):
     (tmp_path / "search" / "yarn.json").write_text(json.dumps({"rope_type": "yarn", "factor": 2.0, "beta_fast": 16}))
     refused("rope_type 'yarn', not of method 'longrope'", params_from="yarn.json")
     (tmp_path / "search" / "list.json").write_text("[1, 2]")
-    refused("must hold a JSON object", params_from="list.json")
+    refused("holds a list, not a JSON object", params_from="list.json")
     (tmp_path / "search" / "bad.json").write_text("{not json")
-    refused("not a readable JSON file", params_from="bad.json")
+    refused(r"bad.json\) is not valid JSON", params_from="bad.json")
     (tmp_path / "search" / "other.json").write_text(json.dumps({"fitness": 3.0}))
     refused("has none of longrope's parameters", params_from="other.json")
     (tmp_path / "search" / "text.json").write_text(json.dumps({**result, "factor": "2"}))
@@ -364,3 +365,47 @@ def test_the_shipped_longrope_suite_holds_the_committed_search_result():
     (method,) = [m for m in load_suite("smollm2-32k-longrope").methods if m.method == "longrope"]
     assert method.factor == searched["factor"]
     assert method.params == {k: searched[k] for k in ("short_factor", "long_factor")}
+
+
+def test_a_huge_value_in_params_from_is_shown_short_and_quickly(tiny_dir, tmp_path):
+    """``params_from``'s errors show a value from the file bounded (``untrusted.shown``): a factor of 100,000
+    items, or a rope_type that is a long list, is a short message, computed at once."""
+    import time
+
+    base = {"model": str(tiny_dir), "dtype": "float32", "passkey": {"lengths": [128], "trials": 1}}
+    method = {"method": "longrope", "label": "searched"}
+    for name, content in {
+        "factor.json": {"factor": [1.5] * 100_000, "long_factor": [1.0]},
+        "type.json": {"rope_type": ["yarn"] * 100_000, "long_factor": [1.0]},
+    }.items():
+        (tmp_path / name).write_text(json.dumps(content))
+        start = time.monotonic()
+        with pytest.raises(RopeExtendError) as info:
+            parse_suite({**base, "methods": [{**method, "params_from": str(tmp_path / name)}]})
+        assert time.monotonic() - start < 1
+        text = str(info.value)
+        assert len(text) < 400 and "..." in text, text
+        assert "factor must be a number, got [1.5, 1.5," in text or "rope_type ['yarn', 'yarn'," in text
+
+
+@pytest.mark.parametrize(
+    ("plant", "said"),
+    [
+        (lambda p: os.mkfifo(p), "is a named pipe, not a regular file"),
+        (lambda p: p.write_bytes(b" " * (2 << 20)), "is larger than 1048576 bytes"),
+        (lambda p: p.write_bytes(b'{"long_factor": "\xff"}'), "is not UTF-8 text (byte 17)"),
+        (lambda p: p.write_text("[" * 100_000), "is nested too deeply to be read as JSON"),
+    ],
+    ids=["fifo", "huge", "not utf-8", "deep"],
+)
+def test_a_hostile_params_from_file_is_one_line_before_the_model_loads(tiny_dir, tmp_path, capsys, plant, said):
+    suite = tmp_path / "suite.yaml"
+    method = {"method": "longrope", "factor": 2, "params_from": "p.json"}
+    suite.write_text(yaml.safe_dump({"model": str(tiny_dir), "methods": [method], "passkey": {"lengths": [128]}}))
+    plant(tmp_path / "p.json")
+    capsys.readouterr()
+    code = main(["eval", "compare", str(suite), "--out", str(tmp_path / "out"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"methods[longrope x2].params_from ({tmp_path / 'p.json'}) {said}: give a JSON object" in err
+    assert not (tmp_path / "out").exists()

@@ -245,3 +245,43 @@ def test_a_damaged_state_is_one_line_exit_2(saved_search, damage, capsys):
     finally:
         path.write_text(good, encoding="utf-8")
     assert main([*args[:6], "5", *args[7:], "--resume", "--no-progress"]) == 0  # the good state resumes
+
+
+@pytest.mark.parametrize(
+    ("plant", "said"),
+    [
+        ("link", "is a symbolic link: rope-extend never reads a file it wrote through a link"),
+        ("fifo", "is a named pipe, not a regular file"),
+        ("huge", f"is larger than {R.MAX_STATE} bytes"),
+    ],
+)
+def test_a_state_that_is_not_the_file_the_search_wrote_is_one_line(saved_search, tmp_path, capsys, plant, said):
+    """The state is read as hostile (``untrusted``): a link (here to the search's own state, copied elsewhere) is
+    never read through, a named pipe is not waited on, a huge file is not read; the search resumes after."""
+    import os
+    import shutil
+
+    from rope_extend.cli import main
+
+    args, out = saved_search
+    path = out / R.STATE
+    kept = tmp_path / "kept.json"
+    shutil.copy(path, kept)
+    path.unlink()
+    if plant == "link":
+        path.symlink_to(kept)
+    elif plant == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_bytes(b"")
+        os.truncate(path, R.MAX_STATE + 1)
+    try:
+        capsys.readouterr()
+        assert main([*args, "--resume", "--no-progress"]) == 2
+        message = capsys.readouterr().err.strip().splitlines()[-1]
+        assert message.startswith(f"rope-extend: error: resume: the search state {path} {said}"), message
+        assert message.endswith("start the search again into a new --out, or with --overwrite")
+    finally:
+        path.unlink()
+        shutil.copy(kept, path)
+    assert main([*args[:6], "6", *args[7:], "--resume", "--no-progress"]) == 0

@@ -8,7 +8,7 @@ with what transformers computes for the same model.
 
 The engine models are in ``gguf_file`` (llama.cpp), ``engines`` (vLLM, SGLang) and ``reference`` (transformers,
 through its own ``ROPE_INIT_FUNCTIONS`` and the model's rotary module). The files are read as hostile
-(``files``, ``gguf_read``: only regular files, every count and length held against the bytes there are) and
+(``untrusted``, ``gguf_read``: only regular files, every count and length held against the bytes there are) and
 every value is checked before it is computed with (``gguf_file.settings``, ``reference.check``): a damaged or
 impossible file is one line and exit 2. A difference beyond ``rope.FREQ_RTOL`` /
 ``SCALE_RTOL`` in any layer is a mismatch (exit 1). What is suspicious but cannot be proved without a reference

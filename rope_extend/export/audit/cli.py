@@ -8,13 +8,13 @@ import json
 
 from ...arguments import add_json_argument
 from ...errors import RopeExtendError
-from .files import parse_json
+from ...untrusted import decode_json
 
 
 def _overrides(text: str | None):
     if text is None:
         return None
-    value = parse_json(text, f"--overrides {text[:80]!r}")
+    value = decode_json(text, f"--overrides {text[:80]!r}")
     if not isinstance(value, dict):
         raise RopeExtendError(f"--overrides must be a JSON object, got {text[:80]!r}")
     return value

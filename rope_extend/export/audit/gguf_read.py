@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import RopeExtendError
-from .files import open_regular
+from ...untrusted import open_regular
 
 SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 STRING, ARRAY = 8, 9
@@ -187,7 +187,7 @@ def read(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """``(keys, rope tensors)`` of a GGUF file: its metadata keys (``Unread`` for what is not kept), and the
     ``rope_freqs`` / ``rope_factors_long`` / ``rope_factors_short`` tensors (also under ``blk.0.``) as float64
     arrays, named without ``blk.0.`` and ``.weight``."""
-    with open_regular(path, "the GGUF file") as f:
+    with open_regular(path, name=f"the GGUF file {path}") as f:
         size = f.seek(0, 2)
         src = _Source(f, size)
         n_tensors, n_keys = _header(src)

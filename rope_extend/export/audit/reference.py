@@ -14,24 +14,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ...errors import RopeExtendError, UnsupportedModelError
 from ...hf import reading
+from ...loading import CONFIG_ERRORS, error_line
 from ...methods import Geometry, check_factor, check_int, check_number
 from ...methods.llama3 import Llama3Params
 from ...methods.longrope import LongRopeParams
 from ...methods.yarn import NTKByPartsParams
-from . import files
+from ...untrusted import read_json
 from .rope import MAX_LAYERS, MAX_ROTARY_DIM, Rope
 
 ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta")
 COUNTS = ("num_hidden_layers", "max_position_embeddings")  # checked again on the built config (check)
-# What transformers' config classes raise on values of the wrong type or shape (a strict dataclass field, a rope
-# dict it cannot standardize, an original length of 0 it divides by): the user's file, said in one line.
-BUILD_ERRORS = (ValueError, KeyError, TypeError, AttributeError, IndexError, ArithmeticError, StrictDataclassError)
 
 
 def load(source, overrides: dict[str, Any] | None = None):
@@ -40,7 +37,7 @@ def load(source, overrides: dict[str, Any] | None = None):
     audit computes with is checked (``check``)."""
     path = Path(source)
     file = path / "config.json" if path.is_dir() else path
-    data = files.read_json(file, "the transformers config")
+    data = read_json(file, name=f"the transformers config {file}", fix="give the config.json of a transformers model")
     if not isinstance(data, dict) or "model_type" not in data:
         raise RopeExtendError(f"{file} is not a transformers config (no model_type)")
     if overrides is not None and not isinstance(overrides, dict):
@@ -63,9 +60,8 @@ def load(source, overrides: dict[str, Any] | None = None):
         raise RopeExtendError(f"{file}{said}: {exc}") from None
     try:
         config = AutoConfig.for_model(kind, **data).get_text_config()
-    except BUILD_ERRORS as exc:
-        why = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
-        raise RopeExtendError(f"transformers cannot build a {kind!r} config from {file}: {why}"[:500]) from None
+    except CONFIG_ERRORS as exc:  # transformers on values of the wrong type or shape: one line (``loading``)
+        raise RopeExtendError(f"transformers cannot build a {kind!r} config from {file}: {error_line(exc)}") from None
     try:
         check(config)
     except (RopeExtendError, UnsupportedModelError) as exc:

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import RopeExtendError
-from . import engines, files, gguf_file, gguf_read, reference
+from ...untrusted import head, read_json
+from . import engines, gguf_file, gguf_read, reference
 from .rope import FACTOR_RTOL, FREQ_RTOL, SCALE_RTOL, Rope, close, differences
 
 TARGETS = ("transformers", "gguf", "vllm", "sglang")
@@ -98,7 +99,7 @@ def kind_of(path: Path, engine: str | None) -> str:
     """``gguf``, ``vllm``, ``sglang`` or ``transformers`` for ``path`` (and ``--engine``)."""
     if engine is not None and engine not in ("vllm", "sglang", "transformers"):
         raise RopeExtendError(f"unknown --engine {engine!r}; allowed: vllm, sglang, transformers")
-    if path.is_file() and (path.suffix.lower() == ".gguf" or files.head(path, 4) == b"GGUF"):
+    if path.is_file() and (path.suffix.lower() == ".gguf" or head(path, 4) == b"GGUF"):
         if engine not in (None,):
             raise RopeExtendError(f"{path} is a GGUF file (llama.cpp): --engine {engine} reads a model folder")
         return "gguf"
@@ -218,7 +219,9 @@ def export_note(file: Path) -> tuple[list[str], list[str]]:
     (it describes the export; the audit reads the rope from the files themselves, so a bad note stops nothing)."""
     fields = ("tool", "engine", "method", "how")
     try:
-        made = files.read_json(file, "the export note", NOTE_BYTES)
+        made = read_json(
+            file, limit=NOTE_BYTES, name=f"the export note {file}", fix="a note rope-extend writes is under 1 kB"
+        )
         if not isinstance(made, dict):
             raise RopeExtendError(f"the export note {file} is {type(made).__name__}, not a JSON object")
         wrong = [k for k in fields if not isinstance(made.get(k, ""), str)]
