@@ -33,7 +33,7 @@ cover it plus the new tokens, mean the input repeats or skips tokens the cache h
 Limits, each refused with a message: a forward that brings more new tokens than the window (a prompt longer than
 ``window``: feed it in pieces, which ``generate(..., prefill_chunk_size=window)`` does), padded batches (the sinks
 would be padding), a batch of another size than the cache holds (a beam search's cache continued with one row),
-dynamic and attention methods (they assign positions themselves), log-n (it scales a query by its position in
+dynamic and attention-level methods (they assign positions themselves), log-n (it scales a query by its position in
 the sequence, which an in-cache slot is not), models whose cache holds a recurrent or convolution state (hybrid
 linear-attention, Mamba and convolution layers, as ``families.ask("state_layers")`` finds them in the config: a
 state sums up every token seen, so none can be evicted), caches of keys of another size than the attention sees
@@ -131,7 +131,7 @@ class SinkKeeper:
             )
         scaling = patched(self.model)
         if scaling is not None and (scaling.method.attention or scaling.method.dynamic):
-            kind = "an attention method" if scaling.method.attention else "a dynamic method"
+            kind = "an attention-level method" if scaling.method.attention else "a dynamic method"
             raise UnsupportedModelError(
                 f"attention sinks assign positions inside the cache, and {scaling.method.name} is {kind} that "
                 "assigns them itself; use a static frequency method (yarn, ntk, linear, llama3) or none with SinkCache"

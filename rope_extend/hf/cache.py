@@ -80,16 +80,38 @@ def _holds_state(layer, named: bool) -> bool:
 
 
 def _supported(layer) -> bool:
+    return _supported_class(type(layer))
+
+
+def _supported_class(cls: type) -> bool:
+    """Whether the keeper can turn the keys of a cache layer of class ``cls``."""
     from transformers import cache_utils as cu
 
-    sliding_static = getattr(cu, "StaticSlidingWindowLayer", ())
+    sliding_static = getattr(cu, "StaticSlidingWindowLayer", None)
     kinds = tuple(k for k in (getattr(cu, "DynamicLayer", None), getattr(cu, "StaticLayer", None)) if k)
     unsupported = tuple(getattr(cu, n) for n in ("BaseQuantizedLayer", "QuantizedLayer") if hasattr(cu, n))
-    if sliding_static and isinstance(layer, sliding_static):
+    if sliding_static is not None and issubclass(cls, sliding_static):
         return False
-    if unsupported and isinstance(layer, unsupported):
+    if unsupported and issubclass(cls, unsupported):
         return False
-    return isinstance(layer, kinds) and "Indexed" not in type(layer).__name__
+    return issubclass(cls, kinds) and "Indexed" not in cls.__name__
+
+
+def _alternatives(cache, layer_type) -> list[str]:
+    """transformers' caches whose layer for ``layer_type`` (the config's type of the refused layer; None: full
+    attention) the keeper could turn, other than the class of ``cache``: never advise the cache it was given (a
+    StaticCache's sliding layers cannot turn, a DynamicCache's indexed layers neither)."""
+    from transformers import cache_utils as cu
+
+    out = []
+    for name, mapping, words in (
+        ("DynamicCache", "DYNAMIC_LAYER_TYPE_MAPPING", "a DynamicCache (generate's default)"),
+        ("StaticCache", "STATIC_LAYER_TYPE_MAPPING", "a StaticCache"),
+    ):
+        layer = getattr(cu, mapping, {}).get(layer_type or "full_attention")
+        if type(cache).__name__ != name and isinstance(layer, type) and _supported_class(layer):
+            out.append(words)
+    return out
 
 
 class CacheKeeper:
@@ -264,14 +286,16 @@ class CacheKeeper:
             if self._set_of(index) != layer_type or _state_only(layer):  # a state holds no key (_check_states)
                 continue
             if not _supported(layer):
-                # never advise the cache it was given: generate's default is a DynamicCache, and some families'
-                # DynamicCache holds such layers
-                plain = type(cache).__name__ in ("DynamicCache", "StaticCache")
-                other = "" if plain else "use a DynamicCache (generate's default) or a StaticCache, or "
+                types = getattr(self.config, "layer_types", None) or []
+                other = " or ".join(_alternatives(cache, types[index] if index < len(types) else None))
+                instead = (
+                    f"use {other}, or a static method (yarn, ntk, linear)"
+                    if other
+                    else "use a static method (yarn, ntk, linear), or generate without the cache (use_cache=False)"
+                )
                 raise UnsupportedModelError(
                     f"{name} on {family(self.model.config)} must re-rotate cached keys when its frequencies change, "
-                    f"and cache layers of type {type(layer).__name__} cannot be re-rotated; {other}use a static "
-                    "method (yarn, ntk, linear), or generate without the cache (use_cache=False)"
+                    f"and cache layers of type {type(layer).__name__} cannot be re-rotated; {instead}"
                 )
             if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
                 found.append((index, layer))
