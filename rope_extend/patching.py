@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .errors import NotPatchedError, UnsupportedModelError
-from .hf import attach, attention, cache, generation, rotary
+from .hf import attach, attention, cache, generation, rotary, rotary_reads
 from .hf import config as hf_config
 from .methods import registry
 
@@ -195,7 +195,9 @@ def patch(
     is checked before the model is touched, and so is that the patch changes something: an attention method on
     a NoPE hybrid whose RoPE layers are all local (Cohere 2, EXAONE 4, Llama 4) has no layer to change and is
     refused; ``logn=True`` scales the NoPE layers' queries (alone: ``"linear"`` at ``factor=1``), and is
-    refused on a model that applies its own temperature there (Llama 4's ``attn_temperature_tuning``).
+    refused on a model that applies its own temperature there (Llama 4's ``attn_temperature_tuning``). A
+    frequency method on a model none of whose layers reads the rotary embedding (every layer linear attention
+    or convolution, every attention layer NoPE: ``hf.rotary_reads.unread``, one probe forward) is refused too.
 
     ``keep_shipped=True`` (the attention methods, with or without ``logn``) keeps the shipped scaling instead:
     the rotary keeps its frequencies (``llama3``, ``yarn``, ``longrope`` switching at its ``L``, ``linear``) and
@@ -241,9 +243,13 @@ def patch(
             params=params,
         )
         attention_plans = []
+        config = hf_config.text_config(rotary.module_config(model, modules[0][1]))
         if scaling.in_attention:
-            config = rotary.module_config(model, modules[0][1])
             attention_plans = attention.plans(model, config, scaling, [m for _, m in modules])
+        elif state is None:  # a model patched before passed this check; the answer is the model's, not the method's
+            why = rotary_reads.unread(model, config, [m for _, m in modules], scaling.pretraining_length)
+            if why is not None:
+                raise UnsupportedModelError(why)
     if shipped and state is None:
         logger.warning(
             "the model ships with rope scaling %s; rope-extend replaces it (it does not compound): %s is applied "

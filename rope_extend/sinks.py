@@ -33,11 +33,14 @@ cover it plus the new tokens, mean the input repeats or skips tokens the cache h
 Limits, each refused with a message: a forward that brings more new tokens than the window (a prompt longer than
 ``window``: feed it in pieces, which ``generate(..., prefill_chunk_size=window)`` does), padded batches (the sinks
 would be padding), a batch of another size than the cache holds (a beam search's cache continued with one row),
-dynamic and attention-level methods (they assign positions themselves), caches of keys of another size than the
-attention sees (MLA's compressed cache), layers whose rotation the probe cannot reproduce, cropping (assisted and
-speculative decoding crop the cache to undo rejected tokens: a sink cache cannot undo an eviction), and the Phi-3
-family when its config has ``original_max_position_embeddings``: its ``generate`` replaces any cache by a fresh one
-when the sequence first passes that length. Static frequency methods (``yarn``, ``ntk``, ...) compose: the keys
+dynamic and attention-level methods (they assign positions themselves), log-n (it scales a query by its position in
+the sequence, which an in-cache slot is not), models whose cache holds a recurrent or convolution state (hybrid
+linear-attention, Mamba and convolution layers, as ``families.ask("state_layers")`` finds them in the config: a
+state sums up every token seen, so none can be evicted), caches of keys of another size than the attention sees
+(MLA's compressed cache), layers whose rotation the probe cannot reproduce, cropping (assisted and speculative
+decoding crop the cache to undo rejected tokens: a sink cache cannot undo an eviction), and the Phi-3 family when
+its config has ``original_max_position_embeddings``: its ``generate`` replaces any cache by a fresh one when the
+sequence first passes that length. Static frequency methods (``yarn``, ``ntk``, ...) compose: the keys
 carry their frequencies and attention scale, and the turn uses the same frequencies.
 """
 
@@ -119,12 +122,25 @@ class SinkKeeper:
 
     def check(self) -> None:
         """Refuse the methods that assign positions themselves (the patch may change between forwards)."""
+        state = families.ask("state_layers", text_config(self.model.config))
+        if state:
+            raise UnsupportedModelError(
+                f"SinkCache: {type(self.model).__name__}'s {families.recurrent.describe(state)} keep a recurrent "
+                "or convolution state in the cache, which sums up every token seen, so no token can be evicted "
+                "from it; use a DynamicCache (generate's default)"
+            )
         scaling = patched(self.model)
-        if scaling is not None and (scaling.method.attention or scaling.method.dynamic or scaling.logn):
-            kind = "an attention-level method" if scaling.method.attention or scaling.logn else "a dynamic method"
+        if scaling is not None and (scaling.method.attention or scaling.method.dynamic):
+            kind = "an attention-level method" if scaling.method.attention else "a dynamic method"
             raise UnsupportedModelError(
                 f"attention sinks assign positions inside the cache, and {scaling.method.name} is {kind} that "
                 "assigns them itself; use a static frequency method (yarn, ntk, linear, llama3) or none with SinkCache"
+            )
+        if scaling is not None and scaling.logn:
+            raise UnsupportedModelError(
+                f"attention sinks assign positions inside the cache, and log-n ({scaling.method.name} with "
+                "logn=True) scales each query by its position in the sequence, which the cache's slots no longer "
+                "are; use a static frequency method (yarn, ntk, linear, llama3) without logn, or none, with SinkCache"
             )
         for module in self.rotary:
             runtime = module.__dict__.get("forward")

@@ -6,7 +6,8 @@ before anything is touched, naming the layers. Frequency methods change the mode
 its local layers use. log-n scales the queries of every layer but the local ones, NoPE layers included: checked
 against the explicit formula (prefill, cached decoding, left padding) and against Llama 4's own temperature
 (``attn_temperature_tuning``), which transformers applies to the same layers; log-n on top of that temperature
-is refused.
+is refused. A model none of whose layers reads the rotary embedding (every layer linear attention, a convolution
+or NoPE) refuses the frequency methods too: they would change nothing.
 """
 
 import copy
@@ -143,6 +144,73 @@ def test_frequency_methods_change_the_local_layers_of_a_nope_hybrid(model_type):
     assert not torch.equal(_logits(model, input_ids=x), before)
     rope_extend.unpatch(model)
     assert torch.equal(_logits(model, input_ids=x), before)
+
+
+# models none of whose layers reads the rotary embedding, built from a family whose layer types allow it (no such
+# model is in transformers' registry at its defaults): every layer linear attention, every layer a short
+# convolution, every layer NoPE by the family's own switch, every layer of the type a family leaves without RoPE
+UNREAD = {
+    "qwen3_next all linear attention": ("qwen3_next", "layer_types", "linear_attention", "(linear_attention) keep a"),
+    "lfm2 all convolutions": ("lfm2", "layer_types", "conv", "(conv) keep a recurrent or convolution state"),
+    "smollm3 no_rope_layers all 0": ("smollm3", "no_rope_layers", 0, "attention layers have no RoPE"),
+    "cohere2 all full_attention": ("cohere2", "layer_types", "full_attention", "attention layers have no RoPE"),
+}
+FREQUENCY = {
+    "linear": dict(factor=4),
+    "yarn": dict(factor=4),
+    "ntk": dict(factor=4),
+    "llama3": dict(factor=4),
+    "dynamic": dict(factor=4),
+    "dynamic_yarn": dict(factor=4),
+}
+
+
+def _unread(model_type, key, value):
+    config = _config(model_type)
+    text = text_config(config)
+    setattr(text, key, [value] * text.num_hidden_layers)
+    torch.manual_seed(0)
+    return model_class(model_type)._from_config(config).eval()
+
+
+@pytest.mark.parametrize("case", UNREAD)
+def test_frequency_methods_are_refused_where_no_layer_reads_the_rotary_embedding(case):
+    """Every layer linear attention or convolution, or every layer NoPE: a frequency method was accepted and
+    changed nothing (a patch that silently changes nothing). Refused before anything changes, in one line, by the
+    probe's finding (no attention layer rotates, nothing else reads positions); the attention methods too."""
+    model_type, key, value, what = UNREAD[case]
+    model = _unread(model_type, key, value)
+    config = text_config(model.config)
+    x = _ids(24)
+    before, rope = _logits(model, input_ids=x, use_cache=False), copy.deepcopy(config.rope_parameters)
+    buffers = {name: b.clone() for _, m in R.rotary_modules(model) for name, b in R.buffers(m).items()}
+    for method, params in FREQUENCY.items():
+        with pytest.raises(UnsupportedModelError) as err:
+            rope_extend.patch(model, method, **params)
+        message = str(err.value)
+        assert message.startswith(f"{model_type}: cannot apply {method!r}: no layer of it reads the rotary embedding (")
+        assert what in message and message.endswith("so the patch would change nothing") and "\n" not in message
+    with pytest.raises(UnsupportedModelError, match="nothing to change|no attention layer to change"):
+        rope_extend.patch(model, "rerope", **ATTENTION["rerope"])
+    assert rope_extend.patched(model) is None and config.rope_parameters == rope
+    after = {name: b for _, m in R.rotary_modules(model) for name, b in R.buffers(m).items()}
+    assert after.keys() == buffers.keys() and all(torch.equal(after[n], b) for n, b in buffers.items())
+    assert torch.equal(_logits(model, input_ids=x, use_cache=False), before)
+
+
+def test_one_layer_that_reads_the_rotary_embedding_is_enough():
+    """The same models with their last layer back on RoPE take the method, and it changes the logits."""
+    back = {"linear_attention": "full_attention", "conv": "full_attention", 0: 1, "full_attention": "sliding_attention"}
+    for model_type, key, value, _ in UNREAD.values():
+        config = _config(model_type)
+        text = text_config(config)
+        setattr(text, key, [value] * (text.num_hidden_layers - 1) + [back[value]])
+        torch.manual_seed(0)
+        model = model_class(model_type)._from_config(config).eval()
+        x = _ids(24)
+        before = _logits(model, input_ids=x, use_cache=False)
+        rope_extend.patch(model, "yarn", factor=4, original_max_position_embeddings=8)
+        assert not torch.equal(_logits(model, input_ids=x, use_cache=False), before), model_type
 
 
 @pytest.mark.skipif("beam" not in CONFIG_MAPPING_NAMES, reason="no Beam in this transformers")

@@ -148,8 +148,31 @@ def test_static_cache_works_and_sliding_static_layers_are_refused():
     assert any(type(layer).__name__ == "StaticSlidingWindowLayer" for layer in cache.layers)
     with pytest.raises(
         rope_extend.UnsupportedModelError, match="dynamic on mistral .*StaticSlidingWindowLayer cannot be re-rotated"
-    ):
+    ) as refused:
         windowed(prompt, **cache_kwargs(cache), use_cache=True)
+    # the advice names the cache that would work, never the one given (it named "or a StaticCache" here)
+    assert str(refused.value).endswith(
+        "cannot be re-rotated; use a DynamicCache (generate's default), or a static method (yarn, ntk, linear)"
+    )
+
+
+def test_a_cache_is_never_advised_to_the_user_who_gave_it():
+    """A layer the keeper cannot turn is refused with the caches whose layer of that type it could turn, other
+    than the one given; where none is left, a static method or no cache. (The hybrids' DynamicCache was refused
+    with "use a DynamicCache (generate's default)": their state layers are turned by no one and are skipped now,
+    ``tests/families/test_cached_dynamic.py``.)"""
+    from transformers import cache_utils as cu
+
+    from rope_extend.hf import cache as keeper
+
+    dynamic, static = T.DynamicCache(), T.StaticCache(config=tiny_model("llama").config, max_cache_len=8)
+    assert keeper._alternatives(dynamic, "sliding_attention") == []  # a StaticCache's sliding layers cannot turn
+    assert keeper._alternatives(static, "sliding_attention") == ["a DynamicCache (generate's default)"]
+    assert keeper._alternatives(static, None) == ["a DynamicCache (generate's default)"]
+    assert keeper._alternatives(object(), None) == ["a DynamicCache (generate's default)", "a StaticCache"]
+    indexed = [t for t, c in cu.DYNAMIC_LAYER_TYPE_MAPPING.items() if "Indexed" in c.__name__]
+    for layer_type in indexed:  # DeepSeek-V3.2's and Qwen's sparse attention: no cache of transformers turns
+        assert keeper._alternatives(dynamic, layer_type) == []
 
 
 def test_unpatch_removes_the_keeper_and_static_methods_install_none():

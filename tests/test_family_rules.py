@@ -67,3 +67,29 @@ def test_the_built_in_rules_answer_for_their_families_only():
     assert "llama_4_scaling_beta" in ask("kept_reads", llama, beta)
     assert "short_mscale and long_mscale" in ask("kept_reads", phimoe, beta)  # the first rule in order answers
     assert ask("kept_reads", llama, {"rope_type": "yarn"}) is None
+
+
+def test_the_state_layers_are_the_layer_types_whose_cache_keeps_a_state():
+    """A capability rule (no family named): the layer types that transformers' own DynamicCache(config=...) gives a
+    recurrent or convolution state (``LinearAttentionCacheLayerMixin``), read from ``layer_types``; not the
+    feed-forward layers that transformers 5.17 gives an empty LinearAttentionLayer as a placeholder."""
+    from rope_extend.hf.families import recurrent
+
+    types = ["conv", "conv", "full_attention", "linear_attention", "sliding_attention", "hybrid", "moe", "mlp"]
+    assert ask("state_layers", SimpleNamespace(layer_types=types)) == {
+        0: "conv",
+        1: "conv",
+        3: "linear_attention",
+        5: "hybrid",
+    }
+    assert ask("state_layers", SimpleNamespace(layer_types=["full_attention", "sliding_attention"])) is None
+    assert ask("state_layers", SimpleNamespace(layer_types=None)) is None
+    assert ask("state_layers", SimpleNamespace()) is None
+    assert (
+        recurrent.describe({0: "conv", 1: "conv", 3: "linear_attention"})
+        == "layers 0, 1 (conv) and 3 (linear_attention)"
+    )
+    assert recurrent.describe({i: "linear_attention" for i in (0, 1, 2, 4, 5, 6, 9)}) == (
+        "layers 0-2, 4-6, 9 (linear_attention)"
+    )
+    assert recurrent.describe({7: "hybrid"}) == "layer 7 (hybrid)"

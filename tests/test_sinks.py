@@ -376,3 +376,47 @@ def test_a_compressed_cache_is_refused_when_the_sink_cache_is_made():
     model = build("deepseek_v3")
     with pytest.raises(rope_extend.UnsupportedModelError, match="attention sinks turn .*layer 0 caches keys of size"):
         rope_extend.SinkCache(model, sink_tokens=4, window=16)
+
+
+@pytest.mark.parametrize(
+    ("family", "layers"),
+    [
+        ("qwen3_next", r"layers 0-2 \(linear_attention\)"),  # gated delta nets, then one attention layer
+        ("lfm2", r"layers 0, 1 \(conv\)"),  # short convolutions
+        ("falcon_h1", r"layers 0, 1 \(hybrid\)"),  # Mamba heads beside attention in every layer
+    ],
+)
+def test_a_recurrent_or_convolution_state_is_refused_when_the_sink_cache_is_made(family, layers):
+    """A hybrid's linear-attention, Mamba and convolution layers cache a state that sums up every token seen, so no
+    token can be evicted from it; the SinkCache was accepted and the first forward died in transformers with an
+    IndexError. Refused when it is made, naming the layers and their kinds (from the config's layer types, by the
+    ``state_layers`` family rule), and the model still generates with its own cache."""
+    from tests.families.tiny import build
+
+    model = build(family)
+    ids = torch.randint(3, 200, (1, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(ids).logits
+    with pytest.raises(UnsupportedModelError) as refused:
+        SinkCache(model, sink_tokens=2, window=8)
+    message = str(refused.value)
+    assert re.search(rf"^SinkCache: \w+ForCausalLM's {layers} keep a recurrent or convolution state", message), message
+    assert "no token can be evicted" in message and "use a DynamicCache" in message and "\n" not in message
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)  # nothing installed on the model that changes it
+    out = model.generate(ids, max_new_tokens=3, min_new_tokens=3, do_sample=False)
+    assert out.shape == (1, 9)
+
+
+@pytest.mark.parametrize("method", ["linear", "yarn"])
+def test_log_n_with_a_frequency_method_is_refused_in_its_own_words(method):
+    """log-n with a frequency method scales each query by its position in the sequence; the message said that
+    linear and yarn are "attention-level methods", which they are not."""
+    model = tiny_model("llama", max_position_embeddings=64).eval()
+    rope_extend.patch(model, method, factor=2, logn=True)
+    with pytest.raises(UnsupportedModelError) as refused:
+        SinkCache(model, 4, 20)
+    message = str(refused.value)
+    assert f"log-n ({method} with logn=True) scales each query by its position in the sequence" in message
+    assert "attention-level" not in message and f"{method} is an" not in message
+    assert "use a static frequency method (yarn, ntk, linear, llama3) without logn, or none" in message

@@ -11,6 +11,8 @@
   a layer's attention is plain causal attention; ``hf.compiled``: what torch.compile runs outside its graphs;
   ``hf.generation``: ``generate``'s maximum-length reminder;
 - ``hf.layout``: how each attention layer rotates its queries and keys, found by probing the model;
+  ``hf.rotary_reads``: whether anything outside the attention layers reads positions (the probe's rows), and a
+  model none of whose layers reads the rotary embedding;
 - ``hf.slots``: where the newest key sits in a layer's keys (dynamic and static caches); ``hf.mrope``: the
   attention methods on M-RoPE models (text positions, image tokens refused);
 - ``hf.rotate_keys``: the one key rotator (probe once, turn cached keys) under ``hf.cache`` and ``sinks``;

@@ -24,7 +24,13 @@ the position ids the keeper saw when they were added (left padding included).
 
 Caches: transformers' ``DynamicCache`` (full and sliding-window layers) and ``StaticCache`` full layers.
 Others (quantized, static sliding-window, offloaded-indexed layers) cannot be re-rotated and are refused
-with an error naming the layer class, before anything is computed.
+with an error naming the layer class, before anything is computed. Hybrid models (Qwen3-Next, Qwen3.5, LFM2,
+Bamba, Granite 4.0-H, Falcon-H1, OLMo hybrid) cache a recurrent or convolution state for their linear-attention,
+Mamba and convolution layers: a state holds no rotated key, so only the attention layers' keys are turned and
+the states are left as they are. That is exact (the frozen reference's semantics: a token's hidden states are
+those of the forward that fed it, so are the states built from them) where no position reaches the states:
+the probe checks that nothing outside the attention layers reads positions (``hf.rotary_reads``), and a model
+where something does is refused.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from . import compiled, mrope
+from . import compiled, families, mrope
 from . import layout as rope_layout
 from .config import family, nested_layer_types, text_config
 from .rotary import RotaryRuntime, frequency_buffer, next_seen, scale_name
@@ -49,17 +55,63 @@ def _model_defined(layer) -> bool:
     return type(layer).__module__ != cu.__name__
 
 
-def _supported(layer) -> bool:
+def _state_only(layer) -> bool:
+    """A cache layer that holds a recurrent or convolution state and no keys (transformers'
+    ``LinearAttentionLayer``: linear attention, Mamba and short-convolution layers of hybrid models); a hybrid
+    layer that holds keys beside its state (Falcon-H1's) is a ``DynamicLayer`` or ``StaticLayer`` too."""
     from transformers import cache_utils as cu
 
-    sliding_static = getattr(cu, "StaticSlidingWindowLayer", ())
+    mixin = getattr(cu, "LinearAttentionCacheLayerMixin", None)
+    return mixin is not None and isinstance(layer, mixin) and not isinstance(layer, cu.CacheLayerMixin)
+
+
+def _holds_state(layer, named: bool) -> bool:
+    """A cache layer with a recurrent or convolution state: ``named`` so by the config (``state_layers``), or
+    holding one already."""
+    from transformers import cache_utils as cu
+
+    mixin = getattr(cu, "LinearAttentionCacheLayerMixin", None)
+    if mixin is None or not isinstance(layer, mixin):
+        return False
+    started = (
+        getattr(layer, name, None) or {} for name in ("is_conv_states_initialized", "is_recurrent_states_initialized")
+    )
+    return named or any(any(flags.values()) for flags in started)
+
+
+def _supported(layer) -> bool:
+    return _supported_class(type(layer))
+
+
+def _supported_class(cls: type) -> bool:
+    """Whether the keeper can turn the keys of a cache layer of class ``cls``."""
+    from transformers import cache_utils as cu
+
+    sliding_static = getattr(cu, "StaticSlidingWindowLayer", None)
     kinds = tuple(k for k in (getattr(cu, "DynamicLayer", None), getattr(cu, "StaticLayer", None)) if k)
     unsupported = tuple(getattr(cu, n) for n in ("BaseQuantizedLayer", "QuantizedLayer") if hasattr(cu, n))
-    if sliding_static and isinstance(layer, sliding_static):
+    if sliding_static is not None and issubclass(cls, sliding_static):
         return False
-    if unsupported and isinstance(layer, unsupported):
+    if unsupported and issubclass(cls, unsupported):
         return False
-    return isinstance(layer, kinds) and "Indexed" not in type(layer).__name__
+    return issubclass(cls, kinds) and "Indexed" not in cls.__name__
+
+
+def _alternatives(cache, layer_type) -> list[str]:
+    """transformers' caches whose layer for ``layer_type`` (the config's type of the refused layer; None: full
+    attention) the keeper could turn, other than the class of ``cache``: never advise the cache it was given (a
+    StaticCache's sliding layers cannot turn, a DynamicCache's indexed layers neither)."""
+    from transformers import cache_utils as cu
+
+    out = []
+    for name, mapping, words in (
+        ("DynamicCache", "DYNAMIC_LAYER_TYPE_MAPPING", "a DynamicCache (generate's default)"),
+        ("StaticCache", "STATIC_LAYER_TYPE_MAPPING", "a StaticCache"),
+    ):
+        layer = getattr(cu, mapping, {}).get(layer_type or "full_attention")
+        if type(cache).__name__ != name and isinstance(layer, type) and _supported_class(layer):
+            out.append(words)
+    return out
 
 
 class CacheKeeper:
@@ -111,6 +163,29 @@ class CacheKeeper:
         self.rotator.check(self._refusal(name), lambda index: self._set_of(index) == layer_type)
         self.turnable.add(layer_type)
 
+    def _check_states(self, cache, name: str) -> None:
+        """Refuse a cache whose recurrent or convolution states (a hybrid's linear-attention, Mamba and
+        convolution layers) might carry positions: they are left as they are when the keys turn, which is exact
+        only where nothing outside the attention layers reads positions (``KeyRotator.outside``, from the probe
+        ``_check_turnable`` ran)."""
+        kinds = families.ask("state_layers", self.config) or {}
+        # a state layer by the config's layer types, or one that holds a state (not 5.17's empty placeholders)
+        held = [i for i, layer in enumerate(getattr(cache, "layers", [])) if _holds_state(layer, i in kinds)]
+        if not held or self.rotator.outside is False:
+            return
+        state = families.recurrent.describe({i: kinds.get(i, "recurrent") for i in held})
+        why = (
+            "something outside its attention layers reads positions (the probe's rows differ at the decoder's "
+            "output), so those states may hold them"
+            if self.rotator.outside
+            else "the probe could not run the decoder to see that no position reaches them"
+        )
+        raise UnsupportedModelError(
+            f"{name} on {family(self.model.config)} must re-rotate cached keys when its frequencies change, and its "
+            f"{state} cache a recurrent or convolution state, which cannot be turned; {why}; use a static method "
+            "(yarn, ntk, linear), or generate without the cache (use_cache=False)"
+        )
+
     def _set_of(self, index: int):
         """The frequency set decoder layer ``index`` rotates with (None: the model has one)."""
         return self.layer_sets[index] if self.layer_sets is not None and index < len(self.layer_sets) else None
@@ -150,6 +225,7 @@ class CacheKeeper:
                 layers = self._layers(cache, layer_type, name)
                 if cache is not None:
                     self._check_turnable(cache, layer_type, name, positions.device)
+                    self._check_states(cache, name)
                 if cache is not None and (mixed or (self.mixed and cached is not None and low != 0)):
                     raise UnsupportedModelError(
                         f"{entry.scaling.method.name} on {family(self.model.config)} must re-rotate cached keys when "
@@ -207,13 +283,19 @@ class CacheKeeper:
                     "(yarn, ntk, linear), or run without a cache (use_cache=False)"
                 )
         for index, layer in enumerate(getattr(cache, "layers", [])):
-            if self._set_of(index) != layer_type:
+            if self._set_of(index) != layer_type or _state_only(layer):  # a state holds no key (_check_states)
                 continue
             if not _supported(layer):
+                types = getattr(self.config, "layer_types", None) or []
+                other = " or ".join(_alternatives(cache, types[index] if index < len(types) else None))
+                instead = (
+                    f"use {other}, or a static method (yarn, ntk, linear)"
+                    if other
+                    else "use a static method (yarn, ntk, linear), or generate without the cache (use_cache=False)"
+                )
                 raise UnsupportedModelError(
                     f"{name} on {family(self.model.config)} must re-rotate cached keys when its frequencies change, "
-                    f"and cache layers of type {type(layer).__name__} cannot be re-rotated; use a DynamicCache "
-                    "(generate's default) or a StaticCache, or a static method (yarn, ntk, linear)"
+                    f"and cache layers of type {type(layer).__name__} cannot be re-rotated; {instead}"
                 )
             if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
                 found.append((index, layer))

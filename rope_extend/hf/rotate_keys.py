@@ -7,7 +7,9 @@ them), ``sinks.SinkKeeper`` by ``-e theta`` when ``e`` tokens are evicted before
 three things, which live here so that they cannot drift apart:
 
 - how each layer rotates and what its cache stores, found once by running the model (``hf.layout.probe`` with
-  a cache: pairing, which dimensions, direction, frequency set; NoPE layers; a compressed MLA cache);
+  a cache: pairing, which dimensions, direction, frequency set; NoPE layers; a compressed MLA cache), and from
+  the same forward whether anything outside the attention layers reads positions (``hf.rotary_reads.watch``:
+  where nothing does, a hybrid's recurrent and convolution states hold no position and are left as they are);
 - a refusal, before anything runs, when some layer's cached keys cannot be turned (``hf.layout.cached_layout``),
   in the words of the keeper that needs the turn;
 - the turn itself: float64 angles, float32 keys, back to the cache's dtype (``Layout.turn``).
@@ -25,6 +27,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from . import layout as rope_layout
+from . import rotary_reads
 
 
 class KeyRotator:
@@ -40,6 +43,9 @@ class KeyRotator:
         # layer index -> hf.layout.LayerProbe, once probed; ``unprobed``: why the probe itself failed (lenient)
         self.layouts: dict[int, rope_layout.LayerProbe] | None = None
         self.unprobed: str | None = None
+        # whether something outside the attention layers reads positions (``hf.rotary_reads.watch``; None: not
+        # known): where it does not, a hybrid's recurrent and convolution states hold no position to turn
+        self.outside: bool | None = None
         self.probing = False  # the probe's own forward is under way (a keeper's hook lets it pass)
 
     def probe(self, length: int, lenient: bool = False) -> None:
@@ -51,21 +57,27 @@ class KeyRotator:
         all is recorded (``unprobed``), so that a keeper refuses it only once a turn is needed, in its words."""
         if self.layouts is not None:
             return
-        modules = list(self.rotary)
         self.probing = True
         try:
             if not lenient:
-                self.layouts = rope_layout.layer_probes(self.model, self.config, modules, length, True)
+                self.layouts = self._probe(length, True)
                 return
             try:
                 try:
-                    self.layouts = rope_layout.layer_probes(self.model, self.config, modules, length, True)
+                    self.layouts = self._probe(length, True)
                 except UnsupportedModelError:
-                    self.layouts = rope_layout.layer_probes(self.model, self.config, modules, length)
+                    self.layouts = self._probe(length, False)
             except UnsupportedModelError as exc:
                 self.layouts, self.unprobed = {}, str(exc)
         finally:
             self.probing = False
+
+    def _probe(self, length: int, cached: bool) -> dict[int, rope_layout.LayerProbe]:
+        """One probe forward: the layers' rotations, and ``outside`` from the same forward."""
+        with rotary_reads.watch(rope_layout.decoder_of(self.model)) as differ:
+            layouts = rope_layout.layer_probes(self.model, self.config, list(self.rotary), length, cached)
+        self.outside = differ()
+        return layouts
 
     def layout(self, index: int, width: int | None, refuse: Callable[[str], str]) -> rope_layout.Layout | None:
         """Layer ``index``'s rotation for cached keys of size ``width``; None for a NoPE layer (nothing to turn).

@@ -9,6 +9,13 @@ forward the last logits must equal the frozen reference's within ``TOLERANCE``, 
 with an ``UnsupportedModelError`` naming the method and the family (and the family is listed in ``REFUSED``).
 A family listed in ``REFUSED`` that decodes exactly fails too: the list is the measured one.
 
+The hybrids (Qwen3-Next and Qwen3.5's gated delta nets, LFM2's convolutions, Granite 4.0-H's Mamba layers,
+Falcon-H1's Mamba heads beside attention) were refused with any cache, generate's default included, with a message
+that advised that very cache. Their recurrent and convolution states hold no rotated key, so only the attention
+layers' keys need turning: they decode exactly now, with their own cache and with generate's default, for every
+dynamic method (``test_hybrids_decode_exactly``), and a model where something outside the attention layers reads
+positions (so a state may hold them) is refused (``test_a_state_that_reads_positions_is_refused``).
+
 The cell that was missing, and what it found: DeepSeek-V4's compressor caches hold keys that nothing turned (its
 layers' types name no frequency set, so no key was turned at all), and Mistral 4's MLA cache stores its unrotated
 latent as "keys", of the same size as the attention's keys in the tiny config, so the keeper turned the latent:
@@ -18,6 +25,7 @@ cached decode was 0.03 and 0.045 off the reference, silently. Both are refused n
 
 from __future__ import annotations
 
+import copy
 import inspect
 import warnings
 
@@ -26,20 +34,22 @@ import torch
 
 import rope_extend
 from rope_extend import UnsupportedModelError
-from tests.families.tiny import Unbuildable, build, rope_families, text_inputs
+from rope_extend.hf import rotary
+from tests.families.tiny import Unbuildable, build, model_class, rope_families, text_inputs, tiny_config
 from tests.matrix.reference import _frozen_forward
 
 L, FACTOR = 16, 4.0
 PROMPT, CHUNKS = 8, (9, 1, 6, 8)  # 8 tokens, then forwards of 9 (past L = 16: the first turn), 1, 6 and 8 tokens
 TOLERANCE = 1e-5  # float32; measured at most 1e-6 on the families that keep their keys (2e-7 unpatched)
-# families whose cached keys the keeper cannot turn (MLA and other compressed caches, hybrid linear-attention
-# caches, a model's own cache layers): refused at the first forward with a cache, in these words
+# families whose cached keys the keeper cannot turn (MLA and other compressed caches, indexed layers, a model's own
+# cache layers, layers that do not call the attention interface): refused at the first forward with a cache, in
+# these words. The hybrids' linear-attention, Mamba and convolution layers cache a state and no key: the keeper
+# turns their attention layers' keys only, and they decode exactly (``test_hybrids_decode_exactly``)
 REFUSED = frozenset(
     {
         "axk1",
         "axk2",
         "bailing_hybrid",
-        "bamba",
         "deepseek_v2",
         "deepseek_v3",
         "deepseek_v32",
@@ -50,27 +60,13 @@ REFUSED = frozenset(
         "glm4_moe_lite",
         "glm_moe_dsa",
         "gpt_neox_japanese",
-        "granitemoehybrid",
         "hy_v4",
         "hy_v4_vl",
         "kimi_k25",
-        "lara_mini",
-        "lfm2",
-        "lfm2_moe",
-        "lfm2_vl",
         "longcat_flash",
         "minicpm3",
-        "minicpm_ocr",
-        "minicpmv4_6",
-        "minicpmv4_7",
         "mistral4",
         "mistral_large4",
-        "olmo_hybrid",
-        "qwen3_5",
-        "qwen3_5_moe",
-        "qwen3_5_moe_text",
-        "qwen3_5_text",
-        "qwen3_next",
         "qwen4_exp",
         "qwen4_exp_text",
         "sarvam_mla",
@@ -143,6 +139,8 @@ def test_dynamic_cached_decode_is_exact_or_refused(family):
                 _worst_gap(model, family)
             message = str(refused.value)
             assert f"dynamic on {family} {REFUSAL}" in message, message
+            # the model's own cache is the one generate would make: advising it would send the user in a circle
+            assert "use a DynamicCache" not in message, message
             return
         try:
             gap = _worst_gap(model, family)
@@ -151,3 +149,82 @@ def test_dynamic_cached_decode_is_exact_or_refused(family):
         assert gap <= TOLERANCE, f"{family}: dynamic cached decode is {gap:.2e} off the frozen reference"
     finally:
         rope_extend.unpatch(model)
+
+
+HYBRIDS = ("qwen3_next", "lfm2", "falcon_h1", "granitemoehybrid")  # delta nets, convolutions, Mamba beside, between
+NEW = 28  # new tokens: from 8 to 36, past L = 16 and 2L (the frequencies change about 14 times)
+
+
+def _params(model, method: str) -> dict:
+    """longrope's factor lists (one per frequency), short at 1 and long spread over 1 .. 4."""
+    if method != "longrope":
+        return {}
+    (_, module), *_ = rotary.rotary_modules(model)
+    n = rotary.frequency_buffer(module, rotary.module_layer_types(module)[0]).numel()
+    return {"short_factor": [1.0] * n, "long_factor": [1.0 + 3.0 * i / n for i in range(n)]}
+
+
+def _eos(model) -> list[int]:
+    eos = model.generation_config.eos_token_id
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+
+
+@pytest.mark.parametrize("method", ["dynamic", "dynamic_yarn", "longrope"])
+@pytest.mark.parametrize("family", HYBRIDS)
+def test_hybrids_decode_exactly(family, method):
+    """A hybrid under a dynamic method decodes as the frozen reference does: with the model's own cache (the chunks
+    of the sweep above) and with generate's default cache, whose greedy tokens (end of sequence held back, as
+    ``min_new_tokens`` does) equal the reference's and whose logits are within float32 rounding of it."""
+    model = build(family)
+    assert rope_extend.hf.families.ask("state_layers", model.config.get_text_config(decoder=True))
+    rope_extend.patch(model, method, factor=FACTOR, original_max_position_embeddings=L, **_params(model, method))
+    assert _worst_gap(model, family) <= TOLERANCE
+    ids = _ids()[:, :PROMPT]
+    out = model.generate(
+        **text_inputs(family, ids),
+        max_new_tokens=NEW,
+        min_new_tokens=NEW,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    seq, held, worst = ids, None, 0.0
+    for step in range(NEW):
+        held, want = _frozen_forward(model, seq, held)
+        worst = max(worst, (out.logits[step][0].float() - want).abs().max().item())
+        want[_eos(model)] = float("-inf")
+        seq = torch.cat([seq, want.argmax().view(1, 1)], 1)
+    assert torch.equal(out.sequences, seq), f"{family} {method}: greedy tokens part from the frozen reference's"
+    assert worst <= TOLERANCE, f"{family} {method}: generate's logits {worst:.2e} off the frozen reference"
+
+
+def test_a_state_that_reads_positions_is_refused():
+    """Qwen3-Next (attention first, then three linear-attention layers) with its last layer's gated delta net made
+    to read the rotary embedding (its input shifted by a cos of the layer's position embeddings), as a linear
+    attention with RoPE would: its recurrent state carries positions, which no turn of the keys reaches. With the
+    state left as it is, cached decoding was 1.9e-3 off the frozen reference, silently; the probe sees the rows
+    differ at the decoder's output, so the keeper refuses the cache. Without a cache the model runs."""
+    config = copy.deepcopy(tiny_config("qwen3_next"))
+    config.layer_types = ["full_attention"] + ["linear_attention"] * (config.num_hidden_layers - 1)
+    torch.manual_seed(0)
+    model = model_class("qwen3_next")._from_config(config).eval()
+    last, seen = model.model.layers[-1], {}
+
+    def keep(module, args, kwargs):
+        seen["cos"] = kwargs["position_embeddings"][0]
+
+    def shift(module, args, kwargs):  # a frequency that the dynamic method changes (the first is 1 at any base)
+        hidden = args[0] if args else kwargs["hidden_states"]
+        hidden = hidden + 0.5 * seen["cos"][..., 1:2].to(hidden.dtype)
+        return ((hidden, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": hidden})
+
+    last.register_forward_pre_hook(keep, with_kwargs=True)
+    last.linear_attn.register_forward_pre_hook(shift, with_kwargs=True)
+    rope_extend.patch(model, "dynamic", factor=FACTOR, original_max_position_embeddings=L)
+    with pytest.raises(UnsupportedModelError) as refused:
+        _worst_gap(model, "qwen3_next")
+    message = str(refused.value)
+    assert message.startswith(f"dynamic on qwen3_next {REFUSAL}, and its layers 1-3 (linear_attention) cache a ")
+    assert "something outside its attention layers reads positions" in message and "use_cache=False" in message
+    with torch.no_grad():
+        assert torch.isfinite(model(_ids(), use_cache=False).logits).all()

@@ -84,10 +84,14 @@ def _plan_modules(model, config, scaling, inner: str, probed) -> list[tuple[nn.M
     modules = attention_modules(model, config)
     if probed is not None:
         if not probed:
+            state = families.ask("state_layers", config)
             raise _refuse(
                 config,
                 scaling,
-                "its attention layers do not call transformers' attention interface, so rope-extend cannot change them",
+                "its attention layers do not call transformers' attention interface, so rope-extend cannot change them"
+                if modules or not state
+                else f"it has no attention layer to change (its {families.recurrent.describe(state)} keep a recurrent "
+                "or convolution state)",
             )
         missed = [m for m in modules if m not in probed]
         if missed:

@@ -10,7 +10,9 @@ families. A transformers upgrade that changes a family changes its rule here.
   ``llama_4_scaling_beta``);
 - ``context``: lengths and layer kinds a family says its own way (Gemma 3's ``linear`` within its context, the
   local layer types, M-RoPE's keys);
-- ``longrope_only``: Phi-3's and Phi-4-multimodal's config classes, opened to the types rope-extend writes.
+- ``longrope_only``: Phi-3's and Phi-4-multimodal's config classes, opened to the types rope-extend writes;
+- ``recurrent``: the layers of hybrid families whose cache holds a recurrent or convolution state (linear
+  attention, Mamba, short convolutions), which no eviction or rotation can change.
 
 Adding a rule: a ``Rule(name, quirk, answer, model_types)`` registered with ``RULES.register`` (a built-in one in
 one of these modules, imported below); ``tests/test_extension_points.py`` shows a toy one. Every change
@@ -19,7 +21,7 @@ one of these modules, imported below); ``tests/test_extension_points.py`` shows 
 
 from __future__ import annotations
 
-from . import attention_scale, context, longrope_only
+from . import attention_scale, context, longrope_only, recurrent
 from .attention_scale import MSCALE_FUNCTION
 from .context import LOCAL_LAYER_TYPES, MROPE_KEYS
 from .rule import QUIRKS, RULES, Rule, ask, constant, model_types_for
@@ -37,4 +39,5 @@ __all__ = [
     "context",
     "longrope_only",
     "model_types_for",
+    "recurrent",
 ]

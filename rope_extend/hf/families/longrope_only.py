@@ -67,9 +67,12 @@ RULES.register(Rule("phi3_longrope_only", "longrope_only", constant(True), ("phi
 
 
 def _swaps_cache(config) -> str | None:
-    """Their ``prepare_inputs_for_generation`` sets the cache to None when the sequence first passes
-    ``original_max_position_embeddings``, to recompute the prefix with LongRoPE's long factors: a cache with a
-    policy of its own (``SinkCache``) would be replaced by a plain one, silently."""
+    """Their ``prepare_inputs_for_generation`` sets the cache to None when the input reaches
+    ``original_max_position_embeddings + 1`` tokens while the cache holds no more, to recompute the prefix with
+    LongRoPE's long factors, and ``generate`` goes on with a cache of its own: a cache with a policy of its own
+    (``SinkCache``) would be replaced by a plain one, silently. With a prompt already that long, a passed cache
+    that has its layers (``DynamicCache(config=...)``) is dropped before the first forward and stays empty
+    (transformers 5.17 and 5.24, checked)."""
     original = getattr(config, "original_max_position_embeddings", None)
     if original is None:
         return None

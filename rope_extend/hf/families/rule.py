@@ -26,6 +26,7 @@ QUIRKS = {
     "kept_reads": "why the family's own code would not keep a shipped scaling under keep_shipped (a str)",
     "longrope_only": "True: the config class accepts only default and longrope, and must be opened (a class)",
     "generate_swaps_cache": "what the family's generate does to the cache mid-sequence, replacing it (a str)",
+    "state_layers": "the layers whose cache holds a recurrent or convolution state: {index: layer type}",
 }
 
 
