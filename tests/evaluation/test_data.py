@@ -1,7 +1,5 @@
-import contextlib
 import json
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -10,6 +8,7 @@ import pytest
 from rope_extend import RopeExtendError
 from rope_extend.documents import MAX_TEXT_BYTES, read_documents
 from rope_extend.evaluation.data import load_texts, parse_depths, parse_length, parse_lengths
+from tests.blocking import within
 
 
 def test_parse_lengths():
@@ -92,31 +91,6 @@ def test_reading_a_local_table_shows_no_progress_bars(tmp_path, capfd):
 PIPE = "is a named pipe, not a regular file: give regular files"
 
 
-def _within(seconds: float, call):
-    """``call()``'s result or exception, failing the test (not hanging it) when it has not returned in time."""
-    box: dict = {}
-
-    def run():
-        try:
-            box["value"] = call()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still reading after {seconds} s"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-def _release(fifo) -> None:
-    """Let a reader blocked in the open of ``fifo`` go (the code before the fix waited there for a writer)."""
-    with contextlib.suppress(OSError):  # no reader waiting: nothing to release
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-
-
 def test_a_named_pipe_or_a_device_is_refused_wherever_it_is_named(tmp_path):
     """A named pipe (whose read blocks until someone writes) and a link to ``/dev/zero`` (which never ends), given
     by name, in a folder or by a pattern: one line naming what it is. Before, given by name they were "not a
@@ -126,12 +100,12 @@ def test_a_named_pipe_or_a_device_is_refused_wherever_it_is_named(tmp_path):
     os.mkfifo(fifo)
     for source in (fifo, tmp_path, str(tmp_path / "*.txt"), [tmp_path / "ok.txt", fifo]):
         with pytest.raises(RopeExtendError, match=f"^{fifo} {PIPE}"):
-            _within(10, lambda source=source: read_documents(source))
+            within(10, lambda source=source: read_documents(source), fifo)
     fifo.unlink()
     (tmp_path / "zero.txt").symlink_to("/dev/zero")
     for source in (tmp_path / "zero.txt", tmp_path):
         with pytest.raises(RopeExtendError, match="zero.txt is a socket or device, not a regular file"):
-            _within(10, lambda source=source: read_documents(source))
+            within(10, lambda source=source: read_documents(source), fifo)
     (tmp_path / "zero.txt").unlink()
     (tmp_path / "gone.txt").symlink_to(tmp_path / "nothing")
     with pytest.raises(RopeExtendError, match=r"gone.txt is a link to nothing"):
@@ -139,7 +113,7 @@ def test_a_named_pipe_or_a_device_is_refused_wherever_it_is_named(tmp_path):
     (tmp_path / "gone.txt").unlink()
     os.mkfifo(tmp_path / "rows.jsonl")  # the tables are read by datasets: refused before it opens one
     with pytest.raises(RopeExtendError, match=f"rows.jsonl {PIPE}"):
-        _within(10, lambda: read_documents(tmp_path / "rows.jsonl"))
+        within(10, lambda: read_documents(tmp_path / "rows.jsonl"), tmp_path / "rows.jsonl")
     (tmp_path / "rows.jsonl").unlink()
     assert read_documents(tmp_path) == ["a story"]  # a folder of regular files reads as before
 
@@ -151,11 +125,8 @@ def test_a_pipe_swapped_in_after_the_check_is_refused_at_the_open(tmp_path, monk
     os.mkfifo(fifo)
     is_file = Path.is_file
     monkeypatch.setattr(Path, "is_file", lambda self: self == fifo or is_file(self))
-    try:
-        with pytest.raises(RopeExtendError, match=f"^{fifo} is a named pipe, not a regular file: a text source is"):
-            _within(10, lambda: read_documents(fifo))
-    finally:
-        _release(fifo)
+    with pytest.raises(RopeExtendError, match=f"^{fifo} is a named pipe, not a regular file: a text source is"):
+        within(10, lambda: read_documents(fifo), fifo)
 
 
 def test_a_text_file_past_the_limit_is_refused_before_it_is_read(tmp_path):
