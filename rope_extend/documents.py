@@ -14,6 +14,16 @@
 
 Empty documents are dropped, then ``max_docs`` keeps the first ones. Nothing is downloaded unless a
 dataset name is given and a hub is reachable.
+
+The files are a user's, read as ``untrusted`` reads them (links followed, as a user's input may be one): only
+regular files (a named pipe would block the reader, a device such as ``/dev/zero`` never ends), whether named
+or found in a folder or by a pattern, where an entry with a data suffix that is not one is refused rather than
+left out of the corpus unsaid; a text file of at most ``MAX_TEXT_BYTES``. The documents are held in memory
+whole (a ``"document"`` is one text, and the training and evaluation data are made from all of them), so a text
+file is read whole, not streamed; the limit is there to refuse what is no text (a sparse file of terabytes),
+not to hold back a real corpus: the longest texts used (the books of PG19, the Canterbury texts) are a few
+megabytes, and wikitext-103's training text, among the largest published as one text file, is 0.5 GB. JSON
+lines and Parquet are read by the datasets library, which keeps them in memory-mapped Arrow files.
 """
 
 from __future__ import annotations
@@ -23,16 +33,45 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from . import fetch
+from . import fetch, untrusted
 from .errors import RopeExtendError
 
 SampleBy = Literal["document", "paragraph", "line"]
 TEXT_SUFFIXES = (".txt", ".text", ".md")
 FORMATS = {**dict.fromkeys(TEXT_SUFFIXES, "text"), ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+MAX_TEXT_BYTES = 1 << 30  # 1 GiB a text file: twice wikitext-103's training text (see the module docstring)
+FIX = "give regular files: UTF-8 text (.txt, .text, .md), JSON lines (.jsonl, .json) or Parquet"
+TEXT_FIX = (
+    "a text source is a regular file of UTF-8 text of at most 1 GiB (split a larger one into several files, a "
+    "folder of them is one source, or give it as JSON lines or Parquet)"
+)
 
 
 def hub_offline() -> bool:
     return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def _refuse_unless_regular(path: Path) -> None:
+    """Refuse ``path`` in one line naming what it is (a named pipe, a device, a link to nothing) unless it is a
+    regular file (``untrusted.open_regular``, which looks before it opens: opening a pipe or a device is never
+    tried)."""
+    with untrusted.open_regular(path, fix=FIX):
+        pass
+
+
+def _data_files(found) -> list[Path]:
+    """The entries of a folder or a pattern that are data: regular files with a data suffix. One that has such a
+    suffix but is no regular file (a named pipe ``notes.txt``, a link to ``/dev/zero`` or to nothing) is refused:
+    leaving it out would train or evaluate on less than the user gave, unsaid. Folders are passed over (a
+    folder's files are found by the walk itself)."""
+    files = []
+    for p in found:
+        if p.suffix.lower() not in FORMATS or p.is_dir():
+            continue
+        if not p.is_file():
+            _refuse_unless_regular(p)
+        files.append(p)
+    return sorted(files)
 
 
 def _files(source: str | os.PathLike | list) -> list[Path] | None:
@@ -43,17 +82,19 @@ def _files(source: str | os.PathLike | list) -> list[Path] | None:
         text = str(item)
         path = Path(text)
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in FORMATS)
+            found = _data_files(path.rglob("*"))
             if not found:
                 raise RopeExtendError(f"{text} is a folder without .txt files (nor .jsonl, .json or .parquet)")
             files += found
         elif any(ch in text for ch in "*?["):
-            found = sorted(Path(p) for p in glob.glob(text) if Path(p).is_file())
+            found = _data_files(Path(p) for p in glob.glob(text))
             if not found:
                 raise RopeExtendError(f"the pattern {text} matches no files")
             files += found
         elif path.is_file():
             files.append(path)
+        elif os.path.lexists(path):  # something that is no regular file: a pipe, a device, a link to nothing
+            _refuse_unless_regular(path)
         elif len(items) > 1 or os.sep in text or text.startswith(".") or path.suffix.lower() in FORMATS:
             raise RopeExtendError(
                 f"{text} is not a local file or folder"
@@ -172,10 +213,8 @@ def read_documents(
         if kind == "text":
             texts = []
             for f in files:
-                try:
-                    texts += _split(f.read_text(encoding="utf-8"), sample_by)
-                except UnicodeDecodeError:
-                    raise RopeExtendError(f"{f} is not a UTF-8 text file") from None
+                # bounded, and checked to be a regular file at the open itself (it may have been swapped since)
+                texts += _split(untrusted.read_text(f, limit=MAX_TEXT_BYTES, fix=TEXT_FIX), sample_by)
         else:
             texts = _table(kind, files, text_field)
     texts = [t.strip() for t in texts if t and t.strip()]

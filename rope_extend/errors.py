@@ -1,4 +1,5 @@
-"""Exceptions rope-extend raises on bad input, and the hint it gives for a misspelt name.
+"""Exceptions rope-extend raises on bad input, the hint it gives for a misspelt name, and how a message shows a
+value (``shown``: a bounded ``repr``).
 
 The hierarchy:
 
@@ -11,13 +12,20 @@ The hierarchy:
 Each also subclasses the builtin it was before, so callers that catch ``ValueError``, ``TypeError`` or
 ``RuntimeError`` keep working. ``RopeExtendError`` is the bad-argument error (its name predates the base class,
 and callers catch it), so the base has a name of its own. ``RopeExtendException``, the base's earlier name, is
-kept as a deprecated alias for one release. Each message names what was wrong and what is allowed."""
+kept as a deprecated alias for one release. Each message names what was wrong and what is allowed.
+
+``shown`` lives here, beside the exceptions, because every layer builds messages: the pure math of
+``rope_extend.methods`` (whose argument checks see values from users' configs) as much as the readers of
+untrusted files (``rope_extend.untrusted``, which re-exports it), and this module imports nothing of
+rope-extend's."""
 
 from __future__ import annotations
 
 import difflib
+import itertools
+import reprlib
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 
 class RopeExtendBaseError(Exception):
@@ -64,3 +72,35 @@ def closest(name, allowed) -> str:
     """A ' (did you mean ...?)' hint for a misspelt name, or ''."""
     near = close_matches(name, allowed)
     return f" (did you mean {', '.join(repr(n) for n in near)}?)" if near else ""
+
+
+# ------------------------------------------------------------------------------- a value in a message
+class _Repr(reprlib.Repr):
+    """``reprlib.Repr`` whose mappings show their first items as they come: ``reprlib`` sorts every key first,
+    which on a mapping of millions of keys takes seconds."""
+
+    def repr_dict(self, x, level):
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        items = [
+            f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}"
+            for k, v in itertools.islice(x.items(), self.maxdict)
+        ]
+        return "{" + ", ".join(items) + (", ..." if len(x) > len(items) else "") + "}"
+
+
+_REPR = _Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 80, 80, 80
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 8
+
+
+def shown(value: Any, width: int = 300) -> str:
+    """``repr(value)`` cut to ``width`` characters, computed without walking the whole value: a string is cut
+    before it is quoted, a list shows its first few items, nesting its first levels (``reprlib``)."""
+    try:
+        text = _REPR.repr(value)
+    except ValueError:  # an int past Python's 4300-digit limit of conversion to text
+        text = f"<an integer of {value.bit_length()} bits>" if isinstance(value, int) else type(value).__name__
+    return text if len(text) <= width else text[: width - 3] + "..."

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import locking
 from .errors import RopeExtendError
-from .untrusted import read_object
+from .untrusted import open_regular, read_object
 
 # ------------------------------------------------------------------------------ temporaries and their owners
 PROBE = ".rope-extend-probe-"  # the folder check_writable makes and removes at once: a killed one is harmless
@@ -172,10 +172,14 @@ def normal_permissions(path: str | os.PathLike) -> None:
             item.chmod((0o777 if item.is_dir() else 0o666) & ~mask)
 
 
-def sha256(path: str | os.PathLike) -> str:
-    """The file's SHA-256 hex digest, read in 1 MiB blocks."""
+def sha256(path: str | os.PathLike, *, name: str | None = None, fix: str = "") -> str:
+    """The file's SHA-256 hex digest, read in 1 MiB blocks; the one digest of a file rope-extend takes (a fetched
+    file, a served GGUF: records keep its first 16 digits). The file is opened as ``untrusted`` opens a user's
+    (links followed): only a regular file, so that a named pipe is refused at once rather than waited on for
+    ever, and a device that never ends is never read; anything else is one ``RopeExtendError`` naming ``name``
+    (the path by default) and ending with ``fix``."""
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_regular(path, name=name, fix=fix) as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()

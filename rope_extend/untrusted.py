@@ -15,8 +15,9 @@ holder record). The rules, each one a failure seen in practice:
   file should be, before any of it is decoded;
 - the bytes must be UTF-8 and, for JSON, valid JSON nested no deeper than Python's recursion limit (``json``
   recurses; 100,000 ``[`` would end in a RecursionError);
-- a value from such a file is shown in a message by ``shown``: ``repr`` bounded without walking the whole value
-  (a list of a million items, a string of a gigabyte), so the message stays one short line and costs no time.
+- a value from such a file is shown in a message by ``shown`` (``errors.shown``, re-exported here): ``repr``
+  bounded without walking the whole value (a list of a million items, a string of a gigabyte), so the message
+  stays one short line and costs no time.
 
 Each refusal is one ``error`` (``RopeExtendError`` unless the caller names its own subclass) naming the file
 (``name``, by default its path) and ending with ``fix``: what the file should be, or what to do.
@@ -25,51 +26,18 @@ Each refusal is one ``error`` (``RopeExtendError`` unless the caller names its o
 from __future__ import annotations
 
 import errno
-import itertools
 import json
 import os
-import reprlib
 import stat
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .errors import RopeExtendError
+from .errors import RopeExtendError, shown  # noqa: F401  (shown: errors.shown, importable from here as before)
 
 MAX_JSON_BYTES = 16 << 20  # a config.json is a few kilobytes; the longest (per-layer lists) well under a megabyte
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 _RAISE = object()  # decode_json's ``invalid`` when invalid JSON is an error
-
-
-class _Repr(reprlib.Repr):
-    """``reprlib.Repr`` whose mappings show their first items as they come: ``reprlib`` sorts every key first,
-    which on a mapping of millions of keys takes seconds."""
-
-    def repr_dict(self, x, level):
-        if not x:
-            return "{}"
-        if level <= 0:
-            return "{...}"
-        items = [
-            f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}"
-            for k, v in itertools.islice(x.items(), self.maxdict)
-        ]
-        return "{" + ", ".join(items) + (", ..." if len(x) > len(items) else "") + "}"
-
-
-_REPR = _Repr()
-_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlong = 3, 80, 80, 80
-_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 8
-
-
-def shown(value: Any, width: int = 300) -> str:
-    """``repr(value)`` cut to ``width`` characters, computed without walking the whole value: a string is cut
-    before it is quoted, a list shows its first few items, nesting its first levels (``reprlib``)."""
-    try:
-        text = _REPR.repr(value)
-    except ValueError:  # an int past Python's 4300-digit limit of conversion to text
-        text = f"<an integer of {value.bit_length()} bits>" if isinstance(value, int) else type(value).__name__
-    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _said(name: str, problem: str, fix: str) -> str:

@@ -206,3 +206,82 @@ def test_configured_families_build(family):
     config = rope_extend.configure(tiny_config(family), "ntk_by_parts", factor=2)
     model = FAMILIES[family][1](config).eval()
     assert logits(model, ids(600)).isfinite().all()
+
+
+# ------------------------------------------------------------------ a config's geometry, checked before use
+BAD_GEOMETRY = [
+    ("head_dim", "16", "head_dim must be an integer >= 2, got '16'"),  # int("16") made it a head dim
+    ("head_dim", float("nan"), "head_dim must be an integer >= 2, got nan"),  # int(nan): a ValueError
+    ("head_dim", -16, "head_dim must be an integer >= 2, got -16"),
+    ("head_dim", 16.5, "head_dim must be an integer >= 2, got 16.5"),  # int(16.5) made it 16
+    ("rope_theta", "10000", "rope_theta must be a finite number, got '10000'"),  # float("10000") read a string
+    ("rope_theta", "abc", "rope_theta must be a finite number, got 'abc'"),  # float("abc"): a ValueError
+    ("rope_theta", float("nan"), "rope_theta must be a finite number, got nan"),
+    ("rope_theta", 0, "rope_theta must be > 1.0, got 0"),
+    ("rope_theta", -1.0, "rope_theta must be > 1.0, got -1.0"),
+]
+
+
+def _plant(config, field, value):
+    """``value`` into the config as a config.json would hold it, past the config class's own type checks
+    (transformers 5.24's strict dataclasses refuse it when it is set; a remote-code config has none)."""
+    if field == "rope_theta":
+        config.rope_parameters["rope_theta"] = value
+    else:
+        config.__dict__[field] = value
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
+@pytest.mark.parametrize("field, value, message", BAD_GEOMETRY)
+def test_a_bad_head_dim_or_rope_theta_is_one_line_naming_it(family, field, value, message):
+    """Planted in a tiny model's config, each is refused by ``patch`` in one line naming the field and what is
+    allowed, and the model is left as it was."""
+    model = tiny_model(family)
+    _plant(model.config, field, value)
+    before = model.model.rotary_emb.inv_freq.clone(), model.config.to_dict()
+    with pytest.raises(RopeExtendError) as err:
+        rope_extend.patch(model, "yarn", factor=2)
+    assert str(err.value) == f"{family}: cannot apply 'yarn': {message}"
+    assert torch.equal(model.model.rotary_emb.inv_freq, before[0]) and model.config.to_dict() == before[1]
+    assert rope_extend.patched(model) is None
+
+
+def test_an_unset_head_dim_is_read_as_transformers_reads_it():
+    """``head_dim`` None or 0 is unset (transformers' rotary init reads ``head_dim or hidden // heads``): the
+    frequencies are those of the model without one, so a zero is not refused; without it, the sizes it is made
+    from are checked (``hidden_size`` a string was a TypeError)."""
+    from rope_extend.hf.reading import head_dim
+
+    plain = tiny_model("llama")
+    zero = tiny_model("llama")
+    zero.config.__dict__["head_dim"] = 0
+    assert head_dim(zero.config) == head_dim(plain.config) == 16
+    rope_extend.patch(plain, "yarn", factor=2)
+    rope_extend.patch(zero, "yarn", factor=2)
+    assert torch.equal(zero.model.rotary_emb.inv_freq, plain.model.rotary_emb.inv_freq)
+    config = tiny_config("llama")
+    config.__dict__.update(head_dim=None, hidden_size="64")
+    with pytest.raises(RopeExtendError, match=r"^hidden_size must be an integer >= 1, got '64'$"):
+        head_dim(config)
+    config.__dict__.update(hidden_size=64, num_attention_heads=0)
+    with pytest.raises(RopeExtendError, match=r"^num_attention_heads must be an integer >= 1, got 0$"):
+        head_dim(config)
+
+
+@pytest.mark.parametrize("value, message", [(v, m) for f, v, m in BAD_GEOMETRY if f == "rope_theta"][:4])
+def test_configure_refuses_a_bad_rope_theta_in_one_line(tmp_path, value, message):
+    """Through ``python -m rope_extend configure`` on a saved folder whose config.json holds it (a string passes
+    transformers' own config checks: ``"10000"`` was written into the new config as a string, ``"abc"`` was a
+    traceback): exit 2, one line, nothing written."""
+    folder = tmp_path / "model"
+    tiny_config("llama").save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_parameters"]["rope_theta"] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    before = (folder / "config.json").read_bytes()
+    out = tmp_path / "scaled"
+    cmd = [sys.executable, "-m", "rope_extend", "configure", str(folder), "--method", "yarn", "--factor", "2"]
+    proc = subprocess.run([*cmd, "--out", str(out)], check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == f"rope-extend: error: llama: cannot apply 'yarn': {message}"
+    assert not out.exists() and (folder / "config.json").read_bytes() == before

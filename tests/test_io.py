@@ -1,10 +1,14 @@
 """Output folders: claim_output_dir never loses what a user made, and a run that wrote nothing blocks nothing."""
 
+import hashlib
+import os
+
 import pytest
 
 from rope_extend.errors import RopeExtendError
-from rope_extend.io import MARKER, claim_output_dir
+from rope_extend.io import MARKER, claim_output_dir, sha256
 from rope_extend.locking import LOCK
+from tests.blocking import within
 
 
 def owned(name):
@@ -128,3 +132,18 @@ def test_a_planted_marker_or_owner_record_is_never_waited_on_nor_read_through_a_
     os.mkfifo(folder / MARKER)
     assert read_marker(folder) == {}
     assert time.monotonic() - start < 5
+
+
+def test_the_one_digest_reads_only_a_regular_file(tmp_path):
+    """``io.sha256`` is every digest of a file rope-extend takes (fetched files, a served GGUF's record): the
+    SHA-256 of the bytes, and a named pipe refused at once (a plain ``open`` waited for a writer for ever)."""
+    data = os.urandom(3 << 20 | 123)  # more than one 1 MiB block, and a part of one
+    (tmp_path / "f.bin").write_bytes(data)
+    assert sha256(tmp_path / "f.bin") == hashlib.sha256(data).hexdigest()
+    (tmp_path / "link.bin").symlink_to(tmp_path / "f.bin")  # a user's file may be a link (the hub's cache)
+    assert sha256(tmp_path / "link.bin") == hashlib.sha256(data).hexdigest()
+    fifo = tmp_path / "pipe.bin"
+    os.mkfifo(fifo)
+    with pytest.raises(RopeExtendError) as err:
+        within(10, lambda: sha256(fifo, fix="give a file"), fifo)
+    assert str(err.value) == f"{fifo} is a named pipe, not a regular file: give a file"

@@ -25,7 +25,6 @@ Runs llama-cpp-python 0.3.36 (llama.cpp 0c1e57098, what ``rope_extend.export`` w
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 from collections.abc import Sequence
@@ -35,16 +34,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import RopeExtendError
+from ..io import sha256
 from ..version import __version__
 
-
-def file_digest(path: Path) -> str:
-    """The first 16 hex digits of the file's SHA-256 (read in 16 MiB blocks)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            h.update(block)
-    return h.hexdigest()[:16]
+DIGEST_DIGITS = 16  # of the file's SHA-256 (io.sha256), in its records: enough to tell two files apart
 
 
 class EngineModel:
@@ -107,14 +100,13 @@ class LlamaCppModel(EngineModel):
                 "evaluating a GGUF file needs llama-cpp-python: pip install llama-cpp-python==0.3.36"
             ) from exc
         self.path = Path(path)
-        if not self.path.is_file():
-            raise RopeExtendError(f"{self.path} is not a GGUF file")
         if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 1:
             raise RopeExtendError(f"n_ctx must be a positive integer, got {n_ctx!r}")
         self.n_ctx = n_ctx
         self.n_batch = n_batch
         self.labels = {"method": method, "factor": float(factor), "original_length": original_length}
-        self.digest = file_digest(self.path)
+        # a regular file or one line naming what is there (a pipe named like a GGUF is refused, not waited on)
+        self.digest = sha256(self.path, fix="give the path of a GGUF file")[:DIGEST_DIGITS]
         threads = threads or os.cpu_count() or 1
         self._llm = llama_cpp.Llama(
             str(self.path), n_ctx=n_ctx, n_batch=n_batch, n_threads=threads, logits_all=False, verbose=False

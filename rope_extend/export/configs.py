@@ -20,6 +20,7 @@ from typing import Any
 
 from ..errors import UnsupportedModelError
 from ..io import MARKER, normal_permissions, write_json, writing
+from ..untrusted import read_object
 from ..version import __version__
 from .forms import DEFAULT, DYNAMIC, LINEAR, LLAMA3, LONGROPE, YARN, Form, yarn_attn_factor
 from .targets import TARGETS
@@ -138,14 +139,17 @@ class FolderTarget(ExportTarget):
             normal_permissions(tmp)  # a copy of a cached folder would keep the cache's 0600 files
 
     def _rewrite_config(self, folder: Path, updates: dict[str, Any]) -> None:
+        """``folder``'s ``config.json`` with the engine's keys: ``folder`` is the export's own temporary, just
+        filled, so the file is read as one rope-extend made (``untrusted``, no link followed: a link there was put
+        by someone else, and writing through it would replace another file) and written back by a rename."""
         path = folder / "config.json"
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_object(path, follow_links=False, fix="the export's copy of the model folder was changed")
         if "text_config" in data:
             raise UnsupportedModelError("composite configs (a text_config inside) are not exported yet")
         for key in ("rope_scaling", "rope_parameters", "rope_theta", *self.dropped):
             data.pop(key, None)
         data.update({k: v for k, v in updates.items() if v is not None})
-        path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        write_json(path, data)  # a new file renamed over the name: a link planted since is replaced, not followed
 
 
 def model_dtype(job: ExportJob) -> str | None:

@@ -6,8 +6,8 @@ type (``hf.register``'s ``post_init``: transformers computed the buffers through
 Both then need the same things, in the same order, with the same checks: each rotary module's frequency sets
 (``entry``: its buffer must hold the frequencies the config implies), the rotary runtime (float32 frequencies,
 dynamic methods) and the cache keeper of the dynamic ones (``hf.cache``), the attention method's plans
-(``hf.attention``), and ``generate``'s length reminder dropped for a method without a length limit
-(``hf.generation``). ``attach`` does them and says what it installed, so that ``unpatch`` can take it off.
+(``hf.attention``), ``generate``'s length reminder dropped for a method without a length limit, and the
+recompute of the Phi-3 families' ``generate`` at ``L`` made whole (``hf.generation``). ``attach`` does them and says what it installed, so that ``unpatch`` can take it off.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from . import attention, cache, generation, rotary
-from .config import rotary_geometry, rotating
+from .config import rotary_geometry, rotating, text_config
+from .reading import SHIPPED_ATTR
 
 logger = logging.getLogger("rope_extend")
 
@@ -81,4 +82,18 @@ def attach(model: nn.Module, runtimes, scaling, planned, modules: list[nn.Module
             )
     if scaling is not None and generation.unbounded(scaling) and generation.install(model):
         attached.generation = model
+    if _scaled_by_rope_extend(model, modules, attached) and generation.install_recompute(model):
+        attached.generation = model  # the Phi-3 families: their switch at L made whole
     return attached
+
+
+def _scaled_by_rope_extend(model: nn.Module, modules: list[nn.Module], attached: Attached) -> bool:
+    """Whether rope-extend runs or wrote ``model``'s rotary scaling: its runtime in a rotary module, an attention
+    method, or a config one of its writes made (``SHIPPED_ATTR``: a model saved with a transformers type such as
+    ``yarn`` reloads as transformers' own, from rope-extend's numbers). A model rope-extend never touched is left
+    as transformers has it."""
+    runtime = any(isinstance(m.__dict__.get("forward"), rotary.RotaryRuntime) for m in modules)
+    if runtime or attached.attention is not None:
+        return True
+    config = getattr(model, "config", None)
+    return config is not None and SHIPPED_ATTR in text_config(config).__dict__

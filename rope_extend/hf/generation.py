@@ -6,7 +6,21 @@ model's predefined maximum length") when a sequence passes ``config.max_position
 is quiet up to the target and warns past it. A method with no length limit (ReRoPE, Dual Chunk Attention:
 every relative position stays below ``L``) patched without a factor keeps the target ``L`` yet reaches any
 length; for it ``install`` makes that model's own stopping criteria carry no maximum, so the reminder, which
-is then wrong, is not printed. Nothing else about generation changes, and ``remove`` (on unpatch) puts it back.
+is then wrong, is not printed.
+
+The Phi-3 families' ``generate`` (``families``' ``generate_swaps_cache``) drops the cache once the sequence passes
+``original_max_position_embeddings`` (``L``) while the cache holds no more, so that the prefix is computed again
+at the new length (for LongRoPE's long factors). transformers 5.24's Phi-3 and PhiMoE then feed the whole
+sequence; transformers 5.17 (all three) and 5.24's Phi-4-multimodal feed only the tokens the cache had not seen
+(one, in greedy decoding): the new cache holds those alone, and the token generated at the switch already parts
+from uncached generation's, unpatched. For a model whose rotary is rope-extend's, ``install_recompute`` makes
+the switch do what 5.24's Phi-3 does, whatever the installed version: where the family's
+``prepare_inputs_for_generation`` dropped a cache that had seen tokens and kept only the unseen ones, it is asked
+again with the whole sequence (``next_sequence_length=None``, which is what 5.24's Phi-3 sets itself). Cached
+generation past ``L`` then equals uncached generation, for every method (``tests/test_generation.py``); where
+even that feeds less than the whole sequence, the forward is refused, naming the version and the fix.
+
+``remove`` (on unpatch) takes both changes off.
 """
 
 from __future__ import annotations
@@ -15,7 +29,11 @@ import functools
 
 from transformers.generation.stopping_criteria import MaxLengthCriteria
 
+from ..errors import UnsupportedModelError
+from . import cache_arg, families
+
 ATTR = "_get_stopping_criteria"  # GenerationMixin's method that builds MaxLengthCriteria (5.17 and 5.24)
+PREPARE = "prepare_inputs_for_generation"  # what generate calls before each forward (5.17 and 5.24)
 
 
 def unbounded(scaling) -> bool:
@@ -39,5 +57,48 @@ def install(model) -> bool:
     return True
 
 
+def _partial(inputs: dict, ids, cache) -> bool:
+    """Whether ``inputs`` (what ``prepare_inputs_for_generation`` made of ``ids`` and ``cache``) drop a cache that
+    had seen tokens and feed fewer than all of ``ids``: the forward would compute the prefix from those alone."""
+    if cache is None or ids is None or cache_arg.passed(inputs) is not None:
+        return False
+    fed = inputs.get("input_ids")
+    seen = cache.get_seq_length() if callable(getattr(cache, "get_seq_length", None)) else 0
+    return fed is not None and seen > 0 and fed.shape[-1] < ids.shape[-1]
+
+
+def _prepare_inputs(model, *args, **kwargs):
+    """The model's own ``prepare_inputs_for_generation``; where it dropped the cache and kept only the unseen
+    tokens, the same asked again for the whole sequence (see the module docstring)."""
+    prepare = getattr(type(model), PREPARE)
+    inputs = prepare(model, *args, **kwargs)
+    ids, cache = args[0] if args else kwargs.get("input_ids"), cache_arg.passed(kwargs)
+    if not _partial(inputs, ids, cache):
+        return inputs
+    inputs = prepare(model, *args, **{**kwargs, "next_sequence_length": None})
+    if _partial(inputs, ids, cache):
+        import transformers
+
+        raise UnsupportedModelError(
+            f"{type(model).__name__}.generate {families.ask('generate_swaps_cache', model.config)}, and with "
+            f"transformers {transformers.__version__} computes it from the last {inputs['input_ids'].shape[-1]} of "
+            f"the {ids.shape[-1]} tokens only, which would make every later token wrong: upgrade transformers "
+            "(5.24 recomputes the whole prefix), or generate with use_cache=False"
+        )
+    return inputs
+
+
+def install_recompute(model) -> bool:
+    """Make ``model``'s ``generate`` recompute the whole prefix where its family drops the cache mid-sequence
+    (see the module docstring); False where the family does not (or ``model`` has no ``generate``)."""
+    if not callable(getattr(type(model), PREPARE, None)):
+        return False
+    if not families.ask("generate_swaps_cache", getattr(model, "config", None)):
+        return False
+    model.__dict__[PREPARE] = functools.partial(_prepare_inputs, model)
+    return True
+
+
 def remove(model) -> None:
     model.__dict__.pop(ATTR, None)
+    model.__dict__.pop(PREPARE, None)

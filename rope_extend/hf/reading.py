@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ..errors import RopeExtendError, UnsupportedModelError
-from ..methods import registry
+from ..methods import check_int, check_number, registry
 from . import families
 from .rope_types import (
     BASE_KEYS,
@@ -112,22 +112,28 @@ def layer_config(config, layer_type: str | None = None):
 
 
 def head_dim(config, layer_type: str | None = None) -> int:
+    """The head dimension: ``config.head_dim``, else ``hidden_size // num_attention_heads`` when it is unset (None
+    or 0: transformers' rotary init reads it with ``or``, so rope-extend reads it as transformers does). Each
+    value is checked before it is computed with (``check_int``): a config is a user's file, and ``int()`` made
+    ``"16"`` a head dim, ``16.5`` a truncated one, and NaN a traceback."""
     config = layer_config(config, layer_type)
     value = getattr(config, "head_dim", None)
     if value:
-        return int(value)
+        return check_int("head_dim", value, minimum=2)
     try:
-        return int(config.hidden_size // config.num_attention_heads)
+        hidden, heads = config.hidden_size, config.num_attention_heads
     except AttributeError as exc:
         raise UnsupportedModelError(
             f"cannot tell the head dimension of {type(config).__name__}: it has no head_dim, hidden_size or "
             "num_attention_heads"
         ) from exc
+    return check_int("hidden_size", hidden) // check_int("num_attention_heads", heads)
 
 
 def rotary_geometry(config, layer_type: str | None = None) -> tuple[int, float]:
     """``(rotary_dim, base)`` of one rope dict: ``int(head_dim * partial_rotary_factor)`` and ``rope_theta``;
-    for proportional RoPE ``head_dim`` itself (see ``rotating``)."""
+    for proportional RoPE ``head_dim`` itself (see ``rotating``). Each is checked (``rotary_dim``,
+    ``check_number``): a string, NaN, zero or negative value is one ``RopeExtendError`` naming the field."""
     params = rope_dict(config, layer_type)
     prf = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
     base = params.get("rope_theta", getattr(config, "rope_theta", None) or getattr(config, "default_theta", None))
@@ -135,9 +141,10 @@ def rotary_geometry(config, layer_type: str | None = None) -> tuple[int, float]:
         base = base.get("global")
     if base is None:
         raise UnsupportedModelError(f"{type(config).__name__}.rope_parameters has no rope_theta")
+    base = check_number("rope_theta", base, above=1.0)  # as Geometry checks it; float("1e4") read a string
     if split_rope_type(rope_type_of(params))[0] == PROPORTIONAL:
-        return registry.rotary_dim(head_dim(config, layer_type)), float(base)
-    return registry.rotary_dim(head_dim(config, layer_type), prf), float(base)
+        return registry.rotary_dim(head_dim(config, layer_type)), base
+    return registry.rotary_dim(head_dim(config, layer_type), prf), base
 
 
 def rotating(config, layer_type: str | None = None) -> int | None:

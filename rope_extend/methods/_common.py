@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..errors import RopeExtendError, closest
+from ..errors import RopeExtendError, closest, shown
 
 
 def rope_frequencies(dim: int, base: float) -> torch.Tensor:
@@ -23,17 +23,24 @@ def rope_frequencies(dim: int, base: float) -> torch.Tensor:
 
 
 def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float (not a bool); an int too large for a float (``10**400``) is none."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def check_number(name: str, value: Any, *, minimum: float | None = None, above: float | None = None) -> float:
-    """Return ``value`` as a float, or raise naming the parameter and the allowed range."""
+    """Return ``value`` as a float, or raise naming the parameter and the allowed range. The value is shown bounded
+    (``errors.shown``): it may come from a user's config or a file, and be a string of a gigabyte."""
     if not is_number(value):
-        raise RopeExtendError(f"{name} must be a finite number, got {value!r}")
+        raise RopeExtendError(f"{name} must be a finite number, got {shown(value)}")
     if minimum is not None and value < minimum:
-        raise RopeExtendError(f"{name} must be >= {minimum}, got {value!r}")
+        raise RopeExtendError(f"{name} must be >= {minimum}, got {shown(value)}")
     if above is not None and value <= above:
-        raise RopeExtendError(f"{name} must be > {above}, got {value!r}")
+        raise RopeExtendError(f"{name} must be > {above}, got {shown(value)}")
     return float(value)
 
 
@@ -45,8 +52,10 @@ TOO_HOT = "a larger one makes attention a hard maximum and overflows the scores,
 
 
 def check_int(name: str, value: Any, *, minimum: int = 1) -> int:
+    """Return ``value``, an int (not a bool) >= ``minimum``, or raise naming the parameter (the value shown bounded,
+    as ``check_number`` shows it)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise RopeExtendError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        raise RopeExtendError(f"{name} must be an integer >= {minimum}, got {shown(value)}")
     return value
 
 
@@ -60,7 +69,7 @@ def rotary_dim(head_dim: Any, partial_rotary_factor: Any = 1.0) -> int:
     check_int("head_dim", head_dim, minimum=2)
     prf = check_number("partial_rotary_factor", partial_rotary_factor, above=0.0)
     if prf > 1.0:
-        raise RopeExtendError(f"partial_rotary_factor must be in (0, 1], got {partial_rotary_factor!r}")
+        raise RopeExtendError(f"partial_rotary_factor must be in (0, 1], got {shown(partial_rotary_factor)}")
     dim = int(head_dim * prf)
     if dim < 2 or dim % 2:
         raise RopeExtendError(
@@ -115,7 +124,7 @@ class Method:
                 hint = closest(key, allowed)
                 listing = ", ".join(allowed) if allowed else "none"
                 raise RopeExtendError(
-                    f"unknown parameter {key!r} for method {self.name!r}{hint}; its parameters are: {listing}"
+                    f"unknown parameter {shown(key, 100)} for method {self.name!r}{hint}; its parameters are: {listing}"
                 )
         return self.params(**params)
 

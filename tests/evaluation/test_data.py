@@ -1,9 +1,14 @@
 import json
+import os
+import time
+from pathlib import Path
 
 import pytest
 
 from rope_extend import RopeExtendError
+from rope_extend.documents import MAX_TEXT_BYTES, read_documents
 from rope_extend.evaluation.data import load_texts, parse_depths, parse_length, parse_lengths
+from tests.blocking import within
 
 
 def test_parse_lengths():
@@ -80,3 +85,65 @@ def test_reading_a_local_table_shows_no_progress_bars(tmp_path, capfd):
     assert read_documents(path) == ["one", "two"]
     assert "Generating" not in capfd.readouterr().err
     assert datasets.utils.logging.is_progress_bar_enabled()  # the user's setting is put back
+
+
+# --------------------------------------------------------------------- data files read as a user's, bounded
+PIPE = "is a named pipe, not a regular file: give regular files"
+
+
+def test_a_named_pipe_or_a_device_is_refused_wherever_it_is_named(tmp_path):
+    """A named pipe (whose read blocks until someone writes) and a link to ``/dev/zero`` (which never ends), given
+    by name, in a folder or by a pattern: one line naming what it is. Before, given by name they were "not a
+    local file or folder"; in a folder or a pattern they were left out of the corpus, unsaid."""
+    (tmp_path / "ok.txt").write_text("a story")
+    fifo = tmp_path / "notes.txt"
+    os.mkfifo(fifo)
+    for source in (fifo, tmp_path, str(tmp_path / "*.txt"), [tmp_path / "ok.txt", fifo]):
+        with pytest.raises(RopeExtendError, match=f"^{fifo} {PIPE}"):
+            within(10, lambda source=source: read_documents(source), fifo)
+    fifo.unlink()
+    (tmp_path / "zero.txt").symlink_to("/dev/zero")
+    for source in (tmp_path / "zero.txt", tmp_path):
+        with pytest.raises(RopeExtendError, match="zero.txt is a socket or device, not a regular file"):
+            within(10, lambda source=source: read_documents(source), fifo)
+    (tmp_path / "zero.txt").unlink()
+    (tmp_path / "gone.txt").symlink_to(tmp_path / "nothing")
+    with pytest.raises(RopeExtendError, match=r"gone.txt is a link to nothing"):
+        read_documents(tmp_path)
+    (tmp_path / "gone.txt").unlink()
+    os.mkfifo(tmp_path / "rows.jsonl")  # the tables are read by datasets: refused before it opens one
+    with pytest.raises(RopeExtendError, match=f"rows.jsonl {PIPE}"):
+        within(10, lambda: read_documents(tmp_path / "rows.jsonl"), tmp_path / "rows.jsonl")
+    (tmp_path / "rows.jsonl").unlink()
+    assert read_documents(tmp_path) == ["a story"]  # a folder of regular files reads as before
+
+
+def test_a_pipe_swapped_in_after_the_check_is_refused_at_the_open(tmp_path, monkeypatch):
+    """The file is found as a regular file, then replaced by a named pipe before it is read (planted here by
+    making the check say "a file"): the read itself refuses it. Before, it waited for a writer for ever."""
+    fifo = tmp_path / "story.txt"
+    os.mkfifo(fifo)
+    is_file = Path.is_file
+    monkeypatch.setattr(Path, "is_file", lambda self: self == fifo or is_file(self))
+    with pytest.raises(RopeExtendError, match=f"^{fifo} is a named pipe, not a regular file: a text source is"):
+        within(10, lambda: read_documents(fifo), fifo)
+
+
+def test_a_text_file_past_the_limit_is_refused_before_it_is_read(tmp_path):
+    """A sparse file one byte past ``MAX_TEXT_BYTES`` (1 GiB; it takes no disk): refused by its size, at once and
+    without reading it, naming the limit and what to do. Before, it was read whole into memory."""
+    big = tmp_path / "corpus.txt"
+    with open(big, "wb") as f:
+        f.truncate(MAX_TEXT_BYTES + 1)
+    start = time.perf_counter()
+    with pytest.raises(RopeExtendError) as err:
+        read_documents(big)
+    assert time.perf_counter() - start < 2
+    assert str(err.value) == (
+        f"{big} is larger than {MAX_TEXT_BYTES} bytes: a text source is a regular file of UTF-8 text of at most "
+        "1 GiB (split a larger one into several files, a folder of them is one source, or give it as JSON lines or "
+        "Parquet)"
+    )
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    with pytest.raises(RopeExtendError, match=r"latin1.txt is not UTF-8 text \(byte 3\): a text source is"):
+        read_documents(tmp_path / "latin1.txt")

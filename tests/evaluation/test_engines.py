@@ -79,7 +79,7 @@ def test_a_length_past_the_opened_context_is_refused_before_any_work(backends):
 
 
 def test_bad_path_and_context_are_one_line_errors(tmp_path):
-    with pytest.raises(RopeExtendError, match="not a GGUF file"):
+    with pytest.raises(RopeExtendError, match="missing.gguf: no such file: give the path of a GGUF file"):
         LlamaCppModel(tmp_path / "missing.gguf", n_ctx=512)
     (tmp_path / "x.gguf").write_bytes(b"")
     with pytest.raises(RopeExtendError, match="n_ctx must be a positive integer"):

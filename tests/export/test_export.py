@@ -360,3 +360,43 @@ def test_gguf_context_past_a_uint32_is_one_line_before_anything(tmp_path, capsys
     assert main([*args, str(tmp_path / "edge.gguf"), "--factor", repr(limit / 256)]) == 0, capsys.readouterr().err
     field = GGUFReader(tmp_path / "edge.gguf").fields["llama.context_length"]
     assert int(field.parts[field.data[0]][0]) == limit
+
+
+@pytest.mark.parametrize(
+    "plant, said",
+    [
+        ("link", "config.json is a symbolic link: rope-extend never reads a file it wrote through a link"),
+        ("list", "config.json holds a list, not a JSON object"),
+    ],
+)
+def test_the_copied_config_is_read_as_the_exports_own(tmp_path, monkeypatch, capsys, plant, said):
+    """The config the export rewrites is in its own temporary, just copied: a link planted there in between (here
+    by the copy itself) is refused, not read and written through (before: the user's file it pointed to was
+    overwritten with the exported config); a config that is no object is one line (before: a TypeError)."""
+    from rope_extend.export import configs
+
+    folder = saved(tmp_path)
+    capsys.readouterr()  # the save's progress bars
+    users = tmp_path / "users-notes.json"
+    users.write_text('{"mine": true}\n')
+    copytree = configs.shutil.copytree
+
+    def copy_and_plant(src, dst, **kwargs):
+        out = copytree(src, dst, **kwargs)
+        config = os.path.join(dst, "config.json")
+        os.remove(config)
+        if plant == "link":
+            os.symlink(users, config)
+        else:
+            with open(config, "w") as f:
+                f.write("[1, 2]")
+        return out
+
+    monkeypatch.setattr(configs.shutil, "copytree", copy_and_plant)
+    args = ["export", str(folder), "--to", "vllm", "--method", "yarn", "--factor", "2", "--out", str(tmp_path / "v")]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rope-extend: error: ") and "\n" not in err, err
+    assert said in err and err.endswith("the export's copy of the model folder was changed"), err
+    assert users.read_text() == '{"mine": true}\n'
+    assert not (tmp_path / "v").exists()

@@ -101,3 +101,39 @@ def test_registry_refuses_duplicates():
         register(Method("yarn", LinearParams, linear, rope_type="something_new"))
     with pytest.raises(RopeExtendError, match="rope_type 'yarn' is already used"):
         register(Method("my_yarn", LinearParams, linear, rope_type="yarn"))
+
+
+HUGE = [
+    ("4" * 10**8, "'44444"),  # a string of 100 MB (a YAML or JSON value): plain repr made a 100 MB message
+    (list(range(10**7)), "[0, 1, 2, 3, 4, 5, 6, 7, ...]"),
+    (-(10**5000), "<an integer of 16610 bits>"),  # repr raised ValueError (past 4300 digits)
+]
+
+
+@pytest.mark.parametrize("check", ["check_int", "check_number"])
+@pytest.mark.parametrize("value, shown", HUGE, ids=["string", "list", "negative int"])
+def test_a_huge_value_is_named_in_a_short_message_at_once(check, value, shown):
+    """The argument checks every reader of a user's config calls (``check_int``, ``check_number``, through
+    ``resolve`` and the audit's reference) show the value bounded (``errors.shown``): one short line, at once."""
+    import time
+
+    from rope_extend.methods import _common
+
+    start = time.perf_counter()
+    with pytest.raises(RopeExtendError) as err:
+        getattr(_common, check)("original_max_position_embeddings", value)
+    took = time.perf_counter() - start
+    message = str(err.value)
+    assert message.startswith("original_max_position_embeddings must be ") and shown in message, message[:200]
+    assert len(message) < 200 and took < 0.5, (len(message), took)
+    with pytest.raises(RopeExtendError) as err:  # through resolve, as a config's rope dict reaches it
+        resolve(get("yarn"), factor=2.0, original_max_position_embeddings=value, params={})
+    assert len(str(err.value)) < 200 and shown in str(err.value)
+
+
+def test_an_integer_too_large_for_a_float_is_not_a_finite_number():
+    """``10**5000`` made ``math.isfinite`` raise OverflowError (a traceback) where a number was checked."""
+    from rope_extend.methods._common import check_number
+
+    with pytest.raises(RopeExtendError, match=r"^factor must be a finite number, got <an integer of 16610 bits>$"):
+        check_number("factor", 10**5000)

@@ -72,7 +72,8 @@ def _swaps_cache(config) -> str | None:
     LongRoPE's long factors, and ``generate`` goes on with a cache of its own: a cache with a policy of its own
     (``SinkCache``) would be replaced by a plain one, silently. With a prompt already that long, a passed cache
     that has its layers (``DynamicCache(config=...)``) is dropped before the first forward and stays empty
-    (transformers 5.17 and 5.24, checked)."""
+    (transformers 5.17 and 5.24, checked). On a patched model ``hf.generation.install_recompute`` makes that
+    recompute cover the whole prefix (transformers 5.17, and 5.24's Phi-4-multimodal, feed the last token only)."""
     original = getattr(config, "original_max_position_embeddings", None)
     if original is None:
         return None
