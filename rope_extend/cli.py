@@ -86,7 +86,7 @@ def _cmd_configure(args: argparse.Namespace) -> int:
     from . import locking
     from .errors import RopeExtendError
     from .hf.config import configure
-    from .io import MARKER, normal_permissions, remove_abandoned, write_json, writing
+    from .io import MARKER, copy_folder, normal_permissions, remove_abandoned, write_json, writing
     from .loading import load_config, load_model, load_tokenizer, resolve_name
 
     scaling = scaling_from_args(args)  # checked before anything is read
@@ -113,7 +113,7 @@ def _cmd_configure(args: argparse.Namespace) -> int:
                 model.save_pretrained(tmp)
                 tokenizer.save_pretrained(tmp)
             else:  # a source that was an output folder may hold a marker and a lock: neither is the model's
-                shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(MARKER, locking.LOCK))
+                copy_folder(source, tmp, ignore=shutil.ignore_patterns(MARKER, locking.LOCK))
                 config.save_pretrained(tmp)
             entries = sorted(p.name for p in tmp.iterdir())
             write_json(tmp / MARKER, {"kind": "configure", "tool": "rope-extend", "entries": entries})
