@@ -79,6 +79,38 @@ def _check_configure_out(out: Path, overwrite: bool) -> None:
     locking.probe_beside(out)  # the lock configure takes (it replaces the folder in one rename)
 
 
+def _own_switch_is_partial(config, scaling) -> bool | None:
+    """Whether the folder configure writes, loaded without ``import rope_extend``, generates past its original
+    length from a one-token cache (``hf.generation.own_switch_is_partial``). False where the family keeps its
+    cache, and where transformers cannot load the folder without rope-extend at all, so that nothing runs
+    silently: a rope type of rope-extend's own, or any but ``longrope`` in a config class that accepts only
+    that one (``families``' ``longrope_only``: Phi-3's and Phi-4-multimodal's refuse ``yarn`` as they load)."""
+    from .hf import families, generation
+    from .methods import registry
+
+    method = registry.get(scaling.method) if scaling.scales else None
+    if method is None or not method.in_transformers:
+        return False
+    if method.rope_type != "longrope" and families.ask("longrope_only", config.get_text_config()):
+        return False
+    return generation.own_switch_is_partial(config)
+
+
+def _warn_unpatched_generate(out: Path, text, partial: bool | None) -> None:
+    """One line on stderr: rope-extend cannot mend a model whose code does not import it (docs/serving.md)."""
+    import transformers
+
+    how = "recomputes" if partial else "may recompute (rope-extend could not tell)"
+    print(
+        f"rope-extend: warning: {out} loads without rope-extend (a rope type of transformers' own), and there "
+        f"transformers {transformers.__version__}'s {text.model_type} generate {how} the cache from the last token "
+        f"only once a sequence passes original_max_position_embeddings ({text.original_max_position_embeddings}) "
+        "tokens, making every later token wrong: import rope_extend before loading it, or generate with "
+        "use_cache=False, or upgrade transformers (5.24 mends Phi-3 and Phi-3.5-MoE; docs/serving.md)",
+        file=sys.stderr,
+    )
+
+
 def _cmd_configure(args: argparse.Namespace) -> int:
     """Copy a saved model folder with its config rewritten for a scaling (the weights are not loaded), or convert
     a .gguf file into a scaled safetensors folder. The folder is written under a temporary name beside ``--out``
@@ -86,7 +118,7 @@ def _cmd_configure(args: argparse.Namespace) -> int:
     from . import locking
     from .errors import RopeExtendError
     from .hf.config import configure
-    from .io import MARKER, normal_permissions, remove_abandoned, write_json, writing
+    from .io import MARKER, copy_folder, normal_permissions, remove_abandoned, write_json, writing
     from .loading import load_config, load_model, load_tokenizer, resolve_name
 
     scaling = scaling_from_args(args)  # checked before anything is read
@@ -104,6 +136,7 @@ def _cmd_configure(args: argparse.Namespace) -> int:
         config = model.config
     else:
         config = load_config(source, trust_remote_code=args.trust_remote_code)
+    partial = _own_switch_is_partial(config, scaling)  # asked of the config as the model ships it
     configure(config, scaling.method, **scaling.patch_kwargs())
     with locking.beside(out):
         _check_configure_out(out, args.overwrite)  # again, holding the lock: another run may have written it
@@ -113,12 +146,14 @@ def _cmd_configure(args: argparse.Namespace) -> int:
                 model.save_pretrained(tmp)
                 tokenizer.save_pretrained(tmp)
             else:  # a source that was an output folder may hold a marker and a lock: neither is the model's
-                shutil.copytree(source, tmp, ignore=shutil.ignore_patterns(MARKER, locking.LOCK))
+                copy_folder(source, tmp, ignore=shutil.ignore_patterns(MARKER, locking.LOCK))
                 config.save_pretrained(tmp)
             entries = sorted(p.name for p in tmp.iterdir())
             write_json(tmp / MARKER, {"kind": "configure", "tool": "rope-extend", "entries": entries})
             normal_permissions(tmp)  # a copy of a cached folder would keep the cache's 0600 files
     text = config.get_text_config()
+    if partial is not False:
+        _warn_unpatched_generate(out, text, partial)
     result = {"out": str(out), "max_position_embeddings": text.max_position_embeddings}
     print_result({**result, "rope_parameters": text.rope_parameters}, as_json=args.json)
     return 0

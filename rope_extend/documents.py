@@ -141,6 +141,12 @@ def _split(text: str, sample_by: str) -> list[str]:
 
 
 def _table(kind: str, files: list[Path], text_field: str) -> list[str]:
+    """The ``text_field`` column of JSON lines or Parquet ``files``, read by the datasets library. It opens them
+    itself, so each is checked again right before it is handed over (``untrusted.open_regular``): one found as
+    a regular file and replaced since (a named pipe) is named as what it is, where datasets, whose own listing
+    passes over it, said it was "Unable to find" a file that is there."""
+    for f in files:
+        _refuse_unless_regular(f)
     import datasets
 
     shown = files[0] if len(files) == 1 else f"{len(files)} {kind} files"

@@ -4,6 +4,7 @@ output folders that are only ever emptied of what rope-extend itself wrote there
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -16,7 +17,7 @@ from typing import Any
 
 from . import locking
 from .errors import RopeExtendError
-from .untrusted import open_regular, read_object
+from .untrusted import check_folder, open_regular, read_object
 
 # ------------------------------------------------------------------------------ temporaries and their owners
 PROBE = ".rope-extend-probe-"  # the folder check_writable makes and removes at once: a killed one is harmless
@@ -170,6 +171,45 @@ def normal_permissions(path: str | os.PathLike) -> None:
     for item in items:
         if not item.is_symlink():
             item.chmod((0o777 if item.is_dir() else 0o666) & ~mask)
+
+
+def _copy_open(fin, fout) -> None:
+    """The rest of the open file ``fin`` into ``fout``: by ``os.sendfile``, in the kernel, where it can (as
+    ``shutil.copyfile`` does: 0.33 s a GiB here, as copytree; through Python's buffers 2.5 to 2.9 s), else through
+    a buffer, from where it stopped."""
+    try:
+        while os.sendfile(fout.fileno(), fin.fileno(), None, 1 << 30) > 0:
+            pass
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSOCK):
+            raise
+    shutil.copyfileobj(fin, fout, 1 << 20)
+
+
+def copy_folder(source: str | os.PathLike, dest: str | os.PathLike, *, ignore=None) -> None:
+    """Copy a user's folder (a model folder: ``configure`` and the folder exports copy it whole) to the new folder
+    ``dest``, as ``shutil.copytree`` with ``ignore``, links to files followed. Every entry is checked first
+    (``untrusted.check_folder``): a named pipe, a device, a link to nothing or to a folder is one line naming it
+    and what it is, before anything is copied, where copytree ended in "cannot write --out: Error" (a pipe) or
+    never (``/dev/zero``). Each file is then read from what ``untrusted.open_regular`` opened (one swapped for a
+    pipe since the check is refused there); an OS failure (a full disk) names the file and the reason."""
+    source = Path(source)
+    fix = f"a model folder that is copied may hold only files (or links to files) and folders: move it out of {source}"
+    check_folder(source, ignore=ignore, fix=fix)
+
+    def copy(src: str, dst: str) -> None:
+        with open_regular(src, fix=fix) as fin, open(dst, "wb") as fout:
+            _copy_open(fin, fout)
+            st = os.fstat(fin.fileno())
+        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))  # as copytree's copy2 keeps them
+
+    try:
+        shutil.copytree(source, dest, ignore=ignore, copy_function=copy)
+    except shutil.Error as exc:  # copytree gathers each file's OSError into one Error whose text is a list
+        failed = exc.args[0] if exc.args and isinstance(exc.args[0], list) else []
+        said = "{}: {}".format(*failed[0][::2]) if failed and len(failed[0]) == 3 else " ".join(str(exc).split())
+        raise RopeExtendError(f"cannot copy the model folder {source}: {said[:300]}") from None
 
 
 def sha256(path: str | os.PathLike, *, name: str | None = None, fix: str = "") -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 from .errors import RopeExtendError
 from .methods import registry
-from .methods._common import check_int
+from .methods._common import check_original_length
 from .methods._scaling import check_amounts
 from .schema import option
 
@@ -70,7 +70,7 @@ class ScalingSpec:
         except RopeExtendError as exc:
             raise RopeExtendError(f"{spell('method')}: {exc}") from None
         if self.original_max_position_embeddings is not None:
-            check_int(spell("original_max_position_embeddings"), self.original_max_position_embeddings)
+            check_original_length(self.original_max_position_embeddings, spell("original_max_position_embeddings"))
         check_amounts(method, factor=self.factor, target_length=self.target_length, params=self.params, spell=spell)
         return self
 

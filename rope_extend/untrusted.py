@@ -103,6 +103,57 @@ def open_regular(
         raise
 
 
+def check_folder(folder: str | os.PathLike, *, ignore=None, fix: str = "", error=None) -> None:
+    """Refuse, in one line naming the entry and what it is, a folder of a user's (a model folder to be copied)
+    that holds anything but regular files and folders: a named pipe (a copy would wait for a writer), a device
+    (``/dev/zero`` never ends), a socket, a link to nothing, or a link to a folder (it may lead anywhere, back
+    into the folder itself included). A link to a regular file is followed, as a user's input may be one (the
+    hub's cache keeps each file of a model as a link to a blob). ``ignore`` is ``shutil.copytree``'s: what it
+    leaves out of the copy is not looked at."""
+    fail = error or RopeExtendError
+    stack = [Path(folder)]
+    while stack:
+        current = stack.pop()
+        try:
+            names = sorted(os.listdir(current))
+        except OSError as exc:
+            raise fail(
+                _said(f"cannot read the folder {current}", f"({exc.strerror or type(exc).__name__})", fix)
+            ) from None
+        skipped = set(ignore(os.fspath(current), names)) if ignore is not None else set()
+        for name in names:
+            if name in skipped:
+                continue
+            path = current / name
+            problem = _not_copyable(path)
+            if problem == "a folder":
+                stack.append(path)
+            elif problem is not None:
+                raise fail(_said(str(path), f"is {problem}", fix))
+
+
+def _not_copyable(path: Path) -> str | None:
+    """What ``path`` is when a copy should not read it ("a named pipe, ...", "a link to nothing (...)"), "a folder"
+    for a folder (walked, not read), None for a regular file or a link to one."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError as exc:  # gone since the listing
+        return f"unreadable ({exc.strerror or type(exc).__name__})"
+    if not stat.S_ISLNK(mode):
+        return "a folder" if stat.S_ISDIR(mode) else _not_regular(mode)
+    target = os.readlink(path)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:  # a link to nothing, a loop of links, a target that may not be looked at
+        if exc.errno == errno.ENOENT:
+            return f"a link to nothing ({target})"
+        return f"a link that cannot be followed ({target}: {exc.strerror or type(exc).__name__})"
+    if stat.S_ISDIR(mode):
+        return f"a link to a folder ({target}), not a file"
+    kind = _not_regular(mode)
+    return None if kind is None else f"a link to {target}, {kind}"
+
+
 def read_up_to(f: BinaryIO, n: int) -> bytes:
     """Up to ``n`` bytes from ``f`` (fewer only at its end): an unbuffered read may return less than asked."""
     parts, left = [], n

@@ -285,3 +285,73 @@ def test_configure_refuses_a_bad_rope_theta_in_one_line(tmp_path, value, message
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip() == f"rope-extend: error: llama: cannot apply 'yarn': {message}"
     assert not out.exists() and (folder / "config.json").read_bytes() == before
+
+
+TOO_LONG = "must be <= 2**40 = 1099511627776 tokens (longer than any sequence a model can be run on)"
+BAD_LENGTHS = [
+    ("4096", "must be an integer >= 2, got '4096'"),  # int("4096") made it a length
+    (float("nan"), "must be an integer >= 2, got nan"),  # int(nan): a ValueError
+    (4096.5, "must be an integer >= 2, got 4096.5"),  # int() truncated it
+    (1, "must be an integer >= 2, got 1"),  # LongRoPE's scale and log-n divide by ln L = 0
+    (10**5000, f"{TOO_LONG}, got <an integer of 16610 bits>"),  # float(s * L): an OverflowError
+    (2**40 + 1, f"{TOO_LONG}, got 1099511627777"),
+]
+
+
+@pytest.mark.parametrize("value, message", BAD_LENGTHS, ids=["string", "nan", "fraction", "one", "huge", "past"])
+def test_a_bad_original_length_in_a_config_is_one_line_naming_it(value, message):
+    """``hf.reading.original_length`` checks ``L`` as the audit does (``check_original_length``), wherever the config
+    keeps it: Phi-3's top-level attribute (refused by ``patch``, the model left as it was), a rope dict's key, and
+    ``max_position_embeddings`` when there is neither."""
+    from rope_extend.hf.reading import original_length
+
+    model = tiny_model("phi3")
+    model.config.__dict__["original_max_position_embeddings"] = value
+    before = model.model.rotary_emb.inv_freq.clone(), model.config.to_dict()
+    with pytest.raises(RopeExtendError) as err:
+        rope_extend.patch(model, "yarn", factor=2)
+    assert str(err.value) == f"phi3: cannot apply 'yarn': original_max_position_embeddings {message}"
+    assert torch.equal(model.model.rotary_emb.inv_freq, before[0]) and model.config.to_dict() == before[1]
+    config = tiny_config("llama")
+    config.rope_parameters = {**config.rope_parameters, "rope_type": "yarn", "factor": 2.0}
+    config.rope_parameters["original_max_position_embeddings"] = value
+    with pytest.raises(RopeExtendError, match=r"^original_max_position_embeddings "):
+        original_length(config)
+    config = tiny_config("llama")
+    config.__dict__["max_position_embeddings"] = value
+    with pytest.raises(RopeExtendError) as err:
+        original_length(config)
+    assert str(err.value) == f"max_position_embeddings {message}"
+    config.__dict__["max_position_embeddings"] = 2**40  # the longest length is a length
+    assert original_length(config) == 2**40
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("0.25", "must be a finite number, got '0.25'"),  # "0.25" * head_dim // 2: a TypeError
+        (float("nan"), "must be a finite number, got nan"),  # int(nan): a ValueError
+        (0.0, "must be > 0.0, got 0.0"),
+        (1.5, r"must be in (0, 1], got 1.5"),  # 24 of 16 frequencies "rotating": all of them, silently
+    ],
+)
+def test_a_bad_partial_rotary_factor_of_proportional_rope_is_one_line(value, message):
+    """Gemma 4's full-attention layers (proportional RoPE) read ``partial_rotary_factor`` from their rope dict to
+    count the frequencies that rotate (``hf.reading.rotating``), which never checked it; it is now read in one place
+    (``reading.partial_rotary_factor``) and checked there, for ``rotating`` and ``rotary_geometry`` alike."""
+    from rope_extend.hf import reading
+    from tests.families.tiny import build
+
+    model = build("gemma4_text")
+    assert reading.rotating(model.config, "full_attention") == 4  # 0.25 x 32 / 2: as transformers counts them
+    model.config.rope_parameters["full_attention"]["partial_rotary_factor"] = value
+    before = {k: v.clone() for k, v in model.state_dict(keep_vars=False).items() if "inv_freq" in k}
+    config = model.config.to_dict()
+    with pytest.raises(RopeExtendError) as err:
+        rope_extend.patch(model, "yarn", factor=2)
+    assert str(err.value) == f"gemma4_text: cannot apply 'yarn': partial_rotary_factor {message}"
+    for reader in (reading.rotating, reading.rotary_geometry):
+        with pytest.raises(RopeExtendError, match=r"^partial_rotary_factor "):
+            reader(model.config, "full_attention")
+    after = {k: v for k, v in model.state_dict(keep_vars=False).items() if "inv_freq" in k}
+    assert all(torch.equal(before[k], after[k]) for k in before) and model.config.to_dict() == config

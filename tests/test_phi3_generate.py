@@ -11,6 +11,7 @@ them on 5.17 too (the core tests), where the recompute is what makes them pass.
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -178,3 +179,84 @@ def test_a_switch_that_stays_partial_is_refused_naming_the_version():
         f"{transformers.__version__} computes it from the last 1 of the {L + 1} tokens only, which would make every "
         "later token wrong: upgrade transformers (5.24 recomputes the whole prefix), or generate with use_cache=False"
     )
+
+
+def test_the_probe_configure_asks_finds_the_defect_where_generate_has_it():
+    """``generation.own_switch_is_partial`` asks the family's own ``prepare_inputs_for_generation`` what the test
+    above asks it (``fed``), on a meta-device copy with one layer: the last token only on 5.17 (all three families)
+    and for 5.24's Phi-4-multimodal; whole for 5.24's Phi-3 and PhiMoE; never for a family that keeps its cache."""
+    from tests.families.tiny import tiny_config as family_config
+    from tests.tiny import tiny_config
+
+    assert generation.own_switch_is_partial(phi3().config) is (not FIXED_IN_524)
+    assert generation.own_switch_is_partial(family_config("phimoe")) is (not FIXED_IN_524)
+    assert generation.own_switch_is_partial(family_config("phi4_multimodal")) is True
+    assert generation.own_switch_is_partial(tiny_config("llama")) is False
+
+
+def _configure(tmp_path, capsys, method: str, *extra: str):
+    from rope_extend.cli import main
+
+    source, out = tmp_path / "model", tmp_path / method
+    if not source.exists():
+        phi3().save_pretrained(source)
+    capsys.readouterr()
+    assert main(["configure", str(source), "--method", method, *extra, "--out", str(out)]) == 0
+    return out, capsys.readouterr().err
+
+
+PLAIN = """
+import sys, torch, warnings
+from transformers import AutoModelForCausalLM
+warnings.simplefilter("ignore")
+try:
+    model = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()
+except Exception as exc:
+    print("refused:", type(exc).__name__)
+    raise SystemExit
+ids = torch.randint(3, 512, (1, int(sys.argv[2])), generator=torch.Generator().manual_seed(1))
+g = dict(max_new_tokens=int(sys.argv[3]), min_new_tokens=int(sys.argv[3]), do_sample=False, pad_token_id=0)
+with torch.no_grad():
+    same = torch.equal(model.generate(ids, **g), model.generate(ids, use_cache=False, **g))
+assert "rope_extend" not in sys.modules
+print("equal" if same else "parted")
+"""
+
+
+def _without_rope_extend(folder) -> str:
+    """What plain transformers does with ``folder`` in a process that never imports rope_extend."""
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-c", PLAIN, str(folder), str(PROMPT), str(NEW)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout.strip()
+
+
+def test_configure_warns_where_the_folder_would_run_as_plain_transformers(tmp_path, capsys):
+    """A Phi-3 configured with ``longrope`` (the one type its config class takes without rope-extend) loads
+    without rope-extend, and then generates as transformers does: on 5.17 from a one-token cache once past ``L``,
+    shown in a process that never imports rope_extend (cached and uncached greedy tokens part). configure says so
+    in one line where the probe finds the defect; it is silent on 5.24 (the whole prefix is recomputed), and for
+    ``yarn`` (Phi-3's config class refuses it as it loads: nothing runs) and rope-extend's own ``rerope`` alike."""
+    out, err = _configure(tmp_path, capsys, "longrope", "--factor", "4", *_params(longrope_factors()))
+    warning = (
+        f"rope-extend: warning: {out} loads without rope-extend (a rope type of transformers' own), and there "
+        f"transformers {transformers.__version__}'s phi3 generate recomputes the cache from the last token only once "
+        f"a sequence passes original_max_position_embeddings ({L}) tokens, making every later token wrong: import "
+        "rope_extend before loading it, or generate with use_cache=False, or upgrade transformers (5.24 mends "
+        "Phi-3 and Phi-3.5-MoE; docs/serving.md)"
+    )
+    assert err.strip() == ("" if FIXED_IN_524 else warning)
+    assert _without_rope_extend(out) == ("equal" if FIXED_IN_524 else "parted")  # warned exactly where they part
+    built = transformers.AutoModelForCausalLM.from_pretrained(out).eval()  # what the warning advises: here, with
+    cached, uncached = cached_and_uncached(built, prompt())  # rope_extend imported, the switch is made whole
+    assert generation.PREPARE in built.__dict__ and torch.equal(cached.sequences, uncached.sequences)
+    out, err = _configure(tmp_path, capsys, "yarn", "--factor", "2")
+    assert err == "" and _without_rope_extend(out) == "refused: KeyError"
+    assert _configure(tmp_path, capsys, "rerope")[1] == ""
+
+
+def _params(params: dict) -> list[str]:
+    return [a for k, v in params.items() for a in ("--param", f"{k}={json.dumps(v)}")]

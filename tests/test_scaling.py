@@ -106,7 +106,8 @@ AMOUNTS = st.one_of(st.none(), st.floats(0.25, 16, allow_nan=False), st.integers
 @settings(max_examples=200, deadline=None)
 @given(method=NAMES, factor=AMOUNTS, target=st.one_of(st.none(), st.integers(-10, 10_000)))
 def test_a_spec_passes_its_check_exactly_when_resolve_passes_with_a_short_enough_L(method, factor, target):
-    """``check`` is ``resolve`` without the model: with ``L = 1`` every target length reaches ``L``, and the
+    """``check`` is ``resolve`` without the model: with ``L = 2``, the least ``L`` (``check_original_length``:
+    LongRoPE and log-n divide by ``ln L``), every target length ``check`` accepts (>= 2) reaches ``L``, and the
     frequency methods have no parameter bounded by ``L``, so the two agree on every request. (The attention
     methods' windows must be below ``L``: only ``resolve`` can check that.)"""
     spec = ScalingSpec(method, factor=factor, target_length=target)
@@ -117,7 +118,7 @@ def test_a_spec_passes_its_check_exactly_when_resolve_passes_with_a_short_enough
         checked = exc
     try:
         registry.resolve(registry.get(method), factor=factor, target_length=target,
-                         original_max_position_embeddings=1, params={})  # fmt: skip
+                         original_max_position_embeddings=2, params={})  # fmt: skip
         resolved = None
     except RopeExtendError as exc:
         resolved = exc

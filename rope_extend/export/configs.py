@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UnsupportedModelError
-from ..io import MARKER, normal_permissions, write_json, writing
+from ..io import MARKER, copy_folder, normal_permissions, write_json, writing
 from ..untrusted import read_object
 from ..version import __version__
 from .forms import DEFAULT, DYNAMIC, LINEAR, LLAMA3, LONGROPE, YARN, Form, yarn_attn_factor
@@ -128,7 +128,7 @@ class FolderTarget(ExportTarget):
         (``engine``: as in ``result``)."""
         with writing(job.out) as tmp:
             if job.source is not None:
-                shutil.copytree(job.source, tmp, ignore=shutil.ignore_patterns(MARKER, INFO, ".*"))
+                copy_folder(job.source, tmp, ignore=shutil.ignore_patterns(MARKER, INFO, ".*"))
             else:
                 job.model.save_pretrained(tmp)
                 if job.tokenizer is not None:

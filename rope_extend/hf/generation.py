@@ -99,6 +99,45 @@ def install_recompute(model) -> bool:
     return True
 
 
+PROBE_LENGTH = 8  # the probe's L: where the family's switch comes does not change what it feeds there
+
+
+def own_switch_is_partial(config) -> bool | None:
+    """Whether a model of ``config``'s family, run by transformers alone (a configured folder loaded without
+    ``import rope_extend``), computes the prefix again at the switch from the unseen tokens only: the defect
+    ``install_recompute`` mends, told as ``_prepare_inputs`` tells it (``_partial``), by the family's own
+    ``prepare_inputs_for_generation`` given ``L + 1`` ids and a cache that has seen ``L``. Asked of the
+    installed transformers, not of a version number: 5.17 feeds the last token for all three families, 5.24 for
+    Phi-4-multimodal only. The model is built on the meta device from a copy of ``config`` with one layer and
+    ``L = 8`` (no weights: 0.01 to 0.1 s), which configure writes for every method whether the model shipped
+    one or not; False for a family that keeps its cache, None where the model cannot be built so (a remote-code
+    config: rope-extend cannot tell)."""
+    import copy
+    import warnings
+
+    import torch
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    probe = copy.deepcopy(config)
+    text = probe.get_text_config() if callable(getattr(probe, "get_text_config", None)) else probe
+    text.__dict__["original_max_position_embeddings"] = PROBE_LENGTH  # as configure writes it, for every method
+    if not families.ask("generate_swaps_cache", text):
+        return False
+    text.num_hidden_layers = 1
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = AutoModelForCausalLM.from_config(probe)
+        ids = torch.zeros((1, PROBE_LENGTH + 1), dtype=torch.long)
+        cache = DynamicCache()
+        seen = torch.zeros(1, 1, PROBE_LENGTH, 1)
+        cache.update(seen, seen, 0)
+        inputs = getattr(type(model), PREPARE)(model, ids, next_sequence_length=1, **cache_arg.cache_kwargs(cache))
+    except Exception:  # noqa: BLE001  (any failure to build or ask the probe: the answer is unknown, said so)
+        return None
+    return _partial(inputs, ids, cache)
+
+
 def remove(model) -> None:
     model.__dict__.pop(ATTR, None)
     model.__dict__.pop(PREPARE, None)

@@ -25,7 +25,15 @@ from typing import Any
 import torch
 
 from ..errors import RopeExtendError, UnsupportedModelError
-from ..methods import check_int, check_number, registry
+from ..methods import (
+    check_factor,
+    check_int,
+    check_length,
+    check_number,
+    check_original_length,
+    check_partial_rotary_factor,
+    registry,
+)
 from . import families
 from .rope_types import (
     BASE_KEYS,
@@ -133,9 +141,10 @@ def head_dim(config, layer_type: str | None = None) -> int:
 def rotary_geometry(config, layer_type: str | None = None) -> tuple[int, float]:
     """``(rotary_dim, base)`` of one rope dict: ``int(head_dim * partial_rotary_factor)`` and ``rope_theta``;
     for proportional RoPE ``head_dim`` itself (see ``rotating``). Each is checked (``rotary_dim``,
-    ``check_number``): a string, NaN, zero or negative value is one ``RopeExtendError`` naming the field."""
+    ``check_number``, ``partial_rotary_factor``): a string, NaN, zero or negative value is one ``RopeExtendError``
+    naming the field."""
     params = rope_dict(config, layer_type)
-    prf = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
+    prf = partial_rotary_factor(config, layer_type)
     base = params.get("rope_theta", getattr(config, "rope_theta", None) or getattr(config, "default_theta", None))
     if isinstance(base, dict):  # Gemma 3 keeps {"global": ..., "local": ...} as its default_theta
         base = base.get("global")
@@ -147,13 +156,26 @@ def rotary_geometry(config, layer_type: str | None = None) -> tuple[int, float]:
     return registry.rotary_dim(head_dim(config, layer_type), prf), base
 
 
+def partial_rotary_factor(config, layer_type: str | None = None) -> float:
+    """The share of each head that rotates, read here alone and checked (``check_partial_rotary_factor``: a number
+    in (0, 1]; a string made proportional RoPE's count a TypeError): the rope dict's, else the config's top-level
+    one (unset when 0 or None, as transformers reads it), else 1; for proportional RoPE the rope dict's alone,
+    as transformers' ``proportional`` init reads it."""
+    params = rope_dict(config, layer_type)
+    if split_rope_type(rope_type_of(params))[0] == PROPORTIONAL:
+        return check_partial_rotary_factor(params.get("partial_rotary_factor", 1.0))
+    return check_partial_rotary_factor(
+        params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None) or 1.0)
+    )
+
+
 def rotating(config, layer_type: str | None = None) -> int | None:
     """How many of the ``rotary_dim / 2`` frequencies rotate: None for all; for proportional RoPE
     ``int(partial_rotary_factor * head_dim // 2)``, as transformers' ``proportional`` init computes it."""
     params = rope_dict(config, layer_type)
     if split_rope_type(rope_type_of(params))[0] != PROPORTIONAL:
         return None
-    return int(params.get("partial_rotary_factor", 1.0) * head_dim(config, layer_type) // 2)
+    return int(partial_rotary_factor(config, layer_type) * head_dim(config, layer_type) // 2)
 
 
 def frequencies(scaling: registry.Scaling, dim: int, base: float, rotating: int | None, seq_len: int | None = None):
@@ -167,25 +189,28 @@ def frequencies(scaling: registry.Scaling, dim: int, base: float, rotating: int 
 
 def original_length(config) -> int:
     """The pretraining length ``L``: the top-level or rope-dict ``original_max_position_embeddings``,
-    else ``max_position_embeddings``."""
-    value = config.__dict__.get("original_max_position_embeddings")
+    else ``max_position_embeddings``. Checked as the audit checks it (``check_original_length``: an integer from 2
+    to ``MAX_LENGTH``): a config is a user's file, and ``int()`` made ``"4096"`` a length and NaN a traceback."""
+    name = "original_max_position_embeddings"
+    value = config.__dict__.get(name)
     if value is None:
         for lt in nested_layer_types(config) or (None,):
             params = config.rope_parameters if lt is None else config.rope_parameters.get(lt)
-            if params and params.get("original_max_position_embeddings"):
-                value = params["original_max_position_embeddings"]
+            if params and params.get(name):
+                value = params[name]
                 break
     if value is None:
-        value = getattr(config, "max_position_embeddings", None)
+        name, value = "max_position_embeddings", getattr(config, "max_position_embeddings", None)
         shipped = _linear_within_context(config)
         if value is not None and shipped:
-            return max(1, round(value / shipped))
+            context = check_length(name, value)
+            return check_original_length(round(context / shipped), f"{name} / the shipped linear factor {shipped:g}")
     if value is None:
         raise UnsupportedModelError(
             f"cannot tell the pretraining length of {type(config).__name__}: it has neither "
             "original_max_position_embeddings nor max_position_embeddings; pass original_max_position_embeddings="
         )
-    return int(value)
+    return check_original_length(value, name)
 
 
 def _linear_within_context(config) -> float | None:
@@ -195,8 +220,10 @@ def _linear_within_context(config) -> float | None:
         return None
     for lt in nested_layer_types(config) or (None,):
         params = config.rope_parameters if lt is None else config.rope_parameters.get(lt)
-        if params and split_rope_type(rope_type_of(params))[1] == "linear" and (params.get("factor") or 1) > 1:
-            return float(params["factor"])
+        if params and split_rope_type(rope_type_of(params))[1] == "linear":
+            factor = check_factor(params.get("factor") or 1.0)
+            if factor > 1:
+                return factor
     return None
 
 
@@ -273,13 +300,15 @@ def shipped_context(config) -> int:
     factor x L)``; else ``L``."""
     recorded = config.__dict__.get(SHIPPED_ATTR)
     if recorded:
-        return int(recorded)
+        return check_length(SHIPPED_ATTR, recorded)
     length = original_length(config)
     context = length
     for lt in scaled_layer_types(config):
         params = rope_dict(config, lt) or {}
         if split_rope_type(rope_type_of(params))[1] in ("default", None):
             continue
-        factor = params.get("factor") or 1.0
-        context = max(context, int(getattr(config, "max_position_embeddings", None) or 0), math.ceil(factor * length))
+        factor = check_factor(params.get("factor") or 1.0)
+        declared = getattr(config, "max_position_embeddings", None)
+        declared = 0 if declared is None else check_length("max_position_embeddings", declared)
+        context = max(context, declared, check_length("factor x L", math.ceil(factor * length)))
     return context

@@ -4,18 +4,34 @@ One module per method family; each method is a frozen params dataclass that vali
 function. ``register`` adds a method (duplicates are refused); ``get`` looks one up by name.
 """
 
-from ._common import Geometry, Method, check_factor, check_int, check_number, rope_frequencies, rotary_dim
+from ._common import (
+    MAX_LENGTH,
+    Geometry,
+    Method,
+    check_factor,
+    check_int,
+    check_length,
+    check_number,
+    check_original_length,
+    check_partial_rotary_factor,
+    rope_frequencies,
+    rotary_dim,
+)
 from ._scaling import Scaling, resolve
 from .registry import by_rope_type, get, inv_freq, names, register
 
 __all__ = [
+    "MAX_LENGTH",
     "Geometry",
     "Method",
     "Scaling",
     "by_rope_type",
     "check_factor",
     "check_int",
+    "check_length",
     "check_number",
+    "check_original_length",
+    "check_partial_rotary_factor",
     "get",
     "inv_freq",
     "names",

@@ -59,17 +59,55 @@ def check_int(name: str, value: Any, *, minimum: int = 1) -> int:
     return value
 
 
-def check_factor(factor: Any) -> float:
-    """The scale factor ``s = target / L``: a finite number >= 1 (1 means plain RoPE)."""
-    return check_number("factor", factor, minimum=1.0)
+# The longest sequence length rope-extend computes with: an original length ``L``, a target length ``s * L``, a
+# context, a current length. 2**40 (1.1e12) tokens is five orders of magnitude past the longest context published
+# (Llama 4 Scout's 10M, LongRoPE's 2M), and no such sequence can be run: its KV cache alone, at one 64-value head
+# in 8 bits per layer, holds 2**40 * 128 bytes = 128 TiB a layer. Below it every length computation is exact: the
+# target ``s * L`` is a float64 product (integers exact to 2**53), rounded; positions are int64. Above it a length
+# is no model's, and 10**5000 was a traceback (``float(s * L)``: OverflowError), 1e300 x L an infinite target.
+# (transformers multiplies float32 positions, integers only up to 2**24: that is the model's own precision, not a
+# length rope-extend refuses. A GGUF file holds 32-bit lengths: the export checks that bound itself.)
+MAX_LENGTH = 1 << 40
+TOO_LONG = "2**40 = 1099511627776 tokens (longer than any sequence a model can be run on)"
+
+
+def check_length(name: str, value: Any, *, minimum: int = 1) -> int:
+    """A sequence length (``L``, a target length, a context): ``check_int``, and at most ``MAX_LENGTH``. Every
+    reader of a length calls this one, so that all refuse the same values."""
+    check_int(name, value, minimum=minimum)
+    if value > MAX_LENGTH:
+        raise RopeExtendError(f"{name} must be <= {TOO_LONG}, got {shown(value)}")
+    return value
+
+
+def check_original_length(value: Any, name: str = "original_max_position_embeddings") -> int:
+    """The pretraining length ``L``: a length (``check_length``) of at least 2, since LongRoPE's attention scale
+    and log-n divide by ``ln L`` (``ln 1 = 0``: a ZeroDivisionError, an infinite temperature); the audit holds a
+    config's ``L`` to the same bound."""
+    return check_length(name, value, minimum=2)
+
+
+def check_factor(factor: Any, name: str = "factor") -> float:
+    """The scale factor ``s = target / L``: a finite number >= 1 (1 means plain RoPE), and at most ``MAX_LENGTH``
+    (with ``L >= 1`` a larger one reaches past it); ``name`` as the caller writes it (``--factor``)."""
+    s = check_number(name, factor, minimum=1.0)
+    if s > MAX_LENGTH:
+        raise RopeExtendError(f"{name} must be <= 2**40: s x L would pass {TOO_LONG}, got {shown(factor)}")
+    return s
+
+
+def check_partial_rotary_factor(value: Any) -> float:
+    """The share of each head that rotates: a finite number in (0, 1]."""
+    prf = check_number("partial_rotary_factor", value, above=0.0)
+    if prf > 1.0:
+        raise RopeExtendError(f"partial_rotary_factor must be in (0, 1], got {shown(value)}")
+    return prf
 
 
 def rotary_dim(head_dim: Any, partial_rotary_factor: Any = 1.0) -> int:
     """``d = int(head_dim * partial_rotary_factor)``; must be even and >= 2."""
     check_int("head_dim", head_dim, minimum=2)
-    prf = check_number("partial_rotary_factor", partial_rotary_factor, above=0.0)
-    if prf > 1.0:
-        raise RopeExtendError(f"partial_rotary_factor must be in (0, 1], got {shown(partial_rotary_factor)}")
+    prf = check_partial_rotary_factor(partial_rotary_factor)
     dim = int(head_dim * prf)
     if dim < 2 or dim % 2:
         raise RopeExtendError(
@@ -90,7 +128,7 @@ class Geometry:
     def __post_init__(self):
         check_int("rotary dim", self.dim, minimum=2)
         check_number("base (rope_theta)", self.base, above=1.0)
-        check_int("original_max_position_embeddings", self.original_max_position_embeddings)
+        check_original_length(self.original_max_position_embeddings)
 
 
 Compute = Callable[[Any, Geometry, float, "int | None"], "tuple[torch.Tensor, float]"]

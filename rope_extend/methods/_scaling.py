@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..errors import RopeExtendError
-from ._common import Geometry, Method, check_factor, check_int, check_number
+from ._common import MAX_LENGTH, TOO_LONG, Geometry, Method, check_factor, check_length, check_original_length
 
 
 @dataclass(frozen=True)
@@ -122,9 +122,9 @@ def check_amounts(
             f"{spell('target_length')} (>= L), got factor={factor!r}, target_length={target_length!r}"
         )
     if target_length is not None:
-        check_int(spell("target_length"), target_length)
+        check_length(spell("target_length"), target_length, minimum=2)  # L >= 2 (check_original_length)
     if factor is not None:
-        check_number(spell("factor"), factor, minimum=1.0)  # check_factor, named as the caller writes it
+        check_factor(factor, spell("factor"))
     return made, logn
 
 
@@ -157,7 +157,7 @@ def resolve(
     usable length over ``L`` (Self-Extend) or 1 (no length limit). ``params`` may hold ``logn`` (true/false)
     for any method.
     """
-    length = check_int("original_max_position_embeddings", original_max_position_embeddings)
+    length = check_original_length(original_max_position_embeddings)
     made, logn = check_amounts(method, factor=factor, target_length=target_length, params=params)
     if params.get("keep_shipped"):
         raise RopeExtendError(
@@ -168,13 +168,15 @@ def resolve(
     if factor is None and target_length is None:  # an attention method (check_amounts allowed it)
         factor = usable(length) / length if usable is not None else 1.0
     if target_length is not None:
-        target = check_int("target_length", target_length)
+        target = check_length("target_length", target_length)
         if target < length:
             raise RopeExtendError(
                 f"target_length must be >= the original length L={length} (factor >= 1), got {target}"
             )
         factor = target / length
     s = check_factor(factor)
+    if s * length > MAX_LENGTH:  # both within the bound, their product not: the target is no length either
+        raise RopeExtendError(f"factor {s:g} x L={length} is {s * length:.4g} tokens, past {TOO_LONG}")
     if usable is not None and s * length > usable(length) * (1 + 1e-9):
         formula, remedy = made.USABLE  # how the params class computes its reach, and what lengthens it
         raise RopeExtendError(

@@ -15,7 +15,7 @@ from . import longrope as _longrope
 from . import ntk as _ntk
 from . import string as _string
 from . import yarn as _yarn
-from ._common import Geometry, Method, check_factor, check_int, rotary_dim
+from ._common import Geometry, Method, check_factor, check_length, rotary_dim
 from ._scaling import Scaling, resolve
 
 
@@ -151,7 +151,7 @@ def inv_freq(
     geo = Geometry(rotary_dim(head_dim, partial_rotary_factor), base, original_max_position_embeddings)
     s = check_factor(factor)
     if seq_len is not None:
-        check_int("seq_len", seq_len)
+        check_length("seq_len", seq_len)
     freqs, scale = m.compute(p, geo, s, seq_len)
     return freqs.to(torch.float32).contiguous(), float(scale)
 

@@ -129,6 +129,21 @@ def test_a_pipe_swapped_in_after_the_check_is_refused_at_the_open(tmp_path, monk
         within(10, lambda: read_documents(fifo), fifo)
 
 
+@pytest.mark.parametrize("name", ["x.jsonl", "x.parquet"])
+def test_a_table_swapped_for_a_pipe_after_the_check_is_refused_before_datasets_reads_it(tmp_path, monkeypatch, name):
+    """JSON lines and Parquet go to the datasets library, which opens them itself: a file found regular, then
+    replaced by a named pipe (planted by making the first check say "a file"), is refused by ``untrusted``'s
+    regular-file check made right before they are handed over, at once, naming what it is. Before, it went to
+    datasets, whose own listing passes over a pipe: "cannot read x.jsonl as json: Unable to find 'x.jsonl'", the
+    wrong cause for a file that is there."""
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    is_file = Path.is_file
+    monkeypatch.setattr(Path, "is_file", lambda self: self == fifo or is_file(self))
+    with pytest.raises(RopeExtendError, match=f"^{fifo} {PIPE}"):
+        within(20, lambda: read_documents(fifo), fifo)
+
+
 def test_a_text_file_past_the_limit_is_refused_before_it_is_read(tmp_path):
     """A sparse file one byte past ``MAX_TEXT_BYTES`` (1 GiB; it takes no disk): refused by its size, at once and
     without reading it, naming the limit and what to do. Before, it was read whole into memory."""

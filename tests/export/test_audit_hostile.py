@@ -367,6 +367,10 @@ CONFIGS = {
         {"rope_parameters": {**YARN, "original_max_position_embeddings": 0}},
         "original_max_position_embeddings must be an integer >= 2, got 0",
     ),
+    "an original length past 2**40": (  # the one bound of every reader of a length (methods.check_length)
+        {"rope_parameters": {**YARN, "original_max_position_embeddings": 2**40 + 1}},
+        "original_max_position_embeddings must be <= 2**40 = 1099511627776 tokens",
+    ),
     "betas the wrong way round": (
         {"rope_parameters": {**YARN, "beta_fast": 1.0, "beta_slow": 32.0}},
         "beta_fast must be greater than beta_slow",

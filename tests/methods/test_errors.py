@@ -137,3 +137,47 @@ def test_an_integer_too_large_for_a_float_is_not_a_finite_number():
 
     with pytest.raises(RopeExtendError, match=r"^factor must be a finite number, got <an integer of 16610 bits>$"):
         check_number("factor", 10**5000)
+
+
+TOO_LONG = "2**40 = 1099511627776 tokens (longer than any sequence a model can be run on)"
+
+
+@pytest.mark.parametrize(
+    "amounts, message",
+    [
+        (dict(factor=2.0, original_max_position_embeddings=10**5000),  # a traceback in float(s * L)
+         f"original_max_position_embeddings must be <= {TOO_LONG}, got <an integer of 16610 bits>"),
+        (dict(factor=2.0, original_max_position_embeddings=2**40 + 1),
+         f"original_max_position_embeddings must be <= {TOO_LONG}, got 1099511627777"),
+        (dict(factor=2.0, original_max_position_embeddings=1),  # LongRoPE's scale divided by ln 1 = 0
+         "original_max_position_embeddings must be an integer >= 2, got 1"),
+        (dict(target_length=2**40 + 1, original_max_position_embeddings=4096),
+         f"target_length must be <= {TOO_LONG}, got 1099511627777"),
+        (dict(factor=1e300, original_max_position_embeddings=4096),  # an infinite target: round(inf) raised
+         f"factor must be <= 2**40: s x L would pass {TOO_LONG}, got 1e+300"),
+        (dict(factor=2.0**30, original_max_position_embeddings=4096),  # each within the bound, their product not
+         f"factor 1.07374e+09 x L=4096 is 4.398e+12 tokens, past {TOO_LONG}"),
+    ],
+    ids=["huge L", "L past", "L of 1", "target past", "huge factor", "product past"],
+)  # fmt: skip
+def test_every_length_is_bounded_by_the_one_maximum(amounts, message):
+    """``resolve`` holds ``L``, the target and ``s x L`` to ``methods.MAX_LENGTH`` (2**40 tokens) and ``L`` to at
+    least 2, as every other reader of a length does (``check_length``): the scaling spec before any model, the
+    frequencies' ``seq_len``, ``hf.reading`` and the audit. Before, ``10**5000`` was accepted and a traceback
+    later, and ``L = 1`` a ZeroDivisionError in LongRoPE's scale."""
+    from rope_extend.scaling import ScalingSpec
+
+    with pytest.raises(RopeExtendError) as err:
+        resolve(get("yarn"), params={}, **amounts)
+    assert str(err.value) == message
+    if "target" not in message and "x L=" not in message:  # what the spec can tell without the model's L
+        with pytest.raises(RopeExtendError) as err:
+            ScalingSpec("yarn", **amounts).check()
+        assert str(err.value) == message
+    longest = resolve(get("yarn"), factor=1.0, original_max_position_embeddings=2**40, params={})
+    assert longest.target_length == 2**40
+    assert resolve(get("yarn"), target_length=2**40, original_max_position_embeddings=2, params={}).factor == 2**39
+    with pytest.raises(RopeExtendError, match=r"^seq_len must be <= 2\*\*40 = 1099511627776 tokens"):
+        inv_freq("dynamic", 64, 10000.0, 2.0, 2048, seq_len=2**40 + 1)
+    with pytest.raises(RopeExtendError, match="original_max_position_embeddings must be an integer >= 2"):
+        inv_freq("longrope", 4, 10000.0, 2.0, 1, short_factor=[1.0, 1.0], long_factor=[1.0, 1.0])

@@ -83,6 +83,23 @@ def test_read_documents_text_paragraphs_and_parquet(tmp_path):
         read_documents(DataArgs(path=str(tmp_path / "missing.jsonl")))
 
 
+def test_a_data_file_swapped_for_a_pipe_is_refused_naming_data_path(tmp_path, monkeypatch):
+    """A recipe's ``data.path`` reads through the one reader (``documents``): a ``x.jsonl`` that passed the first
+    check and is a named pipe when it would go to datasets is refused at once, naming what it is (before: datasets'
+    "Unable to find" it), under the recipe's key."""
+    import os
+    from pathlib import Path
+
+    from tests.blocking import within
+
+    fifo = tmp_path / "x.jsonl"
+    os.mkfifo(fifo)
+    is_file = Path.is_file
+    monkeypatch.setattr(Path, "is_file", lambda self: self == fifo or is_file(self))
+    with pytest.raises(RecipeError, match=f"^data.path: {fifo} is a named pipe, not a regular file: give regular"):
+        within(20, lambda: read_documents(DataArgs(path=str(fifo))), fifo)
+
+
 # ------------------------------------------------------------------------------------------ PoSE
 @settings(max_examples=200, deadline=None)
 @given(window=st.integers(2, 64), extra=st.integers(0, 500), chunks=st.integers(1, 4), seed=st.integers(0, 2**31))

@@ -166,7 +166,7 @@ def settings(keys: dict[str, Any]) -> Settings:
 def _check_base(name: str, n_rot: int, base: float) -> None:
     """The methods' own rule for a base (``Geometry``: finite and > 1), named by the GGUF key."""
     try:
-        Geometry(n_rot, base, 1)
+        Geometry(n_rot, base, 2)  # any L: only the base is checked here
     except RopeExtendError as exc:
         raise RopeExtendError(f"{name}: {exc}") from None
 

@@ -20,7 +20,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from ...errors import RopeExtendError, UnsupportedModelError
 from ...hf import reading
 from ...loading import CONFIG_ERRORS, error_line
-from ...methods import Geometry, check_factor, check_int, check_number
+from ...methods import Geometry, check_factor, check_int, check_length, check_number, check_original_length
 from ...methods.llama3 import Llama3Params
 from ...methods.longrope import LongRopeParams
 from ...methods.yarn import NTKByPartsParams
@@ -89,9 +89,9 @@ def check(config) -> None:
         raise RopeExtendError(f"layer_types must be a list of layer type names, got {types!r}"[:300])
     if max(n_layers, len(types or ())) > MAX_LAYERS:
         raise RopeExtendError(f"{max(n_layers, len(types or ()))} layers: the audit reads at most {MAX_LAYERS}")
-    check_int("max_position_embeddings", getattr(config, "max_position_embeddings", None), minimum=1)
+    check_length("max_position_embeddings", getattr(config, "max_position_embeddings", None))
     if config.__dict__.get("original_max_position_embeddings") is not None:  # Phi-3 keeps L at the top level too
-        check_int("original_max_position_embeddings", config.original_max_position_embeddings, minimum=2)
+        check_original_length(config.original_max_position_embeddings)
     for kind in dict.fromkeys(layer_types(config)):
         where = "rope_parameters" + (f"[{kind!r}]" if kind else "")
         params = rope_params(config, kind)
@@ -119,8 +119,8 @@ NUMBERS = {
     "mscale_all_dim": {"minimum": 0.0},
     "extrapolation_factor": {},
 }
-# rope dict key: the least value of an integer key (an original length of 1 makes LongRoPE's scale divide by
-# ln 1 = 0)
+# rope dict key: the least value of a length key (an original length of 1 makes LongRoPE's scale divide by ln 1 = 0:
+# ``check_original_length``); every length is at most ``methods.MAX_LENGTH``
 INTEGERS = {"original_max_position_embeddings": 2, "max_trained_positions": 1}
 
 
@@ -134,7 +134,7 @@ def _check_rope(params: dict[str, Any]) -> None:
             check_number(key, params[key], **bounds)
     for key, least in INTEGERS.items():
         if params.get(key) is not None:
-            check_int(key, params[key], minimum=least)
+            check_length(key, params[key], minimum=least)
     if params.get("factor") is not None:
         check_factor(params["factor"])
     if kind == "yarn":
