@@ -34,14 +34,13 @@ import errno
 import json
 import os
 import socket
-import stat
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import RopeExtendError
-from .untrusted import decode_json
+from .untrusted import decode_json, entry_kind
 
 try:
     import fcntl
@@ -62,15 +61,9 @@ def lock_name(path: str | os.PathLike) -> str:
 
 def _kind(st: os.stat_result) -> str | None:
     """What is wrong with the entry ``st`` as a lock file, or None when it is a small regular file of its own."""
-    mode = st.st_mode
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISFIFO(mode):
-        return "a named pipe"
-    if not stat.S_ISREG(mode):
-        return "a socket or device"
+    kind = entry_kind(st.st_mode)
+    if kind is not None:
+        return kind
     if st.st_nlink != 1:
         return f"a file with {st.st_nlink} hard links (another name of some other file)"
     if st.st_size > MAX_RECORD:

@@ -44,17 +44,27 @@ def _said(name: str, problem: str, fix: str) -> str:
     return f"{name} {problem}" + (f": {fix}" if fix else "")
 
 
-def _not_regular(mode: int) -> str | None:
-    """What the entry of ``mode`` is when it is not a regular file ('a folder', ...), or None."""
+def entry_kind(mode: int) -> str | None:
+    """What an entry of ``mode`` (from ``lstat``) is when it is not a regular file: 'a symbolic link', 'a folder',
+    'a named pipe', 'a socket or device'; None for a regular file. The one wording of every refusal of an entry
+    that is not a file (the reader here, the lock, the records file)."""
     if stat.S_ISREG(mode):
         return None
     if stat.S_ISLNK(mode):
-        return "a symbolic link: rope-extend never reads a file it wrote through a link"
+        return "a symbolic link"
     if stat.S_ISDIR(mode):
-        return "a folder, not a file"
-    if stat.S_ISFIFO(mode):
-        return "a named pipe, not a regular file"
-    return "a socket or device, not a regular file"
+        return "a folder"
+    return "a named pipe" if stat.S_ISFIFO(mode) else "a socket or device"
+
+
+def _not_regular(mode: int) -> str | None:
+    """``entry_kind`` with what rope-extend reads instead, for a reader's message; None for a regular file."""
+    kind = entry_kind(mode)
+    if kind == "a symbolic link":
+        return f"{kind}: rope-extend never reads a file it wrote through a link"
+    if kind == "a folder":
+        return f"{kind}, not a file"
+    return None if kind is None else f"{kind}, not a regular file"
 
 
 def _open_failed(path: Path, name: str, exc: OSError, follow_links: bool, fix: str) -> str:

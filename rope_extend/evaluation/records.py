@@ -195,8 +195,8 @@ def _log_size(path: Path) -> int:
             f"{path} is a symbolic link: records are appended only to a plain file that rope-extend wrote (never "
             "through a link); remove the link or give another output folder"
         )
-    if not stat.S_ISREG(st.st_mode):
-        what = "a folder" if stat.S_ISDIR(st.st_mode) else "not a plain file"
+    what = untrusted.entry_kind(st.st_mode)
+    if what is not None:
         raise RopeExtendError(
             f"{path} is {what}: it must be the records file rope-extend wrote (or absent); move it away or give "
             "another output folder"
