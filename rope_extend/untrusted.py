@@ -220,10 +220,12 @@ def read_text(
     fix: str = "",
     error=None,
 ) -> str:
-    """The UTF-8 text of the regular file ``path``, at most ``limit`` bytes of it (``read_bytes``)."""
+    """The UTF-8 text of the regular file ``path``, at most ``limit`` bytes of it (``read_bytes``), its line
+    endings read as ``open`` in text mode reads them (universal newlines): ``"\\r\\n"`` and a lone ``"\\r"``
+    are ``"\\n"``, so a file saved on Windows is the same text as one saved elsewhere."""
     name = name or str(path)
     data = read_bytes(path, limit=limit, name=name, follow_links=follow_links, fix=fix, error=error)
-    return decode_text(data, name, fix=fix, error=error)
+    return decode_text(data, name, fix=fix, error=error).replace("\r\n", "\n").replace("\r", "\n")
 
 
 def decode_json(data: bytes | str, name: str, *, fix: str = "", error=None, invalid: Any = _RAISE) -> Any:

@@ -142,3 +142,11 @@ def test_shown_is_short_and_quick_whatever_the_value():
     assert shown("abc") == "'abc'" and shown([1, 2]) == "[1, 2]"  # a short value is its repr
     assert shown(7**20_000) == f"<an integer of {(7**20_000).bit_length()} bits>"
     assert shown({"b": 1, "a": [1, {"c": 2}]}) == "{'b': 1, 'a': [1, {'c': 2}]}"
+
+
+def test_read_text_reads_line_endings_as_text_mode_does(tmp_path):
+    """Windows (CRLF) and old Mac (CR) line endings are read as ``Path.read_text`` reads them: a corpus saved
+    on Windows is the same text, hence the same tokens, as one saved elsewhere (the Canterbury texts are CRLF)."""
+    path = tmp_path / "a.txt"
+    path.write_bytes(b"one\r\ntwo\rthree\n\r\nfour\r")
+    assert read_text(path, limit=1 << 10) == path.read_text(encoding="utf-8") == "one\ntwo\nthree\n\nfour\n"

@@ -83,6 +83,20 @@ def test_read_documents_text_paragraphs_and_parquet(tmp_path):
         read_documents(DataArgs(path=str(tmp_path / "missing.jsonl")))
 
 
+def test_a_text_saved_with_windows_line_endings_is_the_same_documents(tmp_path):
+    (tmp_path / "unix.txt").write_bytes(b"first doc\nline two\n\nsecond doc\n")
+    (tmp_path / "windows.txt").write_bytes(b"first doc\r\nline two\r\n\r\nsecond doc\r\n")
+    for sample_by in ("document", "paragraph", "line"):
+        unix, windows = (
+            read_documents(DataArgs(path=str(tmp_path / f), sample_by=sample_by)) for f in ("unix.txt", "windows.txt")
+        )
+        assert windows == unix and not any("\r" in t for t in windows)
+    assert read_documents(DataArgs(path=str(tmp_path / "windows.txt"), sample_by="paragraph")) == [
+        "first doc\nline two",
+        "second doc",
+    ]
+
+
 def test_a_data_file_swapped_for_a_pipe_is_refused_naming_data_path(tmp_path, monkeypatch):
     """A recipe's ``data.path`` reads through the one reader (``documents``): a ``x.jsonl`` that passed the first
     check and is a named pipe when it would go to datasets is refused at once, naming what it is (before: datasets'
