@@ -292,13 +292,8 @@ class RotaryRuntime:
             if layer_type in self.ready:  # the cache keeper saw these positions: no second host sync
                 self.ready.discard(layer_type)
             elif entry.dynamic:
-                # One host sync for both ends; positions starting at 0 mean a new sequence. A shard reads the
-                # whole sequence's span instead (``whole_sequence``).
-                whole = _WHOLE.get()
-                if whole is None:
-                    low, high = torch.stack([position_ids.min(), position_ids.max()]).tolist()
-                else:
-                    low, high = whole
+                # One host sync for both ends; positions starting at 0 mean a new sequence.
+                low, high = torch.stack([position_ids.min(), position_ids.max()]).tolist()
                 self.advance(layer_type, next_seen(entry, int(low), int(high)), x.device)
             elif _stale(self.module._buffers.get(buffer_name(layer_type))):
                 set_frequencies(self.module, layer_type, entry.static[0], x.device)
@@ -326,7 +321,11 @@ class RotaryRuntime:
 
 def next_seen(entry: Entry, low: int, high: int) -> int:
     """The longest length after a forward over positions ``low .. high``: a forward from position 0 starts a
-    new sequence."""
+    new sequence. Inside ``whole_sequence`` the whole sequence's span stands in for the shard's (every caller, the
+    runtime and the cache keeper's pre-hook, asks here)."""
+    whole = _WHOLE.get()
+    if whole is not None:
+        low, high = whole
     length = high + 1
     return length if low == 0 or entry.seen is None else max(entry.seen, length)
 

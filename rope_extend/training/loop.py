@@ -263,6 +263,7 @@ def setup(args: TrainArgs) -> Run:
         f"{scaling.describe() if scaling else 'rope as is'} (max_position_embeddings {target})"
         f" | {batches.windows} windows of {T} tokens | {run.tokens_per_step} tokens/step | "
         f"{n_trainable / 1e6:.2f}M trainable parameters | {processes} process(es)"
+        + (f" x {layout.degree} per sequence (parallel.sequence)" if layout.kind == "sequence" else "")
     )
     return run
 
