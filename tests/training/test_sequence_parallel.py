@@ -232,6 +232,7 @@ def test_tiny_recipe_with_two_processes_per_sequence_matches_one_process(tmp_pat
         proc = subprocess.run(cmd, check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "1 process(es)" in proc.stdout  # one data-parallel group in both
+        assert ("x 2 per sequence" in proc.stdout) == (name == "two")
         lines = (tmp_path / name / "loss.csv").read_text().splitlines()[1:]
         runs[name] = [float(line.split(",")[1]) for line in lines]
     print("loss curves", json.dumps(runs))
