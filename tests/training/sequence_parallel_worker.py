@@ -47,7 +47,7 @@ def patch_kwargs(method: str, logn: bool) -> dict:
     return out
 
 
-def tiny_model(method: str, logn: bool):
+def tiny_model(method: str, logn: bool, kv: int = KV):
     """A random tiny Llama (float32, max_position_embeddings L < T so the scaling acts), patched, with LoRA on
     q/k/v/o whose B is drawn non-zero (at init it is zero, and A's gradient with it)."""
     from peft import LoraConfig, get_peft_model
@@ -61,7 +61,7 @@ def tiny_model(method: str, logn: bool):
         intermediate_size=2 * HIDDEN,
         num_hidden_layers=LAYERS,
         num_attention_heads=HEADS,
-        num_key_value_heads=KV,
+        num_key_value_heads=kv,
         max_position_embeddings=L,
         pad_token_id=0,
         bos_token_id=1,
@@ -111,24 +111,29 @@ def run_case(method: str, variant: str, logn: bool, where, group) -> dict:
 
     whole = batch(variant)
     tokens = int((whole["targets"] != -100).sum())
-    reference = tiny_model(method, logn)
+    kv = 1 if variant == "kv1" else KV  # 1 key-value head: Ulysses replicates it over the 2 processes
+    reference = tiny_model(method, logn, kv)
     ref_loss, _ = model_loss(reference, whole, 16)
     (ref_loss / tokens).backward()
     expected = grads(reference)
 
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    model = tiny_model(method, logn)
+    model = tiny_model(method, logn, kv)
     before = dict(ALL_ATTENTION_FUNCTIONS._local_mapping)
+    groups = [m.num_key_value_groups for m in model.modules() if hasattr(m, "num_key_value_groups")]
     installed = ulysses.install(model, ulysses.plan(model, where.degree, whole["input_ids"].shape[0]), group)
     start = time.perf_counter()
     try:
         with parallel.sharded(None, whole, where) as local:
             loss, _ = model_loss(model, local, 16)
             (loss / tokens).backward()
+        during = [m.num_key_value_groups for m in model.modules() if hasattr(m, "num_key_value_groups")]
     finally:
         ulysses.remove(installed)
     assert ALL_ATTENTION_FUNCTIONS._local_mapping == before  # transformers as it was
+    # and the model: DeepSpeed lowers num_key_value_groups when it replicates key-value heads
+    assert groups == [m.num_key_value_groups for m in model.modules() if hasattr(m, "num_key_value_groups")]
     seconds = time.perf_counter() - start
     loss = loss.detach()
     tdist.all_reduce(loss, group=group)
@@ -145,6 +150,7 @@ def run_case(method: str, variant: str, logn: bool, where, group) -> dict:
         "grad_diff": max(float((got[k] - expected[k]).abs().max()) for k in got),
         "grad_max": max(float(expected[k].abs().max()) for k in got),
         "seconds": round(seconds, 3),
+        "kv_groups": [groups[0], during[0]],  # before, and while Ulysses ran
     }
 
 
@@ -162,6 +168,7 @@ def cases() -> list[tuple[str, str, bool]]:
     first_attention = next(n for n in names if registry.get(n).attention)
     first_static = next(n for n in names if not registry.get(n).attention and not registry.get(n).dynamic)
     out += [(first_attention, "plain", True), (first_static, "plain", True), (first_attention, "odd", True)]
+    out += [(first_static, "kv1", False), (first_attention, "kv1", False)]
     return out
 
 

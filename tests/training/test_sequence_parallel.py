@@ -74,6 +74,17 @@ def test_layout_refuses_a_degree_that_does_not_divide_the_processes():
     assert (plain.rank, plain.degree, plain.kind) == (1, 1, None)
 
 
+def test_one_process_asked_to_share_sequences_exits_2_with_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rope_extend", "train", "tiny-cpu", "parallel.sequence=2", f"output_dir={out}"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "parallel.sequence: got 2 with 1 process(es); expected a divisor of the number of processes" in lines[0]
+    assert not out.exists() and sorted(tmp_path.iterdir()) == []
+
+
 def test_heads_the_degree_does_not_divide_are_refused_with_the_allowed_degrees():
     from transformers import LlamaConfig
 
@@ -201,6 +212,18 @@ def test_log_n_cases_are_run(rows):
     kinds = {registry.get(method).attention for method, _ in logn}
     assert kinds == {True, False}, logn  # one attention and one frequency method
     assert all(row["grad_diff"] <= TOLERANCE for row in rows if row["variant"].endswith("+logn"))
+
+
+@pytest.mark.parallel
+@pytest.mark.slow
+def test_replicated_key_value_heads_are_exact_and_restored(rows):
+    """1 key-value head over 2 processes: DeepSpeed replicates it and lowers num_key_value_groups while it runs;
+    the worker asserts every module's value is back after removal."""
+    replicated = [row for row in rows if row["variant"] == "kv1"]
+    assert {registry.get(row["method"]).attention for row in replicated} == {True, False}
+    for row in replicated:
+        assert row["kv_groups"] == [4, 2], row  # changed while installed (so the restore is tested)
+        assert row["loss_diff"] <= TOLERANCE and row["grad_diff"] <= TOLERANCE, row
 
 
 @pytest.mark.parallel
