@@ -12,13 +12,15 @@ import rope_extend  # noqa: F401  (registers the rope types)
 
 
 def pytest_collection_modifyitems(config, items):
-    # the combination matrix (tests/matrix) has its own CI step, `pytest -m matrix tests/matrix`: a run whose -m
-    # does not name it leaves it out, so the README's `pytest -q` does not run it a second time
-    if "matrix" not in (config.option.markexpr or ""):
-        matrix = [item for item in items if item.get_closest_marker("matrix")]
-        if matrix:
-            config.hook.pytest_deselected(items=matrix)
-            items[:] = [item for item in items if not item.get_closest_marker("matrix")]
+    # the combination matrix (tests/matrix) and the sequence-parallel runs (marker `parallel`) have their own CI
+    # steps, `pytest -m matrix tests/matrix` and `pytest -m parallel ...`: a run whose -m does not name them leaves
+    # them out, so the README's `pytest -q` does not run them a second time
+    for marker in ("matrix", "parallel"):
+        if marker not in (config.option.markexpr or ""):
+            own = [item for item in items if item.get_closest_marker(marker)]
+            if own:
+                config.hook.pytest_deselected(items=own)
+                items[:] = [item for item in items if not item.get_closest_marker(marker)]
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

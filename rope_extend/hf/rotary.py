@@ -11,16 +11,20 @@ layer_type])`` returns cos and sin; transformers decorates it (``dynamic_rope_up
   position 32767 a bf16 ``inv_freq`` puts cos off by up to 2);
 - for the dynamic methods (``dynamic``, ``dynamic_yarn``, ``longrope``), follows the longest position
   seen in the current sequence: a forward whose positions start at 0 begins a new sequence, later
-  forwards (decoding with a cache) extend it; frequencies are measured against the original ``L``;
+  forwards (decoding with a cache) extend it; frequencies are measured against the original ``L``. Under
+  sequence or context parallelism a forward holds one shard of the sequence: ``whole_sequence(low, high)``
+  gives the whole sequence's first and last position, so every rank picks the frequencies 1 process picks;
 
 then calls the module's own undecorated forward, so cos/sin are computed exactly as transformers does.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -33,6 +37,22 @@ from . import config as hf_config
 from . import families
 
 INSTALLED = ("forward", "_apply", "rope_init_fn")  # instance attributes the runtime sets on a rotary module
+# (first, last position) of the whole sequence while a forward holds only a shard of it (``whole_sequence``)
+_WHOLE: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("rope_extend_whole", default=None)
+
+
+@contextlib.contextmanager
+def whole_sequence(low: int, high: int) -> Iterator[None]:
+    """Forwards inside this block hold a shard of a sequence whose positions run from ``low`` to ``high`` (a
+    sequence- or context-parallel rank's slice; pads added for an even split excluded): the dynamic methods pick
+    their frequencies from this span instead of the shard's own, so a rank that sees 1/N of the sequence does
+    not pick a smaller factor, and a rank whose shard does not start at position 0 still starts a new sequence.
+    The caller knows the whole window before slicing it, so no collective is needed."""
+    token = _WHOLE.set((int(low), int(high)))
+    try:
+        yield
+    finally:
+        _WHOLE.reset(token)
 
 
 # ------------------------------------------------------------------------------------------ finding
@@ -301,7 +321,11 @@ class RotaryRuntime:
 
 def next_seen(entry: Entry, low: int, high: int) -> int:
     """The longest length after a forward over positions ``low .. high``: a forward from position 0 starts a
-    new sequence."""
+    new sequence. Inside ``whole_sequence`` the whole sequence's span stands in for the shard's (every caller, the
+    runtime and the cache keeper's pre-hook, asks here)."""
+    whole = _WHOLE.get()
+    if whole is not None:
+        low, high = whole
     length = high + 1
     return length if low == 0 or entry.seen is None else max(entry.seen, length)
 

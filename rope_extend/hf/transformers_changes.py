@@ -19,7 +19,9 @@ and nothing else:
 - ``AttentionInterface`` and ``AttentionMaskInterface`` gain the names of rope-extend's attention
   (``hf.attention.registration``);
 - ``PreTrainedModel.post_init`` is wrapped so that a model built from a config naming a rope-extend type or an
-  attention method gets rope-extend's runtime (``hf.register.attach_from_config``).
+  attention method gets rope-extend's runtime (``hf.register.attach_from_config``);
+- for the length of a sequence-parallel run only (``hf.ulysses``), one entry of transformers'
+  ``ALL_ATTENTION_FUNCTIONS``: ``attention_function(name, fn)`` sets it and returns its undo.
 
 Each change records what was there (an attribute of the class itself, or a dict entry, or nothing), and
 ``uninstall`` puts it back, in reverse order: after it transformers holds exactly the objects it held before
@@ -37,6 +39,8 @@ _MISSING = object()
 # the class itself) or a dict (an entry)
 _undo: list[tuple[Any, str, Any]] = []
 _state: dict[str, Any] = {"installed": False, "watch": None}
+# name -> what ALL_ATTENTION_FUNCTIONS' own (local) mapping held before ``attention_function`` set it
+_scoped: dict[str, Any] = {}
 
 
 def installed() -> bool:
@@ -59,6 +63,8 @@ def uninstall() -> None:
     if watch is not None:
         watch.disarm()
         _state["watch"] = None
+    for name in list(_scoped):
+        _restore_attention_function(name)
     if not _state["installed"]:
         return
     from ..methods import registry
@@ -165,3 +171,29 @@ def _remove_rope_types(method) -> None:
         name = f"_validate_{rope_type}_rope_parameters"
         if vars(mixin).get(name) is register.validator:
             delattr(mixin, name)
+
+
+def attention_function(name: str, fn: Any):
+    """Put ``fn`` under ``name`` in transformers' ``ALL_ATTENTION_FUNCTIONS`` (the instance every model reads
+    through ``get_interface``; its own mapping, which wins over the class-wide one) and return the undo, which
+    puts back exactly what was there. One change per name at a time: a second one before the undo raises (two
+    wrappers would stack: a sequence-parallel all-to-all run twice)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if name in _scoped:
+        raise RuntimeError(f"ALL_ATTENTION_FUNCTIONS[{name!r}] is already replaced; undo that change first")
+    _scoped[name] = ALL_ATTENTION_FUNCTIONS._local_mapping.get(name, _MISSING)
+    ALL_ATTENTION_FUNCTIONS._local_mapping[name] = fn
+    return lambda: _restore_attention_function(name)
+
+
+def _restore_attention_function(name: str) -> None:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if name not in _scoped:
+        return
+    old = _scoped.pop(name)
+    if old is _MISSING:
+        ALL_ATTENTION_FUNCTIONS._local_mapping.pop(name, None)
+    else:
+        ALL_ATTENTION_FUNCTIONS._local_mapping[name] = old

@@ -1,7 +1,7 @@
 """Training arguments: dataclasses that a YAML recipe maps onto 1:1, through the one loader (``schema``).
 
 A recipe is a YAML mapping whose top-level keys are the fields of ``TrainArgs``; the sections ``model``,
-``rope``, ``data``, ``pose`` and ``lora`` are mappings onto their own dataclasses. Key names follow
+``rope``, ``data``, ``pose``, ``lora`` and ``parallel`` are mappings onto their own dataclasses. Key names follow
 transformers' ``TrainingArguments`` (``max_steps``, ``learning_rate``, ``output_dir``, ...) and PEFT's
 ``LoraConfig`` (``r``, ``lora_alpha``, ``target_modules``, ``modules_to_save``). Command-line overrides
 ``key=value`` (values read as YAML; dotted keys for sections: ``rope.factor=8``) win over the file. An
@@ -122,12 +122,27 @@ class LoraArgs:
 
 
 @dataclass
+class ParallelArgs:
+    """Processes that share one sequence (Ulysses sequence parallelism, DeepSpeed's ``UlyssesSPAttentionHF``)."""
+
+    sequence: int = option(
+        1,
+        help="Ulysses degree N: N processes share each sequence, each holding max_seq_length / N tokens (inside "
+        "attention every position for 1/N of the heads); num_processes must be a multiple of N; 1: off",
+    )
+
+
+SEQUENCE_PARALLEL_ATTENTION = ("sdpa", "flash_attention_2", "flash_attention_3")
+
+
+@dataclass
 class TrainArgs:
     model: ModelArgs = option(help="the model", factory=ModelArgs)
     rope: RopeArgs = option(help="the rope scaling to train for", factory=RopeArgs)
     data: DataArgs = option(help="the training text", factory=DataArgs)
     pose: PoseArgs = option(help="PoSE positional skip-wise training", factory=PoseArgs)
     lora: LoraArgs | None = option(help="LoRA adapters; null: full fine-tuning", factory=LoraArgs)
+    parallel: ParallelArgs = option(help="processes that share one sequence", factory=ParallelArgs)
     output_dir: str = option("runs/rope-extend", help="the run folder (checkpoints, loss curve, final model)")
     overwrite_output_dir: bool = option(False, help="replace an earlier run in output_dir")
     resume_from_checkpoint: bool | str = option(
@@ -191,6 +206,7 @@ class TrainArgs:
         if self.pose.enabled:
             self._check_pose()
         self._check_positions()
+        self._check_parallel()
         if self.lora is not None and self.lora.r < 1:
             _bad("lora.r", self.lora.r, "a positive rank")
         self._check_schedule()
@@ -236,6 +252,31 @@ class TrainArgs:
             _bad("pose.enabled", True, f"false with rope.method {self.rope.method}, or {allowed}")
         if self.data.document_boundaries == "mask":
             _bad("data.document_boundaries", "mask", f"eos with rope.method {self.rope.method}, or {allowed}")
+
+    def _check_parallel(self) -> None:
+        """Sequence parallelism that the recipe alone shows cannot be exact (the model's heads and layers are
+        checked at setup, ``hf.ulysses.plan``)."""
+        n = self.parallel.sequence
+        if n < 1:
+            _bad("parallel.sequence", n, "a positive number of processes per sequence (1: off)")
+        if self.data.max_seq_length < n:
+            _bad("data.max_seq_length", self.data.max_seq_length, f"at least parallel.sequence ({n}) tokens")
+        if n == 1:
+            return
+        attn = self.model.attn_implementation
+        if attn not in SEQUENCE_PARALLEL_ATTENTION:
+            _bad(
+                "model.attn_implementation",
+                attn,
+                f"one of {', '.join(SEQUENCE_PARALLEL_ATTENTION)} with parallel.sequence {n} (DeepSpeed's Ulysses)",
+            )
+        if self.data.document_boundaries == "mask" and attn == "sdpa":
+            _bad(
+                "data.document_boundaries",
+                "mask",
+                f"eos with parallel.sequence {n} on sdpa (Ulysses drops the document mask), or "
+                "model.attn_implementation flash_attention_2 (GPU), which reads the documents from the positions",
+            )
 
     def _check_schedule(self) -> None:
         """The step counts, the optimizer's numbers, precision, and resume against overwrite."""

@@ -31,6 +31,7 @@ from ..hf.head import LMHead, check, lm_head
 from ..io import atomic_path
 from ..patching import patched
 from . import checkpoint as ckpt
+from . import parallel
 from .args import RecipeError, TrainArgs, to_dict
 from .data import Batches, pack, pad_documents, passkey_windows, read_documents, tokenize, with_passkey_windows
 from .loss import model_loss
@@ -63,14 +64,14 @@ class Run:
     scheduler: Any
     batches: Batches
     out: Path
-    rank: int  # data-parallel rank (context-parallel groups share one)
-    cp: int  # context-parallel group size
+    layout: parallel.Layout  # processes that share a sequence (sequence or context parallelism) and this one's place
     tokens_per_step: int
     trackers: list[str]
     step: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
     pending_loss: Any = None  # this process's loss sum since the last logged step (a tensor)
     pending_tokens: int = 0  # the global target tokens since the last logged step
+    ulysses: Any = None  # the installed sequence-parallel attention (``parallel.install``), removed by ``finish``
 
 
 # ------------------------------------------------------------------------------------------ setup
@@ -207,6 +208,11 @@ def setup(args: TrainArgs) -> Run:
     from accelerate.utils import set_seed
 
     accelerator, trackers = _setup_accelerator(args)
+    # Context parallelism (accelerate ParallelismConfig cp_size, FSDP2) or sequence parallelism (parallel.sequence):
+    # groups of processes share one batch and each holds a slice of its sequence
+    pc = getattr(accelerator, "parallelism_config", None)
+    cp = pc.cp_size if pc is not None and pc.cp_enabled else 1
+    layout = parallel.layout(args, accelerator.num_processes, accelerator.process_index, cp)
     resume_from = ckpt.resolve_output_dir(args)  # checks only: nothing is written before everything is checked
     set_seed(args.seed)
     with accelerator.main_process_first():
@@ -214,19 +220,11 @@ def setup(args: TrainArgs) -> Run:
     model, tokenizer, scaling = _setup_model(args, texts)
     target = model.config.get_text_config().max_position_embeddings
 
-    # Context parallelism (accelerate ParallelismConfig cp_size, FSDP2): the cp_size processes of a group
-    # share one batch and each holds a slice of its sequence; cp is the innermost mesh dimension.
-    pc = getattr(accelerator, "parallelism_config", None)
-    cp = pc.cp_size if pc is not None and pc.cp_enabled else 1
-    if cp > 1 and args.pose.enabled:
-        raise RecipeError(
-            "pose.enabled with context parallelism (cp_size > 1) is not supported: the sharded "
-            "PoSE position ids would be read as packed sequences"
-        )
-    processes = accelerator.num_processes // cp
+    processes = layout.data_parallel
     batches = _setup_data(args, texts, tokenizer, target, processes)
     # The loss applies the LM head itself (chunked): it must compute the logits the model computes.
     check(model, lm_head(model), batches.packed.input_ids[0].tolist())
+    ulysses = parallel.install(model, args, layout)  # after check: its forward runs on a whole window
 
     optimizer, scheduler = _setup_optimizer(args, model)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -248,10 +246,10 @@ def setup(args: TrainArgs) -> Run:
         scheduler,
         batches,
         out,
-        rank=accelerator.process_index // cp,
-        cp=cp,
+        layout=layout,
         trackers=trackers,
         tokens_per_step=args.per_device_train_batch_size * args.gradient_accumulation_steps * processes * T,
+        ulysses=ulysses,
     )
     if resume_from is not None:
         state = ckpt.load(accelerator, resume_from, model=model, optimizer=optimizer, scheduler=scheduler)
@@ -265,6 +263,7 @@ def setup(args: TrainArgs) -> Run:
         f"{scaling.describe() if scaling else 'rope as is'} (max_position_embeddings {target})"
         f" | {batches.windows} windows of {T} tokens | {run.tokens_per_step} tokens/step | "
         f"{n_trainable / 1e6:.2f}M trainable parameters | {processes} process(es)"
+        + (f" x {layout.degree} per sequence (parallel.sequence)" if layout.kind == "sequence" else "")
     )
     return run
 
@@ -342,17 +341,17 @@ def _step(run: Run) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
     """One optimizer step over the global batch of step ``run.step``: ``(loss sum, target tokens, gradient
     norm, the learning rate it used)``; the loss sum stays on the device."""
     args, acc, model, G = run.args, run.accelerator, run.model, run.args.gradient_accumulation_steps
-    micro = [run.batches.get(run.step, m, run.rank) for m in range(G)]
+    micro = [run.batches.get(run.step, m, run.layout.rank) for m in range(G)]
     # the whole global batch's target tokens, counted first: each micro-batch's loss is divided by it
     local = torch.tensor(sum(int((b["targets"] != -100).sum()) for b in micro), device=acc.device)
-    tokens = (acc.reduce(local, reduction="sum") // run.cp).clamp_min(1)
+    tokens = (acc.reduce(local, reduction="sum") // run.layout.degree).clamp_min(1)  # each shard counted the window
     loss_sum = torch.zeros((), device=acc.device)
     for m, batch in enumerate(micro):
         batch = {k: v.to(acc.device) for k, v in batch.items()}
         sync = contextlib.nullcontext() if m == G - 1 else acc.no_sync(model)  # all-reduce once per step
-        with sync, _context_parallel(acc, batch, run.cp):
+        with sync, parallel.sharded(acc, batch, run.layout) as batch:
             loss, _ = model_loss(model, batch, args.loss_chunk_size, run.head)
-            # DDP averages gradients over processes, and each CP rank holds part of the loss sum
+            # DDP averages gradients over processes, and each shard holds part of the loss sum
             acc.backward(loss * acc.num_processes / tokens)
         loss_sum += loss.detach()
     grad_norm = (
@@ -367,22 +366,13 @@ def _step(run: Run) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
     return loss_sum, tokens, grad_norm, lr
 
 
-def _context_parallel(accelerator, batch: dict, cp: int):
-    """Shard the sequence dimension over the CP group (no-op without context parallelism)."""
-    if cp == 1:
-        return contextlib.nullcontext()
-    batch.pop("attention_mask", None)  # CP needs plain causal SDPA; positions run on (document_boundaries: eos)
-    buffers = [batch["input_ids"], batch["position_ids"], batch["targets"]]
-    return accelerator.maybe_context_parallel(
-        buffers=buffers, buffer_seq_dims=[1, 1, 1], no_restore_buffers=set(buffers)
-    )
-
-
 # ------------------------------------------------------------------------------------------ finish
 def finish(run: Run) -> TrainResult:
     """Write the adapter and the merged model (LoRA) or the model (full), with the tokenizer."""
     args, accelerator, out = run.args, run.accelerator, run.out
     accelerator.wait_for_everyone()
+    parallel.remove(run.ulysses)  # the saved and merged model runs in one process
+    run.ulysses = None
     state_dict = accelerator.get_state_dict(run.model)  # gathers FSDP shards (every process must call it)
     unwrapped = accelerator.unwrap_model(run.model)
     result = TrainResult(model=unwrapped, tokenizer=run.tokenizer, history=run.history, output_dir=out)
