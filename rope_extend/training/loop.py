@@ -224,7 +224,7 @@ def setup(args: TrainArgs) -> Run:
     batches = _setup_data(args, texts, tokenizer, target, processes)
     # The loss applies the LM head itself (chunked): it must compute the logits the model computes.
     check(model, lm_head(model), batches.packed.input_ids[0].tolist())
-    ulysses = parallel.install(model, args, layout)  # after check: its forward runs on a whole window
+    parallel.check(model, args, layout)  # a model sequence parallelism cannot serve is refused before any write
 
     optimizer, scheduler = _setup_optimizer(args, model)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -249,7 +249,6 @@ def setup(args: TrainArgs) -> Run:
         layout=layout,
         trackers=trackers,
         tokens_per_step=args.per_device_train_batch_size * args.gradient_accumulation_steps * processes * T,
-        ulysses=ulysses,
     )
     if resume_from is not None:
         state = ckpt.load(accelerator, resume_from, model=model, optimizer=optimizer, scheduler=scheduler)
@@ -265,16 +264,27 @@ def setup(args: TrainArgs) -> Run:
         f"{n_trainable / 1e6:.2f}M trainable parameters | {processes} process(es)"
         + (f" x {layout.degree} per sequence (parallel.sequence)" if layout.kind == "sequence" else "")
     )
+    # last, so that nothing in setup can fail with it installed: it changes transformers' attention registry for
+    # the whole process until ``finish`` (or ``train``'s clean-up on an error) removes it
+    run.ulysses = parallel.install(model, args, layout)
     return run
 
 
 # ------------------------------------------------------------------------------------------ the loop
 def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> TrainResult:
     """Run ``args`` to ``max_steps``. ``on_step(step)`` is called after every step (and its checkpoint)."""
+    run = setup(args)
+    try:
+        return _train(run, on_step)
+    finally:  # an error mid-run must not leave the process's attention registry wrapped (finish removes it too)
+        parallel.remove(run.ulysses)
+        run.ulysses = None
+
+
+def _train(run: Run, on_step: Callable[[int], None] | None) -> TrainResult:
     from tqdm.auto import tqdm
 
-    run = setup(args)
-    acc, model = run.accelerator, run.model
+    args, acc, model = run.args, run.accelerator, run.model
     model.train()
     bar = tqdm(
         total=args.max_steps, initial=run.step, disable=not acc.is_local_main_process, desc="train", dynamic_ncols=True

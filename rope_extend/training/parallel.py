@@ -127,16 +127,27 @@ def sharded(accelerator, batch: dict[str, torch.Tensor], where: Layout) -> Itera
             yield batch
 
 
+def check(model, args: TrainArgs, where: Layout) -> None:
+    """Refuse, naming ``parallel.sequence``, a model that sequence parallelism cannot serve (``hf.ulysses.plan``);
+    no collective, nothing installed: the loop calls it before anything is written."""
+    if where.kind == "sequence":
+        _plan(model, args, where)
+
+
+def _plan(model, args: TrainArgs, where: Layout) -> Any:
+    try:
+        return ulysses.plan(model, where.degree, args.per_device_train_batch_size)
+    except UnsupportedModelError as exc:
+        raise RecipeError(f"parallel.sequence: {exc}") from None
+
+
 def install(model, args: TrainArgs, where: Layout) -> ulysses.Installed | None:
     """Ulysses on ``model`` over this process's group (None without sequence parallelism). Every process makes
     every group, in the same order, as ``torch.distributed.new_group`` requires. The model is checked first
     (``hf.ulysses.plan``): a refusal names ``parallel.sequence`` and comes before any collective."""
     if where.kind != "sequence":
         return None
-    try:
-        planned = ulysses.plan(model, where.degree, args.per_device_train_batch_size)
-    except UnsupportedModelError as exc:
-        raise RecipeError(f"parallel.sequence: {exc}") from None
+    planned = _plan(model, args, where)
     group = _groups(where)
     return ulysses.install(model, planned, group)
 

@@ -290,3 +290,23 @@ def test_tied_embedding_run_resumes_with_its_own_recipe(tmp_path):
     assert saved["lora"]["modules_to_save"] == ["embed_tokens", "norm"]
     resumed = train(run_args(tmp_path, *tied, "resume_from_checkpoint=true"))
     assert [r["step"] for r in resumed.history] == [1, 2, 3, 4]
+
+
+def test_an_error_mid_run_removes_what_sequence_parallelism_installed(tmp_path, monkeypatch):
+    """Ulysses changes transformers' attention registry for the whole process: a step that raises (out of
+    memory, a NaN guard, Ctrl-C) must not leave it installed for the next model the process builds. Installed
+    last in setup, removed by ``train``'s clean-up as well as by ``finish``."""
+    from rope_extend.training import loop, parallel
+
+    events = []
+    monkeypatch.setattr(parallel, "install", lambda model, args, where: events.append("install") or "installed")
+    monkeypatch.setattr(parallel, "remove", lambda installed: events.append(("remove", installed)))
+
+    def failing_step(run):
+        assert run.ulysses == "installed"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "_step", failing_step)
+    with pytest.raises(KeyboardInterrupt):
+        train(run_args(tmp_path, "max_steps=2"))
+    assert events == ["install", ("remove", "installed")]
