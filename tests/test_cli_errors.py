@@ -208,6 +208,27 @@ CASES = {
     ),
     "spectrum factor below 1": (["plot", "spectrum", "--factor", "0.5"], {}, ".", "factor must be >= 1"),
     "unknown recipe": (["train", "tiny-cpuu"], {}, ".", "did you mean 'tiny-cpu'"),
+    "train tiled MLP on a mixture of experts": (
+        [
+            "train",
+            "tiny-cpu",
+            "memory.tiled_mlp=true",
+            "output_dir=out",
+            "data.max_docs=20",
+            "model.config.model_type=mixtral",
+            "model.config.num_local_experts=2",
+            "model.config.num_experts_per_tok=1",
+        ],
+        {"notes.txt": "mine"},
+        ".",
+        r"memory.tiled_mlp: decoder layer 0's MLP is a mixture of experts \(MixtralSparseMoeBlock\)",
+    ),
+    "check: mlp tiles without tiled MLP": (
+        ["train", "tiny-cpu", "--check", "memory.mlp_tiles=4"],
+        {},
+        ".",
+        "memory.mlp_tiles: got 4; expected null unless memory.tiled_mlp is true",
+    ),
 }
 
 

@@ -104,6 +104,19 @@ class PoseArgs:
 
 
 @dataclass
+class MemoryArgs:
+    """Memory savers beyond activation checkpointing and the chunked loss (``loss_chunk_size``)."""
+
+    tiled_mlp: bool = option(
+        False,
+        help="run every decoder MLP over sequence tiles (DeepSpeed's TiledMLP): its widened activations exist for "
+        "one tile at a time; exact; needs deepspeed; refused for mixtures of experts, and with a trained MLP weight "
+        "under more than one process",
+    )
+    mlp_tiles: int | None = option(None, help="tiles per MLP call; null: ceil(tokens / hidden_size), DeepSpeed's rule")
+
+
+@dataclass
 class LoraArgs:
     """PEFT ``LoraConfig`` fields."""
 
@@ -141,6 +154,7 @@ class TrainArgs:
     rope: RopeArgs = option(help="the rope scaling to train for", factory=RopeArgs)
     data: DataArgs = option(help="the training text", factory=DataArgs)
     pose: PoseArgs = option(help="PoSE positional skip-wise training", factory=PoseArgs)
+    memory: MemoryArgs = option(help="memory savers for long sequences", factory=MemoryArgs)
     lora: LoraArgs | None = option(help="LoRA adapters; null: full fine-tuning", factory=LoraArgs)
     parallel: ParallelArgs = option(help="processes that share one sequence", factory=ParallelArgs)
     output_dir: str = option("runs/rope-extend", help="the run folder (checkpoints, loss curve, final model)")
@@ -207,6 +221,7 @@ class TrainArgs:
             self._check_pose()
         self._check_positions()
         self._check_parallel()
+        self._check_memory()
         if self.lora is not None and self.lora.r < 1:
             _bad("lora.r", self.lora.r, "a positive rank")
         self._check_schedule()
@@ -277,6 +292,13 @@ class TrainArgs:
                 f"eos with parallel.sequence {n} on sdpa (Ulysses drops the document mask), or "
                 "model.attn_implementation flash_attention_2 (GPU), which reads the documents from the positions",
             )
+
+    def _check_memory(self) -> None:
+        tiles = self.memory.mlp_tiles
+        if tiles is not None and tiles < 1:
+            _bad("memory.mlp_tiles", tiles, "an integer >= 1, or null (ceil(tokens / hidden_size))")
+        if tiles is not None and not self.memory.tiled_mlp:
+            _bad("memory.mlp_tiles", tiles, "null unless memory.tiled_mlp is true (it sets the tiles of the tiled MLP)")
 
     def _check_schedule(self) -> None:
         """The step counts, the optimizer's numbers, precision, and resume against overwrite."""

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..hf import checkpointing
+from ..hf import checkpointing, tiling
 from ..hf.head import LMHead, check, lm_head
 from ..io import atomic_path
 from ..patching import patched
@@ -225,6 +225,8 @@ def setup(args: TrainArgs) -> Run:
     # The loss applies the LM head itself (chunked): it must compute the logits the model computes.
     check(model, lm_head(model), batches.packed.input_ids[0].tolist())
     parallel.check(model, args, layout)  # a model sequence parallelism cannot serve is refused before any write
+    if args.memory.tiled_mlp:  # after the check, which compares the model's own logits with the head's
+        tiling.tile_mlps(model, args.memory.mlp_tiles, processes=accelerator.num_processes)
 
     optimizer, scheduler = _setup_optimizer(args, model)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -385,6 +387,7 @@ def finish(run: Run) -> TrainResult:
     run.ulysses = None
     state_dict = accelerator.get_state_dict(run.model)  # gathers FSDP shards (every process must call it)
     unwrapped = accelerator.unwrap_model(run.model)
+    tiling.untile(unwrapped)  # the returned and saved model runs its MLPs plainly
     result = TrainResult(model=unwrapped, tokenizer=run.tokenizer, history=run.history, output_dir=out)
     if not accelerator.is_main_process:
         accelerator.wait_for_everyone()
