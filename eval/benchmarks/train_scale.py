@@ -214,7 +214,10 @@ def run_one(variant: str, tokens: int, args) -> dict:
     cmd = ["--one", variant, "--tokens", str(tokens), "--shape", args.shape, "--device", args.device]
     cmd += ["--chunk", str(args.chunk), "--tile-tokens", str(args.tile_tokens or 0)]
     cmd += ["--layers", str(args.layers)] if args.layers else []
-    env = {**LIVE_MEMORY_ENV, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **({} if args.timing else LIVE_MEMORY_ENV),
+        "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+    }
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
     if variant.startswith("sp2"):
@@ -373,6 +376,11 @@ def main() -> None:
         default=None,
         help="rope+tiled_mlp: tokens per MLP tile (mlp_tiles = ceil(tokens / this)); 0: DeepSpeed's rule "
         "ceil(tokens / hidden_size) (default: 256 on the CPU, the rule with --gpu)",
+    )
+    parser.add_argument(
+        "--timing",
+        action="store_true",
+        help="run without _measure.LIVE_MEMORY_ENV: faster steps, memory readings that include glibc's caches",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process (0: torch's default)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per (variant, length) process")
