@@ -1,7 +1,7 @@
 """Training arguments: dataclasses that a YAML recipe maps onto 1:1, through the one loader (``schema``).
 
 A recipe is a YAML mapping whose top-level keys are the fields of ``TrainArgs``; the sections ``model``,
-``rope``, ``data``, ``pose``, ``lora`` and ``parallel`` are mappings onto their own dataclasses. Key names follow
+``rope``, ``data``, ``pose``, ``lora``, ``memory`` and ``parallel`` are mappings onto their own dataclasses. Key names follow
 transformers' ``TrainingArguments`` (``max_steps``, ``learning_rate``, ``output_dir``, ...) and PEFT's
 ``LoraConfig`` (``r``, ``lora_alpha``, ``target_modules``, ``modules_to_save``). Command-line overrides
 ``key=value`` (values read as YAML; dotted keys for sections: ``rope.factor=8``) win over the file. An
