@@ -270,7 +270,11 @@ def summarize(rows: list[dict], variants: list[str]) -> dict:
     slopes = {v: slope(by[v]) for v in variants}
     out: dict = {"slopes_kib_per_token": slopes}
     base = slopes.get("hf")
-    if base:
+    # at lengths too short for the per-token term the step's peak is within RSS noise and a slope can come out
+    # zero or negative: no ratio is made from it (the run says why rather than printing a meaningless one)
+    if base is not None and base <= 0:
+        out["no_ratio"] = f"the hf slope is {base:.3f} KiB/token: use longer --lengths, where activations dominate"
+    elif base is not None:
         out["slope_ratio_vs_hf"] = {v: (s / base if s is not None else None) for v, s in slopes.items()}
         tiled = out["slope_ratio_vs_hf"].get("rope+tiled_mlp")
         out["tiled_target_met"] = tiled is not None and tiled <= TARGETS["tiled_slope_ratio"]
