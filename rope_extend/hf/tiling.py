@@ -6,7 +6,7 @@ activation checkpointing) is the largest activation after the logits. ``TiledMLP
 (``deepspeed.runtime.sequence_parallel.ulysses_sp``, the Arctic Long Sequence Training component) runs the MLP over
 sequence tiles, keeps only its input, and recomputes tile by tile in backward: the widened tensors exist for one tile
 at a time. An MLP works on each token alone, so the result is the untiled one (loss and gradients equal within
-float rounding; tests/hf/test_tiling.py).
+float rounding; tests/test_tiling.py).
 
 Only a plain per-token MLP can be tiled: a mixture of experts keeps router statistics (load-balancing losses,
 expert counts) that would be gathered per tile, and dropout inside the MLP would draw a different mask when a tile
