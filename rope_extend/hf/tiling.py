@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import RopeExtendError, UnsupportedModelError
+from .head import unwrap
 from .layout import decoder_of
 
 MARK = "rope_extend_tiles"  # on a tiled MLP: the tiles asked for (None: DeepSpeed's rule); with the instance forward
@@ -45,12 +46,11 @@ def tiles_for(tokens: int, hidden: int, tiles: int | None) -> int:
 
 
 def decoder_mlps(model: nn.Module) -> list[nn.Module]:
-    """Every decoder layer's MLP (``model`` may be a PEFT wrapper), checked to be a plain per-token MLP.
+    """Every decoder layer's MLP (``model`` may be inside PEFT or DDP wrappers), checked to be a plain per-token MLP.
 
     Raises ``UnsupportedModelError`` naming the layer for a model whose decoder has no ``layers`` with an ``mlp``,
     a mixture of experts, or an MLP holding dropout."""
-    get_base = getattr(model, "get_base_model", None)  # a PEFT wrapper
-    base = get_base() if callable(get_base) else model
+    base = unwrap(model)
     layers = getattr(decoder_of(base), "layers", None)
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
         raise UnsupportedModelError(
