@@ -72,17 +72,22 @@ def uninstall() -> None:
     registry.METHODS.remove_listener(_install_rope_types)
     registry.METHODS.remove_listener(_remove_rope_types)
     while _undo:
-        owner, key, old = _undo.pop()
-        if isinstance(owner, dict):
-            if old is _MISSING:
-                owner.pop(key, None)
-            else:
-                owner[key] = old
-        elif old is not _MISSING:
-            setattr(owner, key, old)
-        elif key in vars(owner):
-            delattr(owner, key)
+        _put_back(*_undo.pop())
     _state["installed"] = False
+
+
+def _put_back(owner: Any, key: str, old: Any) -> None:
+    """Make ``owner``'s ``key`` (a dict entry, or an attribute of the class itself) ``old`` again, or remove it
+    when ``old`` is ``_MISSING`` (nothing was there)."""
+    if isinstance(owner, dict):
+        if old is _MISSING:
+            owner.pop(key, None)
+        else:
+            owner[key] = old
+    elif old is not _MISSING:
+        setattr(owner, key, old)
+    elif key in vars(owner):
+        delattr(owner, key)
 
 
 def _set(owner: Any, key: str, value: Any) -> None:
@@ -190,10 +195,5 @@ def attention_function(name: str, fn: Any):
 def _restore_attention_function(name: str) -> None:
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    if name not in _scoped:
-        return
-    old = _scoped.pop(name)
-    if old is _MISSING:
-        ALL_ATTENTION_FUNCTIONS._local_mapping.pop(name, None)
-    else:
-        ALL_ATTENTION_FUNCTIONS._local_mapping[name] = old
+    if name in _scoped:
+        _put_back(ALL_ATTENTION_FUNCTIONS._local_mapping, name, _scoped.pop(name))
