@@ -19,6 +19,7 @@ from rope_extend.hf import checkpointing
 from rope_extend.hf.tiling import decoder_mlps, packed, tile_mlps, tiled, tiles_for, untile
 from rope_extend.training import RecipeError, load_args, train
 from rope_extend.training.loss import model_loss
+from tests.training.test_loop import FAST as LOOP_FAST
 
 CONFIG = dict(
     vocab_size=256,
@@ -229,17 +230,7 @@ def test_memory_keys_default_off_and_parse():
 
 
 # ------------------------------------------------------------------------------------------ the loop
-FAST = [
-    "data.max_seq_length=256",
-    "per_device_train_batch_size=2",
-    "gradient_accumulation_steps=2",
-    "loss_chunk_size=64",
-    "data.max_docs=120",
-    "warmup_steps=2",
-    "max_steps=4",
-    "save_steps=100",
-    "merge_adapter=false",
-]
+FAST = [*LOOP_FAST, "max_steps=4", "save_steps=100", "merge_adapter=false"]  # the loop tests' short windows
 
 
 @pytest.mark.parametrize(
