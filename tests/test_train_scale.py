@@ -62,3 +62,21 @@ def test_slopes_ratios_and_targets_from_fixed_numbers(monkeypatch):
     noisy = bench.summarize(_rows("hf", {128: 50.0, 256: 49.9}) + _rows("rope", {128: 20.0, 256: 21.0}), ["hf", "rope"])
     assert "slope_ratio_vs_hf" not in noisy and "tiled_target_met" not in noisy
     assert noisy["no_ratio"].startswith("the hf slope is -0.800 KiB/token")
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--lengths", "1024", "0"], "--lengths: got 0; expected token counts of at least 2"),
+        (["--chunk", "0"], "--chunk: got 0; expected a positive loss_chunk_size"),
+        (["--timeout", "nan"], "--timeout: got nan; expected a positive finite number"),
+        (["--out", "/proc/report.json"], "cannot write --out /proc/report.json"),
+    ],
+)
+def test_a_value_no_run_can_use_is_one_usage_error_before_any_step(argv, said):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *argv], check=False, capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"train_scale.py: error: {said}")

@@ -51,6 +51,9 @@ import sys
 
 from _measure import LIVE_MEMORY_ENV, LLAMA3_8B, fmt, measure, spawn
 
+from rope_extend.errors import RopeExtendError
+from rope_extend.io import check_writable, write_text
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 VARIANTS = ("hf", "rope", "rope+tiled_mlp", "sp2", "sp2+tiled_mlp")
@@ -400,6 +403,7 @@ def main() -> None:
     parser.add_argument("--shape", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--device", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    _check_args(parser, args)
     if args.one:
         work = sp_worker if args.one.startswith("sp2") else one
         print(json.dumps(work(args.one, args.tokens, args)))
@@ -438,9 +442,32 @@ def main() -> None:
     }
     print(table(result["rows"], args.variants, result))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        write_text(args.out, json.dumps(result, indent=1))  # atomic: an interrupted write leaves no half a report
     print(json.dumps(result))
+
+
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """One usage error (exit 2) for a value no run can use, and for an ``--out`` that cannot be written, before any
+    step is measured (a run takes minutes to hours)."""
+    bounds = {  # option: (value, the least allowed, what it is)
+        "--lengths": (min(args.lengths or [2]), 2, "token counts of at least 2"),
+        "--layers": (args.layers if args.layers is not None else 1, 1, "a positive number of layers"),
+        "--chunk": (args.chunk, 1, "a positive loss_chunk_size"),
+        "--tile-tokens": (args.tile_tokens if args.tile_tokens is not None else 0, 0, ">= 0 (0: DeepSpeed's rule)"),
+        "--threads": (args.threads, 0, ">= 0 (0: torch's default)"),
+        "--max-tokens": (args.max_tokens, 2, "at least 2 tokens"),
+    }
+    for option, (value, least, allowed) in bounds.items():
+        if value < least:
+            parser.error(f"{option}: got {value}; expected {allowed}")
+    for option, value in (("--timeout", args.timeout), ("--budget-gb", args.budget_gb)):
+        if not value > 0 or value == float("inf"):
+            parser.error(f"{option}: got {value}; expected a positive finite number")
+    if args.out:
+        try:
+            check_writable(args.out)
+        except RopeExtendError as exc:
+            parser.error(str(exc))
 
 
 if __name__ == "__main__":
