@@ -104,12 +104,16 @@ def spawn(script: str, args: list[str], *, timeout: float | None = None, env: di
     """Run ``python script *args`` in a fresh process (``env`` added to the environment) and read the JSON
     object on its last output line.
 
-    A failed run gives ``{"error": [its last stderr line]}`` and ``"stderr"`` (its tail), so that a table can
-    show it beside the variants that ran."""
+    A failed run gives ``{"error": [its last stderr line]}`` and ``"stderr"`` (its tail), and one that outruns
+    ``timeout`` seconds is killed and gives ``{"error": [...]}``, so that a table can show it beside the variants
+    that ran."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-    proc = subprocess.run(
-        [sys.executable, script, *args], check=False, capture_output=True, text=True, env=env, timeout=timeout
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, script, *args], check=False, capture_output=True, text=True, env=env, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": [f"stopped after {timeout} s (the time limit)"]}
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1:], "stderr": proc.stderr[-3000:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -11,8 +11,8 @@ Sections (``--sections``, default all), each against a baseline measured in the 
   ``--layers`` fewer to save time), one prefill of each length with a KV cache, then ``--decode`` cached
   decode steps. Variants: the model unpatched (``native``: its own attention implementation, SDPA or
   ``--attn flash_attention_2``), ``yarn`` x4 (a frequency method: should cost nothing), ``self_extend``,
-  ``dual_chunk`` and ``rerope`` (the attention methods, with L = 8192). Ratios over native: prefill time
-  (target <= 1.3), peak memory (<= 1.1), median decode step (<= 1.2).
+  ``dual_chunk``, ``rerope`` and ``string`` (the attention methods, with L = 8192). Ratios over native: prefill
+  time (target <= 1.3), peak memory (<= 1.1), median decode step (<= 1.2).
 - ``perplexity``: ``perplexity_memory.py --gpu`` (the harness against ``model(labels=...)`` at 32k-128k).
 - ``train``: ``train_memory.py --gpu`` (the longest context at which one LoRA step fits, with and without
   activation checkpointing).
@@ -20,7 +20,11 @@ Sections (``--sections``, default all), each against a baseline measured in the 
 
 Each variant and each section runs in a fresh subprocess, so one's allocations cannot hide in another's
 peak; a variant that runs out of memory is reported as such, beside the others. GPU memory is
-``torch.cuda.max_memory_allocated`` after a reset of the peak; times are the fastest of ``--repeats``.
+``torch.cuda.max_memory_allocated`` after a reset of the peak, so on CUDA one process measures a variant's
+lengths one after another (its model built once; each length's cache freed before the next); on the CPU, whose
+peak RSS cannot be reset, each length gets its own process. Times are the fastest of ``--repeats``. ``--out``
+rewrites the report after every variant (to a temporary name, then renamed), so a run stopped by a time limit
+keeps what it measured; ``--worker-timeout`` bounds each process.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ VARIANTS = {
     "self_extend": ("self_extend", {}),
     "dual_chunk": ("dual_chunk", {}),
     "rerope": ("rerope", {}),
+    "string": ("string", {}),
 }
 TARGETS = {"prefill_time": 1.3, "peak_memory": 1.1, "decode_step": 1.2}
 SECTIONS = ("prefill", "perplexity", "train", "attention")
@@ -64,10 +69,11 @@ SUBSCRIPTS = {
 }
 
 
-def worker(variant: str, length: int, args) -> dict:
-    """One variant at one length in this process: prefill with a cache, then ``args.decode`` decode steps."""
+def worker(variant: str, lengths: list[int], args) -> list[dict]:
+    """One variant at each of ``lengths`` in this process (one model): prefill with a cache, then ``args.decode``
+    decode steps."""
     import torch
-    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     import rope_extend
 
@@ -84,6 +90,18 @@ def worker(variant: str, length: int, args) -> dict:
     method, params = VARIANTS[variant]
     if method != "none":
         rope_extend.patch(model, method, **params)
+    return [{"variant": variant, **_one_length(model, config, length, args)} for length in lengths]
+
+
+def _one_length(model, config, length: int, args) -> dict:
+    """Prefill ``length`` random tokens with a cache, then decode ``args.decode`` more; every tensor it made is
+    freed before it returns."""
+    import torch
+    from transformers import DynamicCache
+
+    import rope_extend
+
+    device = args.device
     generator = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(3, config.vocab_size, (1, length + args.decode), generator=generator).to(device)
 
@@ -112,8 +130,10 @@ def worker(variant: str, length: int, args) -> dict:
                 torch.cuda.synchronize()
             steps.append(time.perf_counter() - start)
         del cache, logits
+    del result
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
     return {
-        "variant": variant,
         "length": length,
         "finite": finite,
         "decode_step_s": statistics.median(steps[1:] or steps) if steps else None,  # the first step warms up
@@ -121,17 +141,29 @@ def worker(variant: str, length: int, args) -> dict:
     }
 
 
-def prefill_section(args) -> dict:
-    rows, ratios = [], {}
+def prefill_section(args, save=None) -> dict:
+    """Every variant at every length (``save(section)`` after each variant), and the ratios over native."""
+    rows: list[dict] = []
+    cuda = args.device.startswith("cuda")
+    for variant in args.variants:
+        for group in [args.lengths] if cuda else [[n] for n in args.lengths]:
+            cmd = ["--worker", variant, "--length", ",".join(map(str, group))] + worker_flags(args)
+            got = spawn(__file__, cmd, timeout=args.worker_timeout)
+            found = got if isinstance(got, list) else [dict(got) for _ in group]  # an error: every length's
+            rows += [{"variant": variant, "length": n, **row} for n, row in zip(group, found, strict=True)]
+        if save:
+            save(_prefill_summary(rows, args))
+    return _prefill_summary(rows, args)
+
+
+def _prefill_summary(rows: list[dict], args) -> dict:
+    ratios: dict[str, dict] = {}
     for length in args.lengths:
-        found = {}
-        for variant in args.variants:
-            cmd = ["--worker", variant, "--length", str(length)] + worker_flags(args)
-            found[variant] = {"variant": variant, "length": length, **spawn(__file__, cmd)}
-            rows.append(found[variant])
-        base = found["native"]
+        found = {r["variant"]: r for r in rows if r["length"] == length}
+        base = found.get("native")
         for variant in args.variants[1:]:
-            ratios.setdefault(variant, {})[str(length)] = prefill_ratios(found[variant], base)
+            if base is not None and variant in found:
+                ratios.setdefault(variant, {})[str(length)] = prefill_ratios(found[variant], base)
     met = {
         v: all(cell[k] is not None and cell[k] <= TARGETS[k] for cell in cells.values() for k in TARGETS)
         for v, cells in ratios.items()
@@ -182,7 +214,8 @@ def environment(args) -> dict:
     return info
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line, checked (``argparse`` exits with a usage line on a bad value)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated, from: " + ", ".join(SECTIONS))
     p.add_argument("--lengths", help="prefill lengths (default 32768,65536,131072; with --smoke 512)")
@@ -194,15 +227,16 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks that every section runs")
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--length", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--out", help="also write the JSON report here, rewritten after each variant and section")
+    p.add_argument("--worker-timeout", type=float, help="seconds each measuring process may run (default: no limit)")
+    p.add_argument("--length", help=argparse.SUPPRESS)
     p.add_argument("--device", help=argparse.SUPPRESS)
     p.add_argument("--dtype", help=argparse.SUPPRESS)
     args = p.parse_args()
     args.device = args.device or ("cpu" if args.smoke else "cuda")
     args.dtype = args.dtype or ("float32" if args.smoke else "bfloat16")
     if args.worker:
-        print(json.dumps(worker(args.worker, args.length, args)))
-        return
+        return args
     if args.device.startswith("cuda"):
         import torch
 
@@ -218,12 +252,33 @@ def main() -> None:
         )
     args.variants = ["native"] + [v for v in args.variants.split(",") if v != "native"]
     args.lengths = [int(x) for x in (args.lengths or ("512" if args.smoke else "32768,65536,131072")).split(",")]
+    args.sections = sections
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, [int(n) for n in args.length.split(",")], args)))
+        return
     report = {"environment": environment(args), "sections": {}}
-    for section in sections:
-        start = time.perf_counter()
-        got = prefill_section(args) if section == "prefill" else subscript_section(section, args)
-        got["wall_s"] = round(time.perf_counter() - start, 1)
+
+    def save(section: str, got: dict) -> None:
         report["sections"][section] = got
+        if args.out:
+            tmp = f"{args.out}.tmp-{os.getpid()}"
+            with open(tmp, "w") as f:
+                json.dump(report, f, default=str, indent=1)
+            os.replace(tmp, args.out)
+
+    for section in args.sections:
+        start = time.perf_counter()
+        if section == "prefill":
+            got = prefill_section(args, lambda partial: save("prefill", {**partial, "partial": True}))
+        else:
+            got = subscript_section(section, args)
+        got["wall_s"] = round(time.perf_counter() - start, 1)
+        save(section, got)
         print(f"{section}: {got['wall_s']} s", file=sys.stderr)
     prefill = report["sections"].get("prefill")
     if prefill:
