@@ -35,7 +35,7 @@ shared cores, at 4096 two minutes, and the default run about 20 minutes. MLP til
 lengths a CPU can step it saves nothing; its point is the lengths of a GPU (128 tiles of ~4096 tokens at 500k), where
 a tile is a small fixed part of the step, as 256-token tiles are here (``--tile-tokens 0`` measures the rule).
 ``--gpu``: the same variants on CUDA (``torch.cuda.max_memory_allocated``), 32 layers, bf16, DeepSpeed's tile rule,
-lengths doubling from 8192 until a step runs out of memory (not run here: no GPU was lent to this task).
+lengths doubling from 8192 until a step runs out of memory (measured on an H200: eval/reports/gpu/).
 
 Prints a markdown table and, as its last line, the JSON (also written to ``--out``).
 """
