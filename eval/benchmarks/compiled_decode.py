@@ -3,7 +3,8 @@
     python eval/benchmarks/compiled_decode.py                  # CUDA: Llama-3-8B layers in bf16 (--layers of them)
     python eval/benchmarks/compiled_decode.py --smoke          # the CPU, a tiny shape: checks that it runs
 
-Per variant, in this process, one model (random weights of the Llama-3-8B shape, L = 8192, ``--layers`` decoder
+Per variant, in a fresh process (a second model compiled in the same process meets the first one's compiled
+frames and their guards, and recompiles: the 2026-11-27 lease ran both in one process), one model (random weights of the Llama-3-8B shape, L = 8192, ``--layers`` decoder
 layers), one prompt of ``--prompt`` tokens past L, ``--new`` greedy tokens with transformers' static cache:
 first eagerly (``generation_config.disable_compile``), then compiled (generate's own path: the static cache with a
 ``CompileConfig``, which compiles the decoding step), the compiled run once to compile and twice timed (the faster kept). Reported:
@@ -23,6 +24,7 @@ import os
 import time
 
 import torch
+from _measure import spawn
 
 VARIANTS = {"native": ("none", {}), "yarn": ("yarn", {"factor": 4}), "self_extend": ("self_extend", {})}
 
@@ -110,6 +112,7 @@ def main() -> None:
     p.add_argument("--new", type=int, default=None, help="new tokens (default 128; --smoke 8)")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     args.device = "cpu" if args.smoke else "cuda"
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -132,8 +135,14 @@ def main() -> None:
         },
         "rows": [],
     }
+    if args.worker:
+        print(json.dumps(one(args.worker, args)))
+        return
+    flags = ["--layers", str(args.layers), "--prompt", str(args.prompt), "--new", str(args.new)]
+    flags += ["--smoke"] if args.smoke else []
     for variant in args.variants.split(","):
-        report["rows"].append(one(variant, args))
+        got = spawn(__file__, ["--worker", variant, *flags])
+        report["rows"].append({"variant": variant, **got} if "error" in got else got)
         print(json.dumps(report["rows"][-1]), flush=True)
         if args.out:
             tmp = f"{args.out}.tmp-{os.getpid()}"
