@@ -125,9 +125,8 @@ def test_the_version_agrees_with_pyproject():
     assert re.search(r'^version = "([^"]+)"', text, re.MULTILINE).group(1) == rope_extend.__version__
 
 
-# Modules excused from the two limits below while they are being split (issue 56 emptied it). A module that
-# keeps to both limits (or is gone) must leave this set, so it only shrinks.
-PENDING: set[str] = set()
+# Every module keeps both limits: the list of modules once excused while they were split is gone (issue 56
+# emptied it), and a new excuse would be a change to these numbers, reviewed as such.
 MAX_LINES = 450
 MAX_POSITIONAL = 6
 
@@ -164,21 +163,16 @@ def _wide_functions() -> dict[str, list[str]]:
 
 
 def test_no_module_is_over_450_lines():
-    long = {name: n for name, n in _long_modules().items() if name not in PENDING}
+    long = _long_modules()
     assert long == {}, f"modules over {MAX_LINES} lines (split them): {long}"
 
 
 def test_no_function_takes_more_than_6_positional_parameters():
-    wide = {name: fs for name, fs in _wide_functions().items() if name not in PENDING}
+    wide = _wide_functions()
     assert wide == {}, (
         f"functions with more than {MAX_POSITIONAL} positional parameters (make the rest keyword-only or pass a "
         f"small dataclass): {wide}"
     )
-
-
-def test_pending_modules_still_need_their_excuse():
-    fine = PENDING - set(_long_modules()) - set(_wide_functions())
-    assert fine == set(), f"PENDING excuses modules that keep both limits now (or are gone): remove {sorted(fine)}"
 
 
 def test_positional_parameters_are_counted_as_a_call_passes_them():

@@ -11,6 +11,7 @@ one model per task in ``run.workers()`` processes.
 from __future__ import annotations
 
 import fnmatch
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -99,9 +100,9 @@ def test_compiled(cell, outcomes):
 
 
 def test_docs_page_is_current(outcomes, tmp_path_factory):
-    page = DOCS.read_text()
-    if table.version_line() not in page:
-        pytest.skip(f"docs/combinations.md was generated with another version than {table.version_line()}")
+    # generated with other versions of transformers and torch: the outcomes must still be the page's (a version
+    # that changes one fails here, and the page is regenerated on it); only the line naming the versions may differ
+    page = re.sub(r"transformers [0-9][^,\s]*, torch [0-9][^\s)|]*", table.version_line(), DOCS.read_text(), count=1)
     rendered = table.render({c: outcomes[c] for c in CELLS})
     if rendered != page:
         new = tmp_path_factory.mktemp("matrix") / "combinations.md"
