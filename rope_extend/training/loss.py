@@ -151,7 +151,9 @@ def _loss_head(lm: LMHead, targets, chunk_size: int, slot: dict):
 
     def forward(hidden):
         slot["loss"] = chunked_loss(hidden, lm, targets, chunk_size, head_forward=bound)
-        return hidden.new_empty(*hidden.shape[:-1], 0)
+        # no logits: an empty view of the input, on the autograd graph (``model_loss`` adds its sum, 0, to the loss)
+        # so that a backward hook on the head's output runs, as DeepSpeed ZeRO-3's re-gathering of the head needs
+        return hidden[..., :0]
 
     head.forward = forward
     try:
@@ -174,9 +176,13 @@ def model_loss(
     slot: dict = {}
     inputs = {k: v for k, v in batch.items() if k != "targets"}
     with _loss_head(lm, batch["targets"], chunk_size, slot):
-        model(**inputs, use_cache=False)
+        out = model(**inputs, use_cache=False)
     if "loss" not in slot:
         raise RuntimeError(
             f"{type(unwrap(model)).__name__}'s forward did not call its LM head; cannot compute the loss"
         )
-    return slot["loss"], int((batch["targets"] != IGNORE).sum())
+    loss = slot["loss"]
+    empty = getattr(out, "logits", None)  # the head's empty output, after the model's own logit steps
+    if isinstance(empty, torch.Tensor) and empty.requires_grad and empty.numel() == 0:
+        loss = loss + empty.sum().to(loss.dtype)  # + 0 exactly: it puts the head's output on the backward path
+    return loss, int((batch["targets"] != IGNORE).sum())
