@@ -12,11 +12,13 @@ parallelism (accelerate's ``cp_size``), as the loop sees them.
 - ``sharded(accelerator, batch, layout)``: the context each micro-batch runs in (the slice under Ulysses, torch CP's
   own sharding under CP, the batch as it is otherwise).
 - ``install`` / ``remove``: DeepSpeed's communication set up over accelerate's process group, one group per
-  sequence, and ``hf.ulysses`` on the model, for the whole run (checkpointing recomputes under it).
+  sequence, and ``hf.ulysses`` on the model, for the whole run (checkpointing recomputes under it). Under the
+  DeepSpeed launcher accelerate installs Ulysses itself (``training.engine``): ``expect`` records what it changes.
 
 The loss scale: every process of a group counts the whole window's targets, so the global token count is the
 all-reduced count divided by ``degree``; each process backpropagates its shard's loss sum times ``num_processes /
-tokens``: DDP averages gradients over all processes, and the shards' gradients add up to the window's.
+tokens``: DDP averages gradients over all processes, and the shards' gradients add up to the window's (under
+DeepSpeed's engine, the processes it averages over: ``engine.averaged``).
 DeepSpeed is imported only here, and only when ``parallel.sequence`` > 1 (``pip install rope-extend[parallel]``).
 """
 
@@ -150,6 +152,13 @@ def install(model, args: TrainArgs, where: Layout) -> ulysses.Installed | None:
     planned = _plan(model, args, where)
     group = _groups(where)
     return ulysses.install(model, planned, group)
+
+
+def expect(model, args: TrainArgs, where: Layout) -> ulysses.Installed:
+    """Under accelerate's DeepSpeed sequence parallelism (``training.engine``), which installs DeepSpeed's Ulysses
+    itself in ``prepare``: the model checked as for ``install``, and what that installation changes recorded so
+    that ``remove`` undoes it. Call it just before ``prepare``."""
+    return ulysses.expect(model, _plan(model, args, where))
 
 
 def _groups(where: Layout) -> Any:
