@@ -232,7 +232,7 @@ def setup(args: TrainArgs) -> Run:
     parallel.check(model, args, layout)  # a model sequence parallelism cannot serve is refused before any write
     engine.check_model(accelerator, model, args)
     if args.memory.tiled_mlp:  # after the check, which compares the model's own logits with the head's
-        tiling.tile_mlps(model, args.memory.mlp_tiles, processes=accelerator.num_processes)
+        tiling.tile_mlps(model, args.memory.mlp_tiles, processes=engine.tiling_processes(accelerator))
 
     optimizer, scheduler = _setup_optimizer(args, model)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
