@@ -164,6 +164,12 @@ def configure(accelerator, args: TrainArgs) -> None:
     config.pop("train_batch_size", None)
     accelerator.gradient_accumulation_steps = args.gradient_accumulation_steps
     zero = config.get("zero_optimization", {})
+    if int(zero.get("stage", 0)) == 3 and zero.get("stage3_gather_16bit_weights_on_model_save") is not True:
+        # else accelerate's get_state_dict raises when the run saves its adapter or model, after the last step
+        raise RecipeError(
+            "the DeepSpeed launcher config runs ZeRO-3 without zero3_save_16bit_model: true; the run saves its "
+            "adapter and merged model from the gathered weights at the end, which needs it: set it true"
+        )
     if args.parallel.sequence > 1 and int(zero.get("stage", 0)) == 3 and zero.get("reduce_scatter", True) is False:
         raise RecipeError(
             f"parallel.sequence: got {args.parallel.sequence} with ZeRO-3 and reduce_scatter false in the DeepSpeed "

@@ -35,6 +35,9 @@ TILED = [
 
 
 # ------------------------------------------------------------------------------------------ refusals
+GATHER = {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}  # the shipped launchers' ZeRO-3
+
+
 def fake_accelerator(**ds):
     """What ``engine.configure`` reads of an Accelerator under DeepSpeed: the plugin's config as the launcher gave it."""
     from accelerate.utils import DistributedType
@@ -86,6 +89,12 @@ def test_the_engine_takes_the_recipes_batch_accumulation_and_clipping():
 def test_a_launcher_setting_the_recipe_contradicts_is_refused(launcher, override, message):
     with pytest.raises(RecipeError, match=message):
         engine.configure(fake_accelerator(**launcher), load_args("tiny-cpu", override))
+
+
+def test_zero3_that_cannot_save_the_trained_weights_is_refused_before_training():
+    with pytest.raises(RecipeError, match=r"ZeRO-3 without zero3_save_16bit_model: true"):
+        engine.configure(fake_accelerator(zero_optimization={"stage": 3}), load_args("tiny-cpu"))
+    engine.configure(fake_accelerator(zero_optimization=GATHER), load_args("tiny-cpu"))
 
 
 def test_the_shipped_launcher_leaves_batch_accumulation_and_clipping_to_the_recipe():
@@ -195,10 +204,10 @@ def test_the_gradient_average_follows_what_the_engine_divides_by():
     reduce-scatter over every process (measured: the 2-process runs below fail with the other scale)."""
     assert engine.averaged(sp_accelerator(stage=2), 2) == 2
     assert engine.averaged(sp_accelerator(stage=3), 2) == 4
-    plain = fake_accelerator(zero_optimization={"stage": 3})
+    plain = fake_accelerator(zero_optimization=GATHER)
     plain.num_processes, plain.parallelism_config = 4, None
     assert engine.averaged(plain, 1) == 4
-    mixed = fake_accelerator(zero_optimization={"stage": 3, "reduce_scatter": False})
+    mixed = fake_accelerator(zero_optimization={**GATHER, "reduce_scatter": False})
     with pytest.raises(RecipeError, match=r"ZeRO-3 and reduce_scatter false .* expected reduce_scatter true"):
         engine.configure(mixed, load_args("tiny-cpu", ["parallel.sequence=2"]))
 
