@@ -31,6 +31,7 @@ from typing import Any
 
 from ..hf import ulysses
 from ..hf.head import unwrap
+from . import parallel
 from .args import RecipeError, TrainArgs
 
 BACKWARD = {"scale_wrt_gas": False}
@@ -73,6 +74,7 @@ def sequence_parallel_config(args: TrainArgs) -> Any:
             f"parallel.sequence: got {n} in the recipe and parallelism_config_sp_size {launcher} in the launcher "
             f"config; expected the same, or no sp_size in the launcher (the recipe's parallel.sequence is used)"
         )
+    parallel.require_deepspeed(n)
     backend = os.environ.get("PARALLELISM_CONFIG_SP_BACKEND", "deepspeed")
     if backend != "deepspeed":
         raise RecipeError(f"parallel.sequence: the launcher's sp_backend is {backend!r}; expected deepspeed")

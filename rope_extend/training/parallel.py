@@ -161,24 +161,32 @@ def expect(model, args: TrainArgs, where: Layout) -> ulysses.Installed:
     return ulysses.expect(model, _plan(model, args, where))
 
 
-def _groups(where: Layout) -> Any:
-    """This process's sequence group, through DeepSpeed's communication (its Ulysses calls ``deepspeed.comm``),
-    which reuses the default process group accelerate started."""
+def require_deepspeed(degree: int) -> Any:
+    """The ``deepspeed`` module, at the version whose Ulysses was checked (0.19.8), or a refusal naming
+    ``parallel.sequence``: both rope-extend's Ulysses and accelerate's call DeepSpeed's."""
     try:
         import deepspeed
-        import deepspeed.comm as dist
     except ImportError:
         raise RecipeError(
-            f"parallel.sequence: got {where.degree}; sequence parallelism needs DeepSpeed >= 0.19.8 "
+            f"parallel.sequence: got {degree}; sequence parallelism needs DeepSpeed >= 0.19.8 "
             "(pip install 'rope-extend[parallel]'), or parallel.sequence 1"
         ) from None
     from packaging.version import Version
 
     if Version(deepspeed.__version__).release < (0, 19, 8):
         raise RecipeError(
-            f"parallel.sequence: got {where.degree}; DeepSpeed {deepspeed.__version__} is installed, sequence "
+            f"parallel.sequence: got {degree}; DeepSpeed {deepspeed.__version__} is installed, sequence "
             "parallelism needs >= 0.19.8 (pip install 'rope-extend[parallel]')"
         )
+    return deepspeed
+
+
+def _groups(where: Layout) -> Any:
+    """This process's sequence group, through DeepSpeed's communication (its Ulysses calls ``deepspeed.comm``),
+    which reuses the default process group accelerate started."""
+    deepspeed = require_deepspeed(where.degree)
+    import deepspeed.comm as dist
+
     deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
     groups = [dist.new_group(list(range(g * where.degree, (g + 1) * where.degree))) for g in range(where.data_parallel)]
     return groups[where.rank]

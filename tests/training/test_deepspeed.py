@@ -311,3 +311,16 @@ def test_a_run_resumed_under_zero3_equals_the_uninterrupted_one(tmp_path, saved_
     )
     assert "resumed from" in resumed and "at step 2" in resumed
     _assert_same_run(tmp_path, "whole", "resumed", ["adapter/adapter_model.safetensors"])
+
+
+def test_sequence_parallelism_without_the_checked_deepspeed_is_refused(monkeypatch):
+    import deepspeed
+
+    args = load_args("tiny-cpu", ["parallel.sequence=2"])
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setattr(deepspeed, "__version__", "0.18.2")  # accelerate's own minimum
+    with pytest.raises(RecipeError, match=r"DeepSpeed 0.18.2 is installed, sequence parallelism needs >= 0.19.8"):
+        engine.sequence_parallel_config(args)
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # not installed
+    with pytest.raises(RecipeError, match=r"needs DeepSpeed >= 0.19.8 \(pip install 'rope-extend\[parallel\]'\)"):
+        engine.sequence_parallel_config(args)
