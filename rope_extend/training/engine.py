@@ -113,6 +113,14 @@ def check_model(accelerator, model, args: TrainArgs) -> None:
         )
 
 
+def hooks_module_outputs(accelerator) -> bool:
+    """Whether the engine re-gathers a module's parameters in backward from a hook on the module's output (ZeRO-3):
+    the loss's LM head must then return an output on the autograd graph (``loss.model_loss``)."""
+    if not active(accelerator):
+        return False
+    return int(accelerator.state.deepspeed_plugin.deepspeed_config.get("zero_optimization", {}).get("stage", 0)) == 3
+
+
 def tiling_processes(accelerator) -> int:
     """The ``processes`` for ``hf.tiling.tile_mlps``: DDP's reducer cannot take a gradient that TiledMLP builds tile by
     tile, but DeepSpeed's engine (ZeRO 0-3) waits for the tile that marks it ready (``ds_grad_is_ready``): measured

@@ -366,11 +366,12 @@ def _step(run: Run) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
     local = torch.tensor(sum(int((b["targets"] != -100).sum()) for b in micro), device=acc.device)
     tokens = (acc.reduce(local, reduction="sum") // run.layout.degree).clamp_min(1)  # each shard counted the window
     loss_sum = torch.zeros((), device=acc.device)
+    on_graph = engine.hooks_module_outputs(acc)
     for m, batch in enumerate(micro):
         batch = {k: v.to(acc.device) for k, v in batch.items()}
         # all-reduce once per step (under DeepSpeed: the engine steps after the last micro-batch)
         with engine.micro_batch(acc, model, m == G - 1), parallel.sharded(acc, batch, run.layout) as batch:
-            loss, _ = model_loss(model, batch, args.loss_chunk_size, run.head)
+            loss, _ = model_loss(model, batch, args.loss_chunk_size, run.head, head_output_on_graph=on_graph)
             # DDP (and DeepSpeed) average gradients over processes, and each shard holds part of the loss sum
             scale = engine.averaged(acc, run.layout.degree) / tokens
             acc.backward(loss * scale, **(engine.BACKWARD if engine.active(acc) else {}))
