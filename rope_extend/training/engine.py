@@ -14,10 +14,15 @@ the engine, not the loop, owns accumulation, clipping and the optimizer step. Wh
   ``engine.step()`` once, after the last micro-batch. It checks that the boundary falls where the loop's does.
 - ``BACKWARD``: ``scale_wrt_gas=False`` for the engine's backward: the loop already divides every micro-batch's loss
   by the global batch's target tokens (``loop`` docstring), so the engine must not divide by the accumulation again.
-  DeepSpeed averages the gradients over the processes as DDP does, so the loop's ``num_processes / tokens`` holds.
+  ``averaged``: over how many processes the engine averages (every process, as DDP; see it for sequence parallelism).
 - ``gathered(model)``: a model that ZeRO-3 partitioned while transformers built it (accelerate's DeepSpeed plugin makes
   transformers build under ``deepspeed.zero.Init`` whenever the stage is 3) has empty parameters outside the engine's
-  forward; the LM-head check before ``prepare`` runs with them gathered.
+  forward; the rope patch and the LM-head check before ``prepare`` run with them gathered. ``hooks_module_outputs``:
+  ZeRO-3 re-gathers a module for backward from a hook on its output, so the loss's head output joins the graph.
+- ``sequence_parallel_config`` / ``sequence_parallel`` / ``check_model``: ``parallel.sequence`` under this launcher is
+  accelerate's own DeepSpeed sequence parallelism (``ParallelismConfig(sp_size, sp_backend="deepspeed")``); the loop
+  still slices each shard itself (``training.parallel``), and what accelerate cannot wrap is refused.
+- ``tiling_processes``: the engine takes TiledMLP's tile-by-tile gradients, which DDP cannot.
 - ``backend_kwargs()``: on a machine whose DeepSpeed accelerator is the CPU, accelerate finds no backend for the
   DeepSpeed launcher and counts every process as process 0 of 1 (all of them would write); gloo is named for it.
 """
