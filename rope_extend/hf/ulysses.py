@@ -15,7 +15,9 @@ the all-to-alls; rope-extend writes none of its own. What this module adds:
 - ``install(model, plan, group)``: the wrapper under the model's key (``config._attn_implementation``: ``sdpa``, a
   flash name, or rope-extend's own attention name, whose inner SDPA then stays unwrapped: wrapping both would
   all-to-all twice), through ``hf.transformers_changes.attention_function``; ``remove`` undoes it and puts back every
-  attention module's ``num_key_value_groups`` (DeepSpeed lowers it for good when it replicates key-value heads).
+  attention module's ``num_key_value_groups`` (DeepSpeed lowers it for good when it replicates key-value heads);
+- ``expect(model, plan)``: the same record and undo when accelerate's DeepSpeed sequence parallelism installs
+  DeepSpeed's own registration in ``prepare`` (for the whole process, with no undo of its own).
 
 Install once for the whole run: activation checkpointing recomputes the layers in backward, under the same wrapper.
 The wrapper drops tensor attention masks, as DeepSpeed's own registration does: the mask transformers built is for
@@ -138,11 +140,7 @@ def install(model: nn.Module, planned: Plan, group: Any) -> Installed:
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    groups: list[tuple[nn.Module, int]] = [
-        (m, vars(m)["num_key_value_groups"])
-        for m in model.modules()
-        if isinstance(vars(m).get("num_key_value_groups"), int)
-    ]
+    groups = _kv_groups(model)
     ulysses = UlyssesSPAttentionHF(
         attn=ALL_ATTENTION_FUNCTIONS[planned.key],
         batch_size=planned.batch_size,
@@ -161,6 +159,26 @@ def install(model: nn.Module, planned: Plan, group: Any) -> Installed:
         return ulysses(module, query, key, value, mask, *args, **kwargs)
 
     return Installed(planned, changes.attention_function(planned.key, attention), groups)
+
+
+def _kv_groups(model: nn.Module) -> list[tuple[nn.Module, int]]:
+    return [
+        (m, vars(m)["num_key_value_groups"])
+        for m in model.modules()
+        if isinstance(vars(m).get("num_key_value_groups"), int)
+    ]
+
+
+def expect(model: nn.Module, planned: Plan) -> Installed:
+    """What DeepSpeed's own registration (``UlyssesSPAttentionHF.register_with_transformers``, which accelerate's
+    DeepSpeed sequence parallelism calls in ``prepare``) will change, recorded before it does so that ``remove`` puts
+    it back: it replaces ``planned.key`` in transformers' attention registry for the whole process, with no undo,
+    and lowers ``num_key_value_groups`` when it replicates key-value heads. Call it just before ``prepare``."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    groups = _kv_groups(model)
+    # through the ledger: the same function under the key now, and the undo puts back what was there before
+    return Installed(planned, changes.attention_function(planned.key, ALL_ATTENTION_FUNCTIONS[planned.key]), groups)
 
 
 def remove(installed: Installed) -> None:

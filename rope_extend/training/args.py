@@ -111,7 +111,7 @@ class MemoryArgs:
         False,
         help="run every decoder MLP over sequence tiles (DeepSpeed's TiledMLP): its widened activations exist for "
         "one tile at a time; exact; needs deepspeed; refused for mixtures of experts, and with a trained MLP weight "
-        "under more than one process",
+        "under more than one DDP process (DeepSpeed's engine takes it)",
     )
     mlp_tiles: int | None = option(None, help="tiles per MLP call; null: ceil(tokens / hidden_size), DeepSpeed's rule")
 

@@ -16,7 +16,8 @@ its part, so a folder named ``checkpoint-*`` is always complete; ``latest`` is t
 
 DeepSpeed keeps its own partitioned state, which only accelerate's ``save_state`` can write, and that
 pickles; such checkpoints (and those of earlier rope-extend versions) are resumed only with
-``trust_pickled_checkpoint: true``, since unpickling a file can run any code.
+``trust_pickled_checkpoint: true``, since unpickling a file can run any code. The loop's learning-rate schedule is
+not prepared, so ``save_state`` does not hold it: its state goes into ``trainer_state.json`` beside them.
 """
 
 from __future__ import annotations
@@ -261,6 +262,8 @@ def save(
         if accelerator.distributed_type == DistributedType.DEEPSPEED:
             accelerator.save_state(str(folder))
             state["format"] = PICKLED
+            # the schedule is the loop's own (not prepared), so save_state does not hold it
+            state["scheduler"] = _scheduler_state(scheduler)
         else:
             unwrapped = accelerator.unwrap_model(model)
             sharded = _sharded(unwrapped)
@@ -306,8 +309,15 @@ def load(accelerator, path: str | Path, *, model, optimizer, scheduler) -> dict[
     pickled one that ``resolve_output_dir`` let through (``trust_pickled_checkpoint``)."""
     path = Path(path)
     state = read_state(path)
-    if state.get("format") != FORMAT:
-        accelerator.load_state(str(path), strict=False)  # trusted by the user (trust_pickled_checkpoint)
+    if state.get("format") != FORMAT:  # trusted by the user (trust_pickled_checkpoint)
+        from accelerate.utils import DistributedType
+
+        if accelerator.distributed_type == DistributedType.DEEPSPEED:
+            accelerator.load_state(str(path))  # the engine's own checkpoint (its load_checkpoint takes no strict)
+        else:
+            accelerator.load_state(str(path), strict=False)
+        if isinstance(state.get("scheduler"), dict):  # written since the schedule is saved beside save_state's files
+            _load_scheduler(scheduler, state["scheduler"])
         return state
     if state.get("processes") != accelerator.num_processes and state.get("sharded"):
         raise RecipeError(

@@ -7,13 +7,13 @@
 
 Loss normalization: every optimizer step averages the token loss over all target tokens of the global
 batch (all micro-batches of all processes), counted before the step; each process backpropagates
-``loss_sum * processes / tokens`` because DDP averages gradients over processes. So the update does not
-depend on how a global batch is split into processes and accumulation steps.
+``loss_sum * processes / tokens`` because DDP averages gradients over processes (DeepSpeed's engine: over the
+processes ``engine.averaged`` names). So the update does not depend on how a global batch is split into processes
+and accumulation steps, nor on the launcher (``engine``: DeepSpeed's batch, accumulation and clipping).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -31,7 +31,7 @@ from ..hf.head import LMHead, check, lm_head
 from ..io import atomic_path
 from ..patching import patched
 from . import checkpoint as ckpt
-from . import parallel
+from . import engine, parallel
 from .args import RecipeError, TrainArgs, to_dict
 from .data import Batches, pack, pad_documents, passkey_windows, read_documents, tokenize, with_passkey_windows
 from .loss import model_loss
@@ -83,7 +83,10 @@ def _setup_accelerator(args: TrainArgs):
         mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no",
         log_with=trackers or None,
         project_dir=args.output_dir,
+        kwargs_handlers=engine.backend_kwargs(),
+        parallelism_config=engine.sequence_parallel_config(args),  # parallel.sequence under DeepSpeed: accelerate's
     )
+    engine.configure(accelerator, args)  # DeepSpeed's batch, accumulation and clipping: the recipe's
     return accelerator, list(trackers) if isinstance(trackers, list) else [trackers]
 
 
@@ -91,7 +94,8 @@ def _setup_model(args: TrainArgs, texts: list[str]):
     """The model with its rope scaled (the patch writes it into model.config, so the saved and merged
     config.json carry it), activation checkpointing, and LoRA or full training."""
     model, tokenizer = build_model(args.model, texts, args.seed)
-    args.rope.apply(model)
+    with engine.gathered(model):  # ZeRO-3 built it partitioned; the attention methods run the decoder to patch
+        args.rope.apply(model)
     scaling = patched(model)
     if args.gradient_checkpointing:
         checkpointing.enable(model)
@@ -223,16 +227,20 @@ def setup(args: TrainArgs) -> Run:
     processes = layout.data_parallel
     batches = _setup_data(args, texts, tokenizer, target, processes)
     # The loss applies the LM head itself (chunked): it must compute the logits the model computes.
-    check(model, lm_head(model), batches.packed.input_ids[0].tolist())
+    with engine.gathered(model):  # ZeRO-3 built the model partitioned
+        check(model, lm_head(model), batches.packed.input_ids[0].tolist())
     parallel.check(model, args, layout)  # a model sequence parallelism cannot serve is refused before any write
+    engine.check_model(accelerator, model, args)
     if args.memory.tiled_mlp:  # after the check, which compares the model's own logits with the head's
-        tiling.tile_mlps(model, args.memory.mlp_tiles, processes=accelerator.num_processes)
+        tiling.tile_mlps(model, args.memory.mlp_tiles, processes=engine.tiling_processes(accelerator))
 
     optimizer, scheduler = _setup_optimizer(args, model)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if accelerator.is_main_process:  # the data, the model and the rope settings all passed: now write
         ckpt.prepare_output_dir(args, resume_from)
     accelerator.wait_for_everyone()
+    # accelerate's DeepSpeed sequence parallelism installs Ulysses in prepare: what it changes is recorded first
+    expected = parallel.expect(model, args, layout) if engine.sequence_parallel(accelerator) else None
     model, optimizer = accelerator.prepare(model, optimizer)
     out = Path(args.output_dir)
     if trackers:
@@ -268,7 +276,7 @@ def setup(args: TrainArgs) -> Run:
     )
     # last, so that nothing in setup can fail with it installed: it changes transformers' attention registry for
     # the whole process until ``finish`` (or ``train``'s clean-up on an error) removes it
-    run.ulysses = parallel.install(model, args, layout)
+    run.ulysses = expected or parallel.install(model, args, layout)
     return run
 
 
@@ -358,13 +366,15 @@ def _step(run: Run) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
     local = torch.tensor(sum(int((b["targets"] != -100).sum()) for b in micro), device=acc.device)
     tokens = (acc.reduce(local, reduction="sum") // run.layout.degree).clamp_min(1)  # each shard counted the window
     loss_sum = torch.zeros((), device=acc.device)
+    on_graph = engine.hooks_module_outputs(acc)
     for m, batch in enumerate(micro):
         batch = {k: v.to(acc.device) for k, v in batch.items()}
-        sync = contextlib.nullcontext() if m == G - 1 else acc.no_sync(model)  # all-reduce once per step
-        with sync, parallel.sharded(acc, batch, run.layout) as batch:
-            loss, _ = model_loss(model, batch, args.loss_chunk_size, run.head)
-            # DDP averages gradients over processes, and each shard holds part of the loss sum
-            acc.backward(loss * acc.num_processes / tokens)
+        # all-reduce once per step (under DeepSpeed: the engine steps after the last micro-batch)
+        with engine.micro_batch(acc, model, m == G - 1), parallel.sharded(acc, batch, run.layout) as batch:
+            loss, _ = model_loss(model, batch, args.loss_chunk_size, run.head, head_output_on_graph=on_graph)
+            # DDP (and DeepSpeed) average gradients over processes, and each shard holds part of the loss sum
+            scale = engine.averaged(acc, run.layout.degree) / tokens
+            acc.backward(loss * scale, **(engine.BACKWARD if engine.active(acc) else {}))
         loss_sum += loss.detach()
     grad_norm = (
         acc.clip_grad_norm_(model.parameters(), args.max_grad_norm)

@@ -144,14 +144,17 @@ def chunked_loss(
 
 
 @contextlib.contextmanager
-def _loss_head(lm: LMHead, targets, chunk_size: int, slot: dict):
+def _loss_head(lm: LMHead, targets, chunk_size: int, slot: dict, on_graph: bool):
     head = lm.output
     original = head.__dict__.get("forward")
     bound = head.forward
 
     def forward(hidden):
         slot["loss"] = chunked_loss(hidden, lm, targets, chunk_size, head_forward=bound)
-        return hidden.new_empty(*hidden.shape[:-1], 0)
+        # no logits; ``on_graph``: an empty view of the input, on the autograd graph (``model_loss`` adds its sum, 0,
+        # to the loss), so that a backward hook on the head's output runs, as DeepSpeed ZeRO-3's re-gathering of the
+        # head needs (without it: AssertionError in its release_sub_module)
+        return hidden[..., :0] if on_graph else hidden.new_empty(*hidden.shape[:-1], 0)
 
     head.forward = forward
     try:
@@ -164,19 +167,29 @@ def _loss_head(lm: LMHead, targets, chunk_size: int, slot: dict):
 
 
 def model_loss(
-    model: nn.Module, batch: dict[str, torch.Tensor], chunk_size: int = 1024, head: LMHead | None = None
+    model: nn.Module,
+    batch: dict[str, torch.Tensor],
+    chunk_size: int = 1024,
+    head: LMHead | None = None,
+    *,
+    head_output_on_graph: bool = False,
 ) -> tuple[torch.Tensor, int]:
     """``(summed token loss, number of target tokens)`` for one batch, through the model's own forward.
 
     ``head`` is the model's ``LMHead`` (found once, and checked with ``hf.head.check``, by the caller that
-    trains; looked up here when not given)."""
+    trains; looked up here when not given). ``head_output_on_graph``: the head's empty output joins the loss
+    (adding 0), for wrappers that act in backward through a hook on each module's output (DeepSpeed ZeRO-3)."""
     lm = head if head is not None else lm_head(model)
     slot: dict = {}
     inputs = {k: v for k, v in batch.items() if k != "targets"}
-    with _loss_head(lm, batch["targets"], chunk_size, slot):
-        model(**inputs, use_cache=False)
+    with _loss_head(lm, batch["targets"], chunk_size, slot, head_output_on_graph):
+        out = model(**inputs, use_cache=False)
     if "loss" not in slot:
         raise RuntimeError(
             f"{type(unwrap(model)).__name__}'s forward did not call its LM head; cannot compute the loss"
         )
-    return slot["loss"], int((batch["targets"] != IGNORE).sum())
+    loss = slot["loss"]
+    empty = getattr(out, "logits", None)  # the head's empty output, after the model's own logit steps
+    if isinstance(empty, torch.Tensor) and empty.requires_grad and empty.numel() == 0:
+        loss = loss + empty.sum().to(loss.dtype)  # + 0 exactly: it puts the head's output on the backward path
+    return loss, int((batch["targets"] != IGNORE).sum())

@@ -12,11 +12,13 @@ parallelism (accelerate's ``cp_size``), as the loop sees them.
 - ``sharded(accelerator, batch, layout)``: the context each micro-batch runs in (the slice under Ulysses, torch CP's
   own sharding under CP, the batch as it is otherwise).
 - ``install`` / ``remove``: DeepSpeed's communication set up over accelerate's process group, one group per
-  sequence, and ``hf.ulysses`` on the model, for the whole run (checkpointing recomputes under it).
+  sequence, and ``hf.ulysses`` on the model, for the whole run (checkpointing recomputes under it). Under the
+  DeepSpeed launcher accelerate installs Ulysses itself (``training.engine``): ``expect`` records what it changes.
 
 The loss scale: every process of a group counts the whole window's targets, so the global token count is the
 all-reduced count divided by ``degree``; each process backpropagates its shard's loss sum times ``num_processes /
-tokens``: DDP averages gradients over all processes, and the shards' gradients add up to the window's.
+tokens``: DDP averages gradients over all processes, and the shards' gradients add up to the window's (under
+DeepSpeed's engine, the processes it averages over: ``engine.averaged``).
 DeepSpeed is imported only here, and only when ``parallel.sequence`` > 1 (``pip install rope-extend[parallel]``).
 """
 
@@ -152,24 +154,39 @@ def install(model, args: TrainArgs, where: Layout) -> ulysses.Installed | None:
     return ulysses.install(model, planned, group)
 
 
-def _groups(where: Layout) -> Any:
-    """This process's sequence group, through DeepSpeed's communication (its Ulysses calls ``deepspeed.comm``),
-    which reuses the default process group accelerate started."""
+def expect(model, args: TrainArgs, where: Layout) -> ulysses.Installed:
+    """Under accelerate's DeepSpeed sequence parallelism (``training.engine``), which installs DeepSpeed's Ulysses
+    itself in ``prepare``: the model checked as for ``install``, and what that installation changes recorded so
+    that ``remove`` undoes it. Call it just before ``prepare``."""
+    return ulysses.expect(model, _plan(model, args, where))
+
+
+def require_deepspeed(degree: int) -> Any:
+    """The ``deepspeed`` module, at the version whose Ulysses was checked (0.19.8), or a refusal naming
+    ``parallel.sequence``: both rope-extend's Ulysses and accelerate's call DeepSpeed's."""
     try:
         import deepspeed
-        import deepspeed.comm as dist
     except ImportError:
         raise RecipeError(
-            f"parallel.sequence: got {where.degree}; sequence parallelism needs DeepSpeed >= 0.19.8 "
+            f"parallel.sequence: got {degree}; sequence parallelism needs DeepSpeed >= 0.19.8 "
             "(pip install 'rope-extend[parallel]'), or parallel.sequence 1"
         ) from None
     from packaging.version import Version
 
     if Version(deepspeed.__version__).release < (0, 19, 8):
         raise RecipeError(
-            f"parallel.sequence: got {where.degree}; DeepSpeed {deepspeed.__version__} is installed, sequence "
+            f"parallel.sequence: got {degree}; DeepSpeed {deepspeed.__version__} is installed, sequence "
             "parallelism needs >= 0.19.8 (pip install 'rope-extend[parallel]')"
         )
+    return deepspeed
+
+
+def _groups(where: Layout) -> Any:
+    """This process's sequence group, through DeepSpeed's communication (its Ulysses calls ``deepspeed.comm``),
+    which reuses the default process group accelerate started."""
+    deepspeed = require_deepspeed(where.degree)
+    import deepspeed.comm as dist
+
     deepspeed.init_distributed(dist_backend=torch.distributed.get_backend())
     groups = [dist.new_group(list(range(g * where.degree, (g + 1) * where.degree))) for g in range(where.data_parallel)]
     return groups[where.rank]

@@ -11,7 +11,14 @@ LAUNCHERS = sorted((resources.RECIPES / "accelerate").glob("*.yaml"))
 def test_there_are_recipes_and_launchers():
     names = {p.stem for p in RECIPES}
     assert {"tiny-cpu", "llama2-7b-yarn-s16", "llama3-8b-yarn-64k-lora", "llama2-7b-pose-linear-16k"} <= names
-    assert {p.stem for p in LAUNCHERS} == {"ddp", "fsdp2", "deepspeed-zero3", "context-parallel", "sequence-parallel"}
+    assert {p.stem for p in LAUNCHERS} == {
+        "ddp",
+        "fsdp2",
+        "deepspeed-zero3",
+        "context-parallel",
+        "sequence-parallel",
+        "deepspeed-sequence-parallel",
+    }
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
@@ -38,6 +45,9 @@ def test_every_accelerate_launcher_config_loads(path):
         assert config.fsdp_config["fsdp_version"] == 2
     if path.stem == "sequence-parallel":  # plain DDP: rope-extend installs Ulysses itself (parallel.sequence)
         assert config.distributed_type == "MULTI_GPU" and "parallel.sequence" in path.read_text()
+    if path.stem == "deepspeed-sequence-parallel":  # accelerate installs Ulysses; sp_size is the recipe's
+        assert config.distributed_type == "DEEPSPEED" and not config.parallelism_config
+        assert "parallel.sequence" in path.read_text()
 
 
 def test_overrides_win_and_dotted_keys_reach_sections():

@@ -102,3 +102,31 @@ def test_head_check_refuses_an_unknown_logit_transform():
     plain = LMHead(lm_head(model).output)  # as if the divisor were unknown
     with pytest.raises(RopeExtendError, match="computes its logits differently"):
         check(model, plain, list(range(3, 20)))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])  # gemma2: a soft cap applied to the head's output
+def test_head_output_on_the_graph_adds_nothing_and_reaches_the_heads_output_in_backward(family):
+    """What ZeRO-3 needs (``head_output_on_graph``): a backward hook on the head's output runs, and the loss and
+    every gradient are exactly those of the detached empty output."""
+    model = tiny_model(family).train()
+    ids = torch.randint(3, 256, (2, 24))
+    batch = {"input_ids": ids, "targets": torch.cat([ids[:, 1:], torch.full((2, 1), -100)], 1)}
+    head = model.get_output_embeddings()
+    seen = []
+
+    def hook(module, args, output):  # as a wrapper that acts in backward registers its hook on each module's output
+        if output.requires_grad:
+            output.register_hook(lambda grad: seen.append(tuple(grad.shape)))
+
+    handle = head.register_forward_hook(hook)
+    results = {}
+    try:
+        for on_graph in (False, True):
+            loss, _ = model_loss(model, batch, chunk_size=8, head_output_on_graph=on_graph)
+            results[on_graph] = (loss, torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad]))
+            assert len(seen) == int(on_graph)
+    finally:
+        handle.remove()
+    assert seen == [(2, 24, 0)]
+    assert torch.equal(results[False][0], results[True][0])
+    assert all(torch.equal(a, b) for a, b in zip(results[False][1], results[True][1], strict=True))
