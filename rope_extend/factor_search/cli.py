@@ -71,7 +71,7 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         "search",
-        help="search LongRoPE rescale factors (one per frequency) with perplexity as fitness",
+        help="search LongRoPE rescale factors (one per frequency) with perplexity as fitness (texts or needles)",
         description="Evolutionary search for LongRoPE factors (Ding et al. 2024), seeded from PI, NTK and YaRN. "
         "Writes longrope.json (rope_parameters for patch/configure), report.md, search.png and a resumable state.",
     )
