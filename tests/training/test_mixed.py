@@ -16,8 +16,13 @@ from rope_extend.training.loop import setup
 from rope_extend.training.loss import model_loss
 from rope_extend.training.mixed import MixedBatches, rope_for
 
-TINY = resources.RECIPES / "tiny-cpu.yaml"  # L = 256, yarn x4
-MIXED = ["mixed.enabled=true", "data.max_seq_length=512", "per_device_train_batch_size=1",
+TINY = resources.RECIPES / "tiny-cpu.yaml"  # L = 256, head dimension 16: 8 factors
+LONGROPE = "rope.params={short_factor: [1, 1, 1, 1, 1, 1, 1, 1], long_factor: [1, 1.5, 2, 2.5, 3, 3.5, 4, 4]"
+SERVED = [  # longrope x4 whose rope within L is the original one (short factors 1, attention scale 1)
+    "rope.method=longrope",
+    LONGROPE + ", attention_factor: 1.0}",
+]
+MIXED = [*SERVED, "mixed.enabled=true", "data.max_seq_length=512", "per_device_train_batch_size=1",
          "gradient_accumulation_steps=2", "data.max_docs=120", "loss_chunk_size=64"]  # fmt: skip
 
 
@@ -41,7 +46,18 @@ def test_short_micro_batches_train_with_the_original_rope_and_long_ones_with_the
     rope_extend.unpatch(base)
     plain_short, plain_long = loss(short, mixed=False), loss(long, mixed=False)
     assert mixed_short == plain_short and mixed_long == patched_long  # exact: the same numbers, bit for bit
-    assert patched_short != plain_short and plain_long != patched_long  # and the rope does matter at both lengths
+    assert plain_long != patched_long  # the scaled rope does matter past L
+    assert patched_short == plain_short  # and within L the saved model is served with what it trained with
+
+
+@pytest.mark.parametrize(("rope", "said"), [
+    (["rope.method=yarn", "rope.params={}"], "rope.method yarn x4 computes another rope than the original one"),
+    (["rope.method=longrope", LONGROPE + "}"], "rope.method longrope x4 computes another rope"),  # LongRoPE's scale
+])  # fmt: skip
+def test_a_scaling_served_otherwise_within_L_is_refused_before_anything_is_written(tmp_path, rope, said):
+    with pytest.raises(RecipeError, match=said + r".*attention_factor: 1\.0"):
+        setup(load_args(TINY, [*MIXED, *rope, f"output_dir={tmp_path / 'run'}"]))
+    assert not (tmp_path / "run").exists()
 
 
 def test_original_rope_refuses_what_it_cannot_switch_exactly():
@@ -105,10 +121,12 @@ def test_the_longrope2_recipe_searches_then_fine_tunes_on_the_bundled_model(tmp_
 
     monkeypatch.setattr(mixed, "original_rope", counting)
     result = train(load_args(recipe, overrides))
-    assert switched == ["LlamaForCausalLM"] * 2  # the loop ran each step's short micro-batch with the original rope
+    # once for the check that the saved model serves the original rope within L, then each step's short micro-batch
+    assert switched == ["LlamaForCausalLM"] * 3
     assert [row["step"] for row in result.history] == [1, 2] and all(row["loss"] > 0 for row in result.history)
     saved = json.loads((result.final_dir / "config.json").read_text())["rope_parameters"]
     assert saved["rope_type"] == "longrope" and saved["long_factor"] == found["long_factor"]
     assert saved["factor"] == 4 and saved["original_max_position_embeddings"] == 256
+    assert saved["attention_factor"] == 1.0  # the recipe's: within L the served rope is the original one
     # the recipe as written (params_from, not the factors) is what a resume compares
     assert "params_from" in (tmp_path / "run" / "run_config.yaml").read_text()
