@@ -8,17 +8,19 @@ every buffer and attribute, and the class's forward.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from .errors import NotPatchedError, UnsupportedModelError
+from .errors import NotPatchedError, RopeExtendError, UnsupportedModelError
 from .hf import attach, attention, cache, generation, rotary, rotary_reads
 from .hf import config as hf_config
 from .methods import registry
@@ -96,10 +98,7 @@ def _restore(state: PatchState) -> None:
     for module, value in state.softmax:
         module.scaling = value
     for module, snap in state.modules:
-        for key in [k for k in module.__dict__ if _restorable(k)]:
-            if key not in snap.attrs:
-                del module.__dict__[key]
-        module.__dict__.update(snap.attrs)
+        _put_attrs(module, snap.attrs)
 
 
 def _pristine_config(config, state: PatchState | None):
@@ -328,3 +327,48 @@ def patched(model: nn.Module) -> registry.Scaling | None:
     else:
         kernel = attention.kernel(*state.attention)
     return dataclasses.replace(state.scaling, kernel=kernel)
+
+
+@contextlib.contextmanager
+def original_rope(model: nn.Module) -> Iterator[None]:
+    """Inside this block the rotary modules of a patched ``model`` compute cos and sin as before ``patch``
+    (the original frequencies and attention scale, and the modules' own forward), and after it as patched again;
+    the weights are shared, so one model serves both. For mixed context window training (LongRoPE2, Shang et
+    al. 2025, section 3.3: sequences within ``L`` keep the original rope). Frequency methods only: an attention
+    method's passes change the attention itself, which this does not undo, so it is refused.
+
+    Raises:
+        NotPatchedError: ``patch`` never touched ``model``.
+        RopeExtendError: ``model`` is patched with an attention method.
+    """
+    state = model.__dict__.get(STATE_ATTR)
+    if state is None:
+        raise NotPatchedError(f"{type(model).__name__} was not patched by rope_extend.patch; no original rope to use")
+    if state.attention is not None or state.softmax:
+        raise RopeExtendError(
+            f"{state.scaling.method} changes the attention, not only the rotary frequencies: the original rope "
+            "cannot be switched in for part of a run; use a frequency method (yarn, longrope, linear, ...)"
+        )
+    saved = [
+        (m, dict(rotary.buffers(m)), {k: v for k, v in m.__dict__.items() if _restorable(k)}) for m, _ in state.modules
+    ]
+    originals = _original_buffers(state)
+    try:
+        for module, name, value in originals:
+            rotary.set_buffer(module, name, value)
+        for module, snap in state.modules:
+            _put_attrs(module, snap.attrs)
+        yield
+    finally:
+        for module, buffers, attrs in saved:
+            for name, value in buffers.items():
+                rotary.set_buffer(module, name, value)
+            _put_attrs(module, attrs)
+
+
+def _put_attrs(module: nn.Module, attrs: dict[str, Any]) -> None:
+    """Make ``attrs`` the module's restorable instance attributes (the runtime's ``forward`` among them)."""
+    for key in [k for k in module.__dict__ if _restorable(k)]:
+        if key not in attrs:
+            del module.__dict__[key]
+    module.__dict__.update(attrs)

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import sys
 
 
 def _cmd_search(args) -> int:
     from ..documents import read_documents
     from ..errors import RopeExtendError
     from ..loading import load_model, load_tokenizer
-    from .run import claim, search
+    from ..methods.longrope import critical_dimension
+    from .run import claim, geometry, search
 
     if args.data is None:
         if args.model != "bundled":
@@ -22,6 +24,15 @@ def _cmd_search(args) -> int:
     claim(args.out, resume=args.resume, overwrite=args.overwrite, check_only=True)  # refused before the model loads
     model = load_model(args.model, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code)
     tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code)
+    dim, base, L = geometry(model)
+    critical = critical_dimension(dim, base, L)
+    print(
+        f"critical dimension (LongRoPE2): {critical} of {dim} (frequency pair {critical // 2}; rotary base {base:g}, "
+        f"trained length {L}); search bounds: "
+        + (f"[1, {args.factor:g}] below it, [{args.factor:g}, 1.25 x {args.factor:g}] from it on"
+           if args.space == "longrope2" else f"[1, 1.25 x {args.factor:g}] for every pair"),
+        file=sys.stderr,
+    )  # fmt: skip
     result = search(
         model,
         tokenizer,
@@ -35,10 +46,19 @@ def _cmd_search(args) -> int:
         resume=args.resume,
         overwrite=args.overwrite,
         progress=args.progress,
+        fitness=args.fitness,
+        space=args.space,
     )
     print(
         json.dumps(
-            {"out": args.out, "fitness": result.fitness, "seeds": result.seeds, "evaluations": result.evaluations}
+            {
+                "out": args.out,
+                "fitness": result.fitness,
+                "seeds": result.seeds,
+                "evaluations": result.evaluations,
+                "objective": result.objective,
+                "critical_dimension": result.critical,
+            }
         )
     )
     return 0
@@ -46,10 +66,12 @@ def _cmd_search(args) -> int:
 
 def register(subparsers) -> None:
     from ..arguments import add_folder_arguments, add_model_arguments, add_progress_argument
+    from .needles import FITNESSES
+    from .run import SPACES
 
     p = subparsers.add_parser(
         "search",
-        help="search LongRoPE rescale factors (one per frequency) with perplexity as fitness",
+        help="search LongRoPE rescale factors (one per frequency) with perplexity as fitness (texts or needles)",
         description="Evolutionary search for LongRoPE factors (Ding et al. 2024), seeded from PI, NTK and YaRN. "
         "Writes longrope.json (rope_parameters for patch/configure), report.md, search.png and a resumable state.",
     )
@@ -68,6 +90,21 @@ def register(subparsers) -> None:
     )
     p.add_argument("--population", type=int, default=16, help="candidates per generation (default 16)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--fitness",
+        choices=FITNESSES,
+        default="text",
+        help="text: perplexity of the texts at the target length (LongRoPE); needle: perplexity of the answer "
+        "tokens of passkey and RULER key-value needles at several depths of documents built from the texts "
+        "(LongRoPE2). Default text",
+    )
+    p.add_argument(
+        "--space",
+        choices=SPACES,
+        default="longrope",
+        help="the factors' bounds: longrope [1, 1.25 s] for every pair; longrope2 split at the critical dimension, "
+        "[1, s] below it and [s, 1.25 s] from it on. Default longrope",
+    )
     add_folder_arguments(p, "search")
     add_model_arguments(p, model=None, dtype="float32")
     add_progress_argument(p)

@@ -7,6 +7,12 @@ the lowest, applied as ``inv_freq'_i = theta_i / lambda_i``. The paper's constra
 - non-decreasing, ``lambda_i <= lambda_{i+1}``: low frequencies are interpolated at least as much as high ones;
 - bounded, ``1 <= lambda_i <= 1.25 s`` for an extension ratio ``s`` (the paper's range), on a grid of 0.01.
 
+LongRoPE2 (Shang et al. 2025, "LongRoPE2: Near-Lossless LLM Context Window Scaling", section 3) splits the
+bounds at the critical dimension (``methods.longrope.critical_dimension``; here its frequency pair ``c``): the
+pairs from ``c`` on, whose period the pretraining length did not cover, are interpolated at least as much as
+position interpolation, ``s <= lambda_i <= 1.25 s``, and the pairs below it stay small, ``1 <= lambda_i <= s``
+(``Space.for_critical``). Both bounds are non-decreasing in ``i``, so the order constraint still fits.
+
 ``repair`` maps any list into that space (clip, then running maximum, then round up to the grid, so the
 order survives rounding); mutation and crossover end with it, so every candidate they make is valid.
 """
@@ -26,17 +32,30 @@ STEP = 0.01  # the paper's grid
 
 @dataclass(frozen=True)
 class Space:
-    """``size`` factors in ``[low, high]``, non-decreasing, on a grid of ``STEP``."""
+    """``size`` factors in ``[low, high]``, non-decreasing, on a grid of ``STEP``; with ``critical`` (a pair
+    index) and ``floor``, the pairs below ``critical`` in ``[low, floor]`` and the others in ``[floor, high]``."""
 
     size: int
     low: float
     high: float
+    critical: int | None = None
+    floor: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.size, int) or self.size < 1:
             raise RopeExtendError(f"the search space needs at least one factor, got size={self.size!r}")
         if not (1.0 <= self.low < self.high):
             raise RopeExtendError(f"factor bounds must satisfy 1 <= low < high, got low={self.low}, high={self.high}")
+        if (self.critical is None) != (self.floor is None):
+            raise RopeExtendError("a split search space needs both critical and floor")
+        if self.floor is not None and not (self.low <= self.floor <= self.high):
+            raise RopeExtendError(f"floor must lie in [low, high], got {self.floor}")
+
+    def bounds(self, i: int) -> tuple[float, float]:
+        """``(lowest, highest)`` factor of pair ``i``."""
+        if self.critical is None or self.floor is None:
+            return self.low, self.high
+        return (self.floor, self.high) if i >= self.critical else (self.low, self.floor)
 
     @classmethod
     def for_factor(cls, size: int, factor: float, upper: float = 1.25) -> Space:
@@ -45,23 +64,33 @@ class Space:
             raise RopeExtendError(f"the search needs an extension factor > 1, got {factor!r}")
         return cls(size, 1.0, round(upper * float(factor), 2))
 
+    @classmethod
+    def for_critical(cls, size: int, factor: float, critical: int, upper: float = 1.25) -> Space:
+        """LongRoPE2's space: ``[1, s]`` below the critical pair ``critical``, ``[s, upper * s]`` from it on."""
+        space = cls.for_factor(size, factor, upper)
+        if not isinstance(critical, int) or isinstance(critical, bool) or critical < 0:
+            raise RopeExtendError(f"the critical pair index must be an integer >= 0, got {critical!r}")
+        floor = math.ceil(round(float(factor) / STEP, 6)) * STEP  # on the grid, so repaired factors reach it
+        return cls(size, space.low, space.high, min(critical, size), round(floor, 2))
+
 
 def repair(space: Space, values: Sequence[float]) -> list[float]:
     """Clip to the bounds, make non-decreasing (running maximum) and round up to the grid."""
     if len(values) != space.size:
         raise RopeExtendError(f"a candidate needs {space.size} factors, got {len(values)}")
     out, top = [], space.low
-    for v in values:
-        v = min(max(float(v), space.low), space.high)
-        top = max(top, v)
-        out.append(min(space.high, math.ceil(round(top / STEP, 6)) * STEP))
+    for i, v in enumerate(values):
+        low, high = space.bounds(i)
+        v = min(max(float(v), low), high)
+        top = max(top, v)  # the bounds never fall with i, so the running maximum stays within them
+        out.append(min(high, math.ceil(round(top / STEP, 6)) * STEP))
     return [round(v, 2) for v in out]
 
 
 def valid(space: Space, values: Sequence[float]) -> bool:
     return (
         len(values) == space.size
-        and all(space.low - 1e-9 <= v <= space.high + 1e-9 for v in values)
+        and all(space.bounds(i)[0] - 1e-9 <= v <= space.bounds(i)[1] + 1e-9 for i, v in enumerate(values))
         and all(a <= b + 1e-12 for a, b in itertools.pairwise(values))
     )
 

@@ -7,6 +7,11 @@ from pathlib import Path
 
 from ..io import atomic_path, write_text
 
+WHAT = {  # the fitness kinds (``needles.FITNESSES``), as the report names them
+    "text": "perplexity of the search texts",
+    "needle": "perplexity of the needles' answer tokens (passkey and RULER key-value, several depths)",
+}
+
 
 def write_report(result, curves: dict[str, list[float]], out: str | Path, *, title: str = "") -> list[Path]:
     """``result``: a ``SearchResult``; ``curves``: the seed methods' factors by name, for the plot."""
@@ -21,8 +26,9 @@ def write_report(result, curves: dict[str, list[float]], out: str | Path, *, tit
     lines = [
         f"# LongRoPE search x{s:g} (target {round(s * L)} tokens, trained {L})",
         "",
-        f"{result.evaluations} evaluations; fitness = perplexity of the search texts at the target length.",
+        f"{result.evaluations} evaluations; fitness = {WHAT[result.objective]} at the target length.",
         "",
+        *([_critical(result.critical), ""] if result.critical is not None else []),
         "| factors | fitness |",
         "|---|---:|",
         *[f"| {name} x{s:g} (seed) | {fit:.4f} |" for name, fit in result.seeds.items()],
@@ -34,6 +40,13 @@ def write_report(result, curves: dict[str, list[float]], out: str | Path, *, tit
         "",
     ]
     return [out / "search.png", write_text(out / "report.md", "\n".join(lines))]
+
+
+def _critical(critical: int) -> str:
+    return (
+        f"Critical dimension (LongRoPE2): {critical} of the rotary dimensions (frequency pair {critical // 2}), the "
+        "first whose period the trained length did not cover."
+    )
 
 
 def search_figure(result, curves: dict[str, list[float]], *, title: str = ""):
@@ -66,7 +79,10 @@ def search_figure(result, curves: dict[str, list[float]], *, title: str = ""):
     best = min(h[2] for h in result.history)
     top = max(result.seeds.get("ntk", best), result.seeds.get("yarn", best), best) * 1.15
     right.set(
-        xlabel="evaluation", ylabel=f"perplexity at {round(s * L)} tokens", title="fitness", ylim=(best * 0.97, top)
+        xlabel="evaluation",
+        ylabel=f"{result.objective} perplexity at {round(s * L)} tokens",
+        title="fitness",
+        ylim=(best * 0.97, top),
     )
     legend_outside(right)
     fig.suptitle(title or f"LongRoPE search x{s:g}")

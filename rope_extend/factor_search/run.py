@@ -10,16 +10,23 @@ Ding et al. 2024, "LongRoPE", section 3.2 (the authors did not release their sea
 - first population: PI (``lambda_i = s``), NTK-aware and YaRN factors, taken from the methods ``patch`` applies
   (``lambda_i = theta_i / theta'_i``), then mutations of them;
 - each generation keeps the best half (elitism) and fills the rest by crossover and mutation;
-- fitness: token-weighted perplexity of the first ``target_length = s L`` tokens of each text (texts shorter than
-  that are left out), computed with the perplexity harness' memory-safe ``window_nll``.
+- fitness (``fitness="text"``): token-weighted perplexity of the first ``target_length = s L`` tokens of each text
+  (texts shorter than that are left out), computed with the perplexity harness' memory-safe ``window_nll``;
+  ``fitness="needle"``: LongRoPE2's needle-driven perplexity, over the answer tokens of passkey and RULER
+  key-value needles placed at several depths of ``s L``-token documents built from the texts (``needles``);
+- bounds (``space="longrope"``): the paper's ``[1, 1.25 s]``; ``space="longrope2"``: split at LongRoPE2's
+  critical dimension (``methods.longrope.critical_dimension``, from the base, the head dimension and ``L``),
+  ``[1, s]`` below it and ``[s, 1.25 s]`` from it on (``evolution.Space.for_critical``).
 
 The state (population, fitnesses, history, random generator, and the generation's candidates not yet evaluated)
 is written atomically after each fitness evaluation, so ``resume=True`` continues an interrupted search from its
 last finished evaluation and, under an evaluation budget, ends exactly where an uninterrupted one would; a larger
 budget on resume continues the same sequence. A time budget stops after the evaluation that crosses it and is not
 reproducible.
+The fitness and the bounds are part of the saved settings: a resume with another one is refused.
 Not implemented: the paper's "start tokens" (the first positions kept unscaled need position-dependent
-frequencies, which ``patch`` does not apply) and LongRoPE2's needle-driven fitness.
+frequencies, which ``patch`` does not apply), and LongRoPE2's search of the critical dimension itself around
+the computed one (the bounds split at the computed one).
 """
 
 from __future__ import annotations
@@ -47,14 +54,17 @@ from ..hf.window import sliding_window_widened
 from ..io import claim_output_dir, write_json
 from ..methods import registry
 from ..methods._common import rope_frequencies
+from ..methods.longrope import critical_dimension
 from ..patching import patch, patched, unpatch
 from . import evolution
+from .needles import FITNESSES, check_fitness, documents
 from .report import write_report
+from .state import read_state
 
 STATE = "search_state.json"
-MAX_STATE = 64 << 20  # bytes of a saved state: a pool and history of thousands of evaluations fit in a few MiB
 RESULT = "longrope.json"
 SEED_METHODS = ("linear", "ntk", "yarn")
+SPACES = ("longrope", "longrope2")
 
 
 @dataclass
@@ -68,6 +78,8 @@ class SearchResult:
     seeds: dict[str, float]  # fitness of the PI / NTK / YaRN seeds
     history: list[list[float]] = field(default_factory=list)  # [evaluation, fitness, best so far]
     evaluations: int = 0
+    objective: str = "text"  # the fitness kind: text or needle
+    critical: int | None = None  # LongRoPE2's critical dimension (a rotary dimension index) of the model
 
     @property
     def short_factor(self) -> list[float]:
@@ -93,34 +105,23 @@ def seed_factors(method: str, dim: int, base: float, factor: float, original_len
     return [float(x) for x in (rope_frequencies(dim, base) / scaled.double())]
 
 
-def _geometry(model) -> tuple[int, float, int]:
+def geometry(model) -> tuple[int, float, int]:
+    """``(rotary dimension, base, L)`` of ``model``'s scaled layers."""
     config = hf_config.text_config(model.config)
     layer_type = next((t for t in hf_config.scaled_layer_types(config) if t is not None), None)
     dim, base = hf_config.rotary_geometry(config, layer_type)
     return dim, base, hf_config.original_length(config)
 
 
-def _tokens(tokenizer, texts, length: int) -> list[list[int]]:
-    texts = [t for t in texts if isinstance(t, str) and t.strip()]
-    if not texts:
-        raise RopeExtendError("the search needs texts: give at least one non-empty document")
-    docs = [tokenizer(t, add_special_tokens=True)["input_ids"] for t in texts]
-    kept = [d[:length] for d in docs if len(d) >= length]
-    if not kept:
-        raise RopeExtendError(
-            f"no text reaches the target length {length} tokens (the longest has {max(map(len, docs))}); give "
-            "longer texts or a smaller factor"
-        )
-    return kept
-
-
-def _settings(model, docs, *, factor, dim, base, length, population, seed) -> dict[str, Any]:
+def _settings(model, docs, *, factor, dim, base, length, population, seed, fitness, space) -> dict[str, Any]:
     """What a resumed search must share with the saved one: the model, the scaling and geometry, a digest of the
-    token ids, and the search's own settings."""
-    digest = hashlib.sha1(json.dumps(docs).encode()).hexdigest()[:16]
+    documents (token ids; with the needle fitness, each one's first scored index too), the fitness and bounds,
+    and the search's own settings."""
+    ids = [d for d, _ in docs] if fitness == "text" else docs  # the text digest is the one states always had
+    digest = hashlib.sha1(json.dumps(ids).encode()).hexdigest()[:16]
     name = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
     return {"model": str(name), "factor": factor, "dim": dim, "base": base, "target_length": length,
-            "texts": digest, "population": population, "seed": seed}  # fmt: skip
+            "texts": digest, "population": population, "seed": seed, "fitness": fitness, "space": space}  # fmt: skip
 
 
 class _Run:
@@ -175,11 +176,12 @@ class _Run:
         self.seen = {tuple(c) for c, _ in self.pool} | {tuple(c) for c in self.pending}
 
     def fitness(self, candidate: list[float]) -> float:
-        """Token-weighted perplexity of the texts with ``candidate`` as LongRoPE's long factors."""
+        """Token-weighted perplexity of the documents' scored tokens (all but the first of a text, a needle's
+        answer) with ``candidate`` as LongRoPE's long factors."""
         patch(self.model, "longrope", factor=self.factor, short_factor=[1.0] * self.space.size, long_factor=candidate)
         total = count = 0
-        for x in self.ids:
-            nll, n = window_nll(self.head, x, 1)
+        for x, start in self.ids:
+            nll, n = window_nll(self.head, x, start)
             total, count = total + nll, count + n
         return math.exp(total / count)
 
@@ -243,68 +245,6 @@ def _check_budget(max_evaluations, max_seconds, population) -> None:
         raise RopeExtendError(f"population must be an integer >= 4, got {population!r}")
 
 
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _factors(x, size: int) -> bool:
-    return isinstance(x, list) and len(x) == size and all(_number(v) for v in x)
-
-
-def _state_problem(state, size: int) -> str | None:
-    """What is wrong with the shape of a saved state (field by field, as ``_Run.state`` writes it), or None."""
-    if not isinstance(state, dict):
-        return f"the state is a JSON {type(state).__name__}, not an object"
-    for key in ("settings", "rng", "pool", "history", "seeds"):
-        if key not in state:
-            return f"it has no {key!r}"
-    if not isinstance(state["settings"], dict):
-        return "'settings' is not an object"
-    rng = state["rng"]
-    if not (
-        isinstance(rng, list)
-        and len(rng) == 3
-        and isinstance(rng[0], int)
-        and isinstance(rng[1], list)
-        and len(rng[1]) == 625  # Mersenne Twister: 624 words and the position
-        and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**32 for v in rng[1])
-        and (rng[2] is None or _number(rng[2]))
-    ):
-        return "'rng' is not a random generator's state [version, 625 integers, gauss]"
-    pool = state["pool"]
-    if not isinstance(pool, list) or not all(
-        isinstance(e, list) and len(e) == 2 and _factors(e[0], size) and _number(e[1]) for e in pool
-    ):
-        return f"'pool' is not a list of [{size} factors, fitness]"
-    history = state["history"]
-    if not isinstance(history, list) or not all(
-        isinstance(e, list) and len(e) == 3 and all(map(_number, e)) for e in history
-    ):
-        return "'history' is not a list of [evaluation, fitness, best]"
-    if not isinstance(state["seeds"], dict) or not all(map(_number, state["seeds"].values())):
-        return "'seeds' is not an object of fitnesses"
-    candidates = state.get("seed_candidates", {})
-    if not isinstance(candidates, dict) or not all(_factors(c, size) for c in candidates.values()):
-        return f"'seed_candidates' is not an object of {size} factors each"
-    pending = state.get("pending", [])
-    if not isinstance(pending, list) or not all(_factors(c, size) for c in pending):
-        return f"'pending' is not a list of {size} factors each"
-    return None
-
-
-def _read_state(path: Path, size: int) -> dict[str, Any]:
-    """The state saved at ``path``, checked field by field; a damaged one (truncated, empty, not UTF-8, not
-    JSON, or of another shape) is refused in one line naming the file. It is read as hostile (``untrusted``):
-    a regular file of at most ``MAX_STATE`` bytes, not through a link (the search wrote it there)."""
-    fix = "start the search again into a new --out, or with --overwrite"
-    name = f"resume: the search state {path}"
-    state = untrusted.read_json(path, limit=MAX_STATE, name=name, follow_links=False, fix=fix)
-    problem = _state_problem(state, size)
-    if problem is None:
-        return state
-    raise RopeExtendError(f"resume: the search state {path} is damaged: {problem}; {fix}")
-
-
 def claim(out: str | Path, *, resume: bool, overwrite: bool, check_only: bool = False) -> None:
     """Claim ``out`` for a search (``io.claim_output_dir``); ``check_only``: refuse what the claim would, before
     the model is loaded, changing nothing."""
@@ -324,8 +264,14 @@ def _open_state(out, settings: dict, run: _Run, *, resume: bool, overwrite: bool
     if resume:
         if state_path is None or not os.path.lexists(state_path):
             raise RopeExtendError(f"resume: no search state in {out!r} ({STATE} not found)")
-        state = _read_state(state_path, run.space.size)
+        state = read_state(state_path, run.space.size)
         if state["settings"] != settings:
+            saved = state["settings"].get("fitness")
+            if saved != settings["fitness"] and saved in FITNESSES:  # the likeliest mismatch: named on its own
+                raise RopeExtendError(
+                    f"resume: the search in {out} was run with fitness {saved!r}, not {settings['fitness']!r}: "
+                    f"resume it with --fitness {saved}, or search with this fitness into a new --out"
+                )
             diff = [
                 f"{k}: {untrusted.shown(state['settings'].get(k), 80)} there, {settings[k]!r} now"
                 for k in sorted(settings)
@@ -354,32 +300,42 @@ def search(
     resume: bool = False,
     overwrite: bool = False,
     progress: bool = True,
+    fitness: str = "text",
+    space: str = "longrope",
 ) -> SearchResult:
     """Search LongRoPE factors for ``model`` at ``factor`` x its trained length on ``texts`` (see the module
     docstring). ``max_evaluations`` / ``max_seconds``: the budget (at least one). ``out``: a folder for the state
     (``search_state.json``), the result (``longrope.json``) and the report (``report.md``, ``search.png``);
     ``resume`` continues the state found there, ``overwrite`` replaces an earlier search there (a folder
-    rope-extend did not make is never touched).
+    rope-extend did not make is never touched). ``fitness``: ``text`` or ``needle``; ``space``: ``longrope`` or
+    ``longrope2`` (the bounds; see the module docstring).
     The model is left as it was (unpatched)."""
     _check_budget(max_evaluations, max_seconds, population)
+    check_fitness(fitness)
+    if space not in SPACES:
+        raise RopeExtendError(f"space must be one of {', '.join(SPACES)}, got {space!r}")
     if patched(model) is not None:
         raise RopeExtendError("the model is already patched: unpatch it first; the search patches it itself")
-    dim, base, L = _geometry(model)
-    space = evolution.Space.for_factor(dim // 2, factor, upper)
+    dim, base, L = geometry(model)
+    critical = critical_dimension(dim, base, L)
+    bounds = evolution.Space.for_factor(dim // 2, factor, upper)
+    if space == "longrope2":
+        bounds = evolution.Space.for_critical(dim // 2, factor, critical // 2, upper)
     length = round(float(factor) * L)
-    docs = _tokens(tokenizer, texts, length)
+    docs = documents(tokenizer, texts, length, fitness=fitness, seed=seed)
     check_reachable(model, length, cache=False)
     settings = _settings(
-        model, docs, factor=float(factor), dim=dim, base=base, length=length, population=population, seed=seed
-    )
+        model, docs, factor=float(factor), dim=dim, base=base, length=length, population=population, seed=seed,
+        fitness=fitness, space=space,
+    )  # fmt: skip
     head = hf_head.lm_head(model, decoder=True)
     device = next(model.parameters()).device
-    ids = [torch.tensor(d, device=device) for d in docs]
+    ids = [(torch.tensor(d, device=device), start) for d, start in docs]
     run = _Run(
         model,
         head,
         ids,
-        space,
+        bounds,
         factor=float(factor),
         population=population,
         rng=random.Random(seed),
@@ -411,10 +367,21 @@ def search(
             if patched(model) is not None:  # a resume whose budget was already spent evaluated nothing
                 unpatch(model)
     best, fit = run.best()
-    result = SearchResult(float(factor), L, best, fit, dict(run.seeds), run.history, len(run.history))
+    result = SearchResult(
+        float(factor),
+        L,
+        best,
+        fit,
+        dict(run.seeds),
+        run.history,
+        len(run.history),
+        objective=fitness,
+        critical=critical,
+    )
     if out is not None:
         curves = {name: seed_factors(name, dim, base, float(factor), L) for name in SEED_METHODS}
         write_report(result, curves, out)
         write_json(Path(out) / RESULT, {**result.rope_parameters(), "fitness": fit, "seeds": run.seeds,
-                                        "evaluations": len(run.history), "settings": settings})  # fmt: skip
+                                        "evaluations": len(run.history), "critical_dimension": critical,
+                                        "settings": settings})  # fmt: skip
     return result

@@ -55,6 +55,33 @@ def longrope_attention_scale(factor: float, original_max_position_embeddings: in
     return math.sqrt(1 + math.log(factor) / math.log(original_max_position_embeddings))
 
 
+def critical_dimension(dim: int, base: float, original_max_position_embeddings: int) -> int:
+    """The first rotary dimension whose period the pretraining length ``L`` did not cover (an even index in
+    ``0 .. dim``; its frequency pair is half of it).
+
+    Dimension ``i`` (even) turns at ``theta_i = base^(-i/d)``, a period of ``2 pi base^(i/d)`` tokens, which
+    reaches ``L`` once ``i >= d log_base(L / 2 pi)``:
+    ``d_tcd = 2 ceil((d / 2) log_base(L / (2 pi)))``, clipped to ``[0, d]``.
+    Liu et al. 2023, "Scaling Laws of RoPE-based Extrapolation" (the critical dimension for extrapolation; 92 of
+    128 for LLaMA2's base 10000 and L 4096), taken up by Shang et al. 2025, "LongRoPE2" (arXiv 2502.20082),
+    section 3, as the theoretical critical dimension that bounds its search. For Llama-3-8B (base 500000, head
+    dimension 128, L 8192) the formula gives 70; for SmolLM2-135M (100000, 64, 8192) 40.
+    """
+    if not (isinstance(dim, int) and not isinstance(dim, bool) and dim >= 2 and dim % 2 == 0):
+        raise RopeExtendError(f"the rotary dimension must be an even integer >= 2, got {dim!r}")
+    check_number("base", base, above=1.0)
+    L = original_max_position_embeddings
+    if not (isinstance(L, int) and not isinstance(L, bool) and L >= 1):
+        raise RopeExtendError(
+            f"original_max_position_embeddings must be a positive integer, got {original_max_position_embeddings!r}"
+        )
+    ratio = L / (2 * math.pi)
+    if ratio <= 1.0:  # even the fastest dimension's period (2 pi tokens) is longer than L
+        return 0
+    pairs = math.ceil(round(dim / 2 * math.log(ratio) / math.log(base), 9))  # round: 35.0000000001 stays 35
+    return min(dim, 2 * pairs)
+
+
 def longrope(params: LongRopeParams, geo: Geometry, factor: float, seq_len: int | None) -> tuple[torch.Tensor, float]:
     """See the module docstring; the operations follow transformers' so the numbers match exactly."""
     long = seq_len is not None and seq_len > geo.original_max_position_embeddings

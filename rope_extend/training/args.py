@@ -1,7 +1,7 @@
 """Training arguments: dataclasses that a YAML recipe maps onto 1:1, through the one loader (``schema``).
 
 A recipe is a YAML mapping whose top-level keys are the fields of ``TrainArgs``; the sections ``model``,
-``rope``, ``data``, ``pose``, ``lora``, ``memory`` and ``parallel`` are mappings onto their own dataclasses. Key names follow
+``rope``, ``data``, ``pose``, ``mixed``, ``lora``, ``memory`` and ``parallel`` are mappings onto their own dataclasses. Key names follow
 transformers' ``TrainingArguments`` (``max_steps``, ``learning_rate``, ``output_dir``, ...) and PEFT's
 ``LoraConfig`` (``r``, ``lora_alpha``, ``target_modules``, ``modules_to_save``). Command-line overrides
 ``key=value`` (values read as YAML; dotted keys for sections: ``rope.factor=8``) win over the file. An
@@ -59,6 +59,46 @@ class RopeArgs(ScalingSpec):
     ``rope.*``)."""
 
     method: str = option("yarn", help="scaling method (rope-extend methods); none trains the rope as it is")
+    params_from: str | None = option(
+        None,
+        help="a JSON file of the method's parameters, e.g. the longrope.json `rope-extend search` writes; read "
+        "when the run starts (so a recipe can name a search that has not run yet); keys in params win",
+    )
+
+    def check(self, spell=lambda key: key) -> RopeArgs:
+        """``ScalingSpec.check``; with ``params_from``, the method's name only, the rest once the file is read
+        (``resolved``)."""
+        if self.params_from is None:
+            super().check(spell)
+        elif not self.scales:
+            raise RopeExtendError(f"{spell('params_from')} given without a scaling method ({spell('method')} is none)")
+        else:
+            from ..methods import registry
+
+            registry.get(self.method)  # an unknown name raises, listing the known ones
+        return self
+
+    def resolved(self) -> ScalingSpec:
+        """The scaling to patch: this one, with ``params_from`` read (through the suites' reader of the same
+        key, ``evaluation.suite.MethodSpec``) and checked; ``self`` is left as the recipe wrote it."""
+        if self.params_from is None:
+            return self
+        from ..evaluation.suite import MethodSpec
+
+        amounts = {k: getattr(self, k) for k in ("factor", "target_length", "original_max_position_embeddings")}
+        spec = MethodSpec(method=self.method, **amounts, params=dict(self.params), params_from=self.params_from)
+        try:
+            spec.read_params_from(None)
+        except RopeExtendError as exc:
+            raise RecipeError(f"rope.params_from: {exc}") from None
+        return ScalingSpec(method=spec.method, **{k: getattr(spec, k) for k in amounts}, params=spec.params)
+
+    def apply(self, model) -> None:
+        spec = self.resolved()
+        if spec is self:
+            super().apply(model)
+        else:
+            spec.apply(model)
 
 
 @dataclass
@@ -101,6 +141,15 @@ class PoseArgs:
     enabled: bool = option(False, help="stretch the window's positions to the target length")
     target_length: int | None = option(None, help="distances to cover (default: the rope target length)")
     num_chunks: int = option(2, help="chunks per window, each with its own skip")
+
+
+@dataclass
+class MixedArgs:
+    """Mixed context window training (LongRoPE2; ``training.mixed``): in the same steps, short micro-batches
+    (positions within the model's original length L) train with the original rope, the others with ``rope``."""
+
+    enabled: bool = option(False, help="short micro-batches keep the original rope, long ones use rope's scaling")
+    short_share: float = option(0.5, help="share of the micro-batches that are short (cut to L tokens, no PoSE)")
 
 
 @dataclass
@@ -154,6 +203,7 @@ class TrainArgs:
     rope: RopeArgs = option(help="the rope scaling to train for", factory=RopeArgs)
     data: DataArgs = option(help="the training text", factory=DataArgs)
     pose: PoseArgs = option(help="PoSE positional skip-wise training", factory=PoseArgs)
+    mixed: MixedArgs = option(help="mixed context window training (LongRoPE2)", factory=MixedArgs)
     memory: MemoryArgs = option(help="memory savers for long sequences", factory=MemoryArgs)
     lora: LoraArgs | None = option(help="LoRA adapters; null: full fine-tuning", factory=LoraArgs)
     parallel: ParallelArgs = option(help="processes that share one sequence", factory=ParallelArgs)
@@ -220,6 +270,7 @@ class TrainArgs:
         if self.pose.enabled:
             self._check_pose()
         self._check_positions()
+        self._check_mixed()
         self._check_parallel()
         self._check_memory()
         if self.lora is not None and self.lora.r < 1:
@@ -267,6 +318,19 @@ class TrainArgs:
             _bad("pose.enabled", True, f"false with rope.method {self.rope.method}, or {allowed}")
         if self.data.document_boundaries == "mask":
             _bad("data.document_boundaries", "mask", f"eos with rope.method {self.rope.method}, or {allowed}")
+
+    def _check_mixed(self) -> None:
+        """What ``training.mixed`` can do exactly: a frequency method's rope switched per micro-batch."""
+        from ..methods import registry
+
+        if not self.mixed.enabled:
+            return
+        if not 0.0 < self.mixed.short_share < 1.0:
+            _bad("mixed.short_share", self.mixed.short_share, "a share in (0, 1) of the micro-batches")
+        if self.rope.method == "none" or registry.get(self.rope.method).attention:
+            _bad("rope.method", self.rope.method, "a frequency method (longrope, yarn, ...) with mixed.enabled")
+        if self.parallel.sequence != 1:
+            _bad("parallel.sequence", self.parallel.sequence, "1 with mixed.enabled (the rope is switched per process)")
 
     def _check_parallel(self) -> None:
         """Sequence parallelism that the recipe alone shows cannot be exact (the model's heads and layers are

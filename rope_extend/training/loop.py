@@ -35,6 +35,7 @@ from . import engine, parallel
 from .args import RecipeError, TrainArgs, to_dict
 from .data import Batches, pack, pad_documents, passkey_windows, read_documents, tokenize, with_passkey_windows
 from .loss import model_loss
+from .mixed import MixedBatches, mixed_batches, rope_for
 from .model import build_model
 from .report import write_loss_curve
 
@@ -62,7 +63,7 @@ class Run:
     head: LMHead
     optimizer: Any
     scheduler: Any
-    batches: Batches
+    batches: Batches | MixedBatches
     out: Path
     layout: parallel.Layout  # processes that share a sequence (sequence or context parallelism) and this one's place
     tokens_per_step: int
@@ -225,7 +226,9 @@ def setup(args: TrainArgs) -> Run:
     target = model.config.get_text_config().max_position_embeddings
 
     processes = layout.data_parallel
-    batches = _setup_data(args, texts, tokenizer, target, processes)
+    batches: Batches | MixedBatches = _setup_data(args, texts, tokenizer, target, processes)
+    if args.mixed.enabled:  # short micro-batches with the original rope (LongRoPE2), in the same steps
+        batches = mixed_batches(args, batches, model)
     # The loss applies the LM head itself (chunked): it must compute the logits the model computes.
     with engine.gathered(model):  # ZeRO-3 built the model partitioned
         check(model, lm_head(model), batches.packed.input_ids[0].tolist())
@@ -370,7 +373,11 @@ def _step(run: Run) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
     for m, batch in enumerate(micro):
         batch = {k: v.to(acc.device) for k, v in batch.items()}
         # all-reduce once per step (under DeepSpeed: the engine steps after the last micro-batch)
-        with engine.micro_batch(acc, model, m == G - 1), parallel.sharded(acc, batch, run.layout) as batch:
+        with (
+            engine.micro_batch(acc, model, m == G - 1),
+            rope_for(run.batches, batch),
+            parallel.sharded(acc, batch, run.layout) as batch,
+        ):
             loss, _ = model_loss(model, batch, args.loss_chunk_size, run.head, head_output_on_graph=on_graph)
             # DDP (and DeepSpeed) average gradients over processes, and each shard holds part of the loss sum
             scale = engine.averaged(acc, run.layout.degree) / tokens

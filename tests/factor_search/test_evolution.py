@@ -88,3 +88,36 @@ def test_seeds_are_the_factors_patch_applies(method):
         assert lam == pytest.approx([s] * 32)
     else:
         assert lam[0] == pytest.approx(1.0, abs=0.02) and lam[-1] == pytest.approx(s, rel=0.05)
+
+
+def test_the_longrope2_space_splits_at_the_critical_pair():
+    space = E.Space.for_critical(8, 4.0, 3)
+    assert [space.bounds(i) for i in (0, 2, 3, 7)] == [(1.0, 4.0), (1.0, 4.0), (4.0, 5.0), (4.0, 5.0)]
+    # below the critical pair factors stay at most s; from it on, at least s (position interpolation's)
+    assert E.repair(space, [0.5, 4.6, 2.0, 1.0, 9.0, 4.2, 4.1, 4.0]) == [1.0, 4.0, 4.0, 4.0, 5.0, 5.0, 5.0, 5.0]
+    assert E.repair(space, [1.0] * 8) == [1.0, 1.0, 1.0, 4.0, 4.0, 4.0, 4.0, 4.0]
+    assert not E.valid(space, [1.0] * 8) and E.valid(space, E.repair(space, [1.0] * 8))
+    odd = E.Space.for_critical(4, 3.333, 2)  # an s off the 0.01 grid: the floor is rounded up onto it
+    assert odd.floor == 3.34 and E.valid(odd, E.repair(odd, [1.0, 9.0, 1.0, 1.0]))
+    assert E.Space.for_critical(4, 2.0, 99).critical == 4  # every pair below a critical pair past the last
+
+
+@settings(max_examples=40)
+@given(st.integers(2, 48), factors, st.integers(0, 60), st.integers(0, 10_000))
+def test_operators_stay_in_the_longrope2_space(size, s, critical, seed):
+    space = E.Space.for_critical(size, s, critical)
+    rng = random.Random(seed)
+    parents = [E.repair(space, [rng.uniform(0, 2 * s) for _ in range(size)]) for _ in range(3)]
+    for child in E.offspring(space, parents, 6, rng, set()):
+        assert E.valid(space, child)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"size": 4, "low": 1.0, "high": 5.0, "critical": 2}, "both critical and floor"),
+    ({"size": 4, "low": 1.0, "high": 5.0, "critical": 2, "floor": 6.0}, r"floor must lie in \[low, high\]"),
+])  # fmt: skip
+def test_split_space_errors(kwargs, match):
+    with pytest.raises(RopeExtendError, match=match):
+        E.Space(**kwargs)
+    with pytest.raises(RopeExtendError, match="critical pair index must be an integer >= 0"):
+        E.Space.for_critical(4, 2.0, -1)

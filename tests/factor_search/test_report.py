@@ -11,7 +11,8 @@ def _result():
     history = [(i, 3.0 - 0.01 * i + 0.05 * (i % 4), 3.0 - 0.01 * i) for i in range(50)]
     seeds = {name: 2.6 + 0.02 * k for k, name in enumerate(NAMES)}
     return SimpleNamespace(factor=4.0, original_length=1024, long_factor=[1 + 3 * i / 31 for i in range(32)],
-                           history=history, seeds=seeds, evaluations=50, fitness=2.5)  # fmt: skip
+                           history=history, seeds=seeds, evaluations=50, fitness=2.5, objective="text",
+                           critical=None)  # fmt: skip
 
 
 def test_search_plot_keeps_yarn_visible_over_the_searched_curve_and_legends_outside():

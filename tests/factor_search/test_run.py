@@ -8,6 +8,7 @@ import torch
 import rope_extend
 from rope_extend import RopeExtendError
 from rope_extend.factor_search import run as R
+from rope_extend.factor_search import state as S
 from tests.evaluation.conftest import make_text
 from tests.tiny import tiny_config, tiny_model, tiny_tokenizer
 
@@ -252,7 +253,7 @@ def test_a_damaged_state_is_one_line_exit_2(saved_search, damage, capsys):
     [
         ("link", "is a symbolic link: rope-extend never reads a file it wrote through a link"),
         ("fifo", "is a named pipe, not a regular file"),
-        ("huge", f"is larger than {R.MAX_STATE} bytes"),
+        ("huge", f"is larger than {S.MAX_STATE} bytes"),
     ],
 )
 def test_a_state_that_is_not_the_file_the_search_wrote_is_one_line(saved_search, tmp_path, capsys, plant, said):
@@ -274,7 +275,7 @@ def test_a_state_that_is_not_the_file_the_search_wrote_is_one_line(saved_search,
         os.mkfifo(path)
     else:
         path.write_bytes(b"")
-        os.truncate(path, R.MAX_STATE + 1)
+        os.truncate(path, S.MAX_STATE + 1)
     try:
         capsys.readouterr()
         assert main([*args, "--resume", "--no-progress"]) == 2
@@ -285,3 +286,113 @@ def test_a_state_that_is_not_the_file_the_search_wrote_is_one_line(saved_search,
         path.unlink()
         shutil.copy(kept, path)
     assert main([*args[:6], "6", *args[7:], "--resume", "--no-progress"]) == 0
+
+
+# ------------------------------------------------------------------------------------------ LongRoPE2
+@pytest.fixture(scope="module")
+def needle_setup(setup):
+    return setup[0], setup[1], [make_text(40, seed=i) for i in range(2)]
+
+
+def needle_run(setup, **kw):
+    model, tok, texts = setup
+    options = {"max_evaluations": 10, "population": 4, "seed": 0, "progress": False, "fitness": "needle", **kw}
+    return R.search(model, tok, 4.0, texts, **options)  # 4 x 64 = 256 tokens: RULER's prompt fits
+
+
+def test_the_needle_fitness_is_the_perplexity_of_the_answer_tokens_alone(needle_setup):
+    import math
+
+    import torch.nn.functional as F
+
+    from rope_extend.factor_search import evolution, needles
+
+    model, tok, texts = needle_setup
+    result = needle_run(needle_setup, max_evaluations=3)
+    assert result.objective == "needle" and result.critical == 6  # head dimension 16, base 10000, L 64: 2.02 -> 3 pairs
+    docs = needles.needle_documents(tok, texts, 256, seed=0)
+    space = evolution.Space.for_factor(8, 4.0)
+    factors = evolution.repair(space, R.seed_factors("yarn", 16, 10000.0, 4.0, L))
+    rope_extend.patch(model, "longrope", factor=4.0, short_factor=[1.0] * 8, long_factor=factors)
+    total = count = 0
+    try:
+        with torch.no_grad():
+            for ids, start in docs:
+                logits = model(torch.tensor(ids)[None]).logits[0]  # the model's own logits, every position
+                targets = torch.tensor(ids[start:])
+                total += float(F.cross_entropy(logits[start - 1 : -1], targets, reduction="sum"))
+                count += len(targets)
+    finally:
+        rope_extend.unpatch(model)
+    assert count < 6 * 16  # answers only, never the haystack
+    assert result.seeds["yarn"] == pytest.approx(math.exp(total / count), rel=1e-5)
+    text = run(needle_setup, max_evaluations=3)
+    assert text.seeds["yarn"] != pytest.approx(result.seeds["yarn"], rel=1e-3)
+
+
+def test_a_needle_search_resumes_exactly_and_refuses_another_fitness(needle_setup, tmp_path, monkeypatch):
+    whole = needle_run(needle_setup, max_evaluations=8)
+    real, calls = R.window_nll, {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 6 * 5 + 2:  # six needle documents per evaluation: dies inside the 6th
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(R, "window_nll", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        needle_run(needle_setup, max_evaluations=8, out=tmp_path / "s")
+    monkeypatch.setattr(R, "window_nll", real)
+    state = json.loads((tmp_path / "s" / R.STATE).read_text())
+    assert len(state["history"]) == 5 and state["settings"]["fitness"] == "needle"
+    with pytest.raises(
+        RopeExtendError, match=r"run with fitness 'needle', not 'text': resume it with --fitness needle"
+    ):
+        needle_run(needle_setup, max_evaluations=8, out=tmp_path / "s", resume=True, fitness="text")
+    resumed = needle_run(needle_setup, max_evaluations=8, out=tmp_path / "s", resume=True)
+    assert resumed.history == whole.history and resumed.long_factor == whole.long_factor
+    saved = json.loads((tmp_path / "s" / R.RESULT).read_text())
+    assert saved["settings"]["fitness"] == "needle" and saved["critical_dimension"] == 6
+    assert "answer tokens" in (tmp_path / "s" / "report.md").read_text()
+
+
+def test_a_state_saved_before_fitness_was_recorded_resumes_as_a_text_search(setup, tmp_path):
+    whole = run(setup, max_evaluations=12)
+    run(setup, max_evaluations=9, out=tmp_path / "s")
+    path = tmp_path / "s" / R.STATE
+    state = json.loads(path.read_text())
+    assert (state["settings"].pop("fitness"), state["settings"].pop("space")) == ("text", "longrope")
+    path.write_text(json.dumps(state))  # as the search wrote it before --fitness and --space
+    resumed = run(setup, max_evaluations=12, out=tmp_path / "s", resume=True)
+    assert resumed.history == whole.history
+    with pytest.raises(RopeExtendError, match=r"other settings \(space: 'longrope' there, 'longrope2' now\)"):
+        run(setup, max_evaluations=12, out=tmp_path / "s", resume=True, space="longrope2")
+
+
+def test_the_longrope2_bounds_hold_every_candidate(setup):
+    result = run(setup, max_evaluations=10, space="longrope2")  # critical pair 3 of 8 (dimension 6 of 16)
+    assert result.evaluations == 10 and result.critical == 6
+    assert all(f <= 2.0 for f in result.long_factor[:3]) and all(2.0 <= f <= 2.5 for f in result.long_factor[3:])
+    assert result.history != run(setup, max_evaluations=10).history  # other bounds, other candidates
+    with pytest.raises(RopeExtendError, match="space must be one of longrope, longrope2, got 'yarn'"):
+        run(setup, space="yarn")
+
+
+def test_command_line_needle_search_on_the_bundled_model(tmp_path, capsys):
+    from rope_extend.cli import main
+
+    out = tmp_path / "search"
+    args = ["search", "--model", "bundled", "--factor", "2", "--evals", "4", "--population", "4", "--out", str(out),
+            "--fitness", "needle", "--space", "longrope2", "--no-progress"]  # fmt: skip
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert "critical dimension (LongRoPE2): 34 of 64 (frequency pair 17; rotary base 1600, trained length 256)" in (
+        captured.err
+    )
+    last = json.loads(captured.out.strip().splitlines()[-1])
+    assert last["objective"] == "needle" and last["critical_dimension"] == 34 and last["evaluations"] == 4
+    result = json.loads((out / "longrope.json").read_text())
+    assert all(f >= 2.0 for f in result["long_factor"][17:]) and all(f <= 2.0 for f in result["long_factor"][:17])
+    assert main([*args[:-1], "--fitness", "text", "--resume", "--no-progress"]) == 2
+    assert "was run with fitness 'needle', not 'text'" in capsys.readouterr().err
