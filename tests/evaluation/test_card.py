@@ -53,7 +53,7 @@ def test_the_card_holds_the_harnesses_numbers(measured):
     assert kept["perplexity"]["ratio"] == pytest.approx(ppl, rel=1e-9)
     assert result["served"] is None and result["agreement"] is None  # engine=False
     text = (out / "card.md").read_text()
-    assert "average over 1 tasks" in text and "not comparable" in text and "| 512 |" in text
+    assert "average over 1 task: niah_single_1 (" in text and "not comparable" in text and "| 512 |" in text
 
 
 def test_a_resumed_card_measures_nothing_again(measured):
