@@ -35,13 +35,13 @@ from ..hf.config import rotary_geometry, text_config
 from ..patching import patched
 from .card_options import CardOptions
 from .data import default_texts
+from .engines import INSTALL
 from .records import _config_scaling as configured
 from .ruler import ESSAY, GENERATE, Haystack, PromptFormat, build_prompt, check_tasks
 from .runner import check_reachable
 
 # what the served step imports: the export (gguf) and the engine (llama_cpp), as CI installs them
 SERVE_PACKAGES = {"gguf": "gguf", "llama_cpp": "llama-cpp-python"}
-SERVE_INSTALL = "pip install 'rope-extend[llama]', which builds llama.cpp from source in minutes"
 
 
 @dataclass
@@ -104,7 +104,7 @@ def check_engine(options: CardOptions) -> list[str]:
     missing = missing_serve_packages() if options.engine is not False else []
     if missing and options.engine:
         raise RopeExtendError(
-            f"--engine: the served step needs {' and '.join(missing)}, not installed here: {SERVE_INSTALL}; or "
+            f"--engine: the served step needs {' and '.join(missing)}, not installed here: {INSTALL}; or "
             "leave --engine out (the card then skips the served rows)"
         )
     return missing
@@ -145,7 +145,7 @@ def _served(model, scaling, options: CardOptions) -> str | None:
     if decision.status != routes.EXPORTED:
         return decision.message(scaling.method.name, "gguf")
     if missing:
-        return f"{' and '.join(missing)} not installed: {SERVE_INSTALL}"
+        return f"{' and '.join(missing)} not installed: {INSTALL}"
     return None
 
 
