@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from .. import untrusted
 from ..errors import RopeExtendError
@@ -48,6 +47,7 @@ from ..io import claim_output_dir, write_json
 from ..methods import registry
 from ..methods._common import rope_frequencies
 from ..patching import patch, patched, unpatch
+from ..progress import bar as progress_bar
 from . import evolution
 from .report import write_report
 
@@ -394,7 +394,7 @@ def search(
 
     run.save = save
     run.deadline = None if max_seconds is None else time.monotonic() + max_seconds
-    run.bar = tqdm(
+    run.bar = progress_bar(
         total=max_evaluations, initial=len(run.history), disable=not progress, unit="eval", desc=f"search x{factor:g}"
     )
     # a Mistral / Phi-3 window would hide the long context
