@@ -13,9 +13,14 @@ and the tokenizer, so two backends or two models answer the same questions):
 - **retention** inside L (``evaluation.retention``): the same RULER samples, passkey trials and documents for the
   original model (the unpatched model, or ``--original``) and the patched or fine-tuned one, as a ratio with a
   paired bootstrap interval;
-- **the served artifact**: when the method exports to GGUF exactly (``export.routes``), the exported file is
-  measured in llama.cpp (``evaluation.engines``) at every length, and the card says whether the backends agree
-  within ``AGREE``: perplexity within 0.1% relative, retrieval scores within one trial's share per length.
+- **the served artifact**: when the method exports to GGUF exactly (``export.routes``) and llama-cpp-python is
+  installed (the ``llama`` extra), the exported file is measured in llama.cpp (``evaluation.engines``) at every
+  length, and the card says whether the backends agree within ``AGREE``: perplexity within 0.1% relative,
+  retrieval scores within one trial's share per length.
+
+Which tasks and lengths each measurement runs at is decided, and every check that needs no model output made,
+before the first measurement (``evaluation.card_plan``): what was given is measured exactly or refused, what was
+left to the defaults fits the model, and each thing left out is one line, printed first and kept in the card.
 
 Everything goes through the evaluation runner into ``OUT/records.jsonl``; ``--resume`` reuses a record only when
 model (its digest: weights and config, or the GGUF's SHA-256), tokenizer, data and settings match. The card
