@@ -49,7 +49,7 @@ from ..io import write_json, write_text, writing
 from ..loading import load_model, load_tokenizer, model_config
 from ..patching import patch, unpatch
 from .card_options import CardOptions
-from .card_plan import Plan, check_engine, default_lengths  # noqa: F401 (default_lengths: importable from here, as before)
+from .card_plan import ANSWER_SHARE, Plan, check_engine, default_lengths  # noqa: F401 (default_lengths: importable from here, as before)
 from .card_plan import plan as make_plan
 from .engines import LlamaCppModel
 from .identity import tokenizer_digest
@@ -58,7 +58,7 @@ from .perplexity import perplexity
 from .records import RecordLog, check_records_file
 from .report import _pyplot, wilson
 from .retention import retention_from_records
-from .ruler import ruler
+from .ruler import GENERATE, ruler
 
 AGREE = {"perplexity": 1e-3}  # relative; retrieval: within 1 / trials (one answer) per length
 OWNED = {"records.jsonl", "card.md", "card.json", "card.png"}
@@ -105,6 +105,7 @@ def measure(model, tokenizer, name: str, plan: Plan, bench: Bench):
             tasks=plan.tasks,
             samples=options.samples,
             max_new_tokens=options.answer_tokens,
+            budgets=plan.budgets,
             seed=options.seed,
             chat_template=options.chat_template,
             threshold=options.threshold,
@@ -241,6 +242,7 @@ def card(
         "lengths": lengths,
         "ruler_lengths": plan.ruler_lengths,
         "ruler_tasks": plan.tasks,
+        "answer_tokens": plan.budgets,
         "perplexity_lengths": plan.perplexity_lengths,
         "left_out": plan.left_out,
         "options": asdict(options),
@@ -312,10 +314,21 @@ def _ruler_what(card: dict[str, Any]) -> str:
     if not tasks:
         return "not measured (see what is left out)"
     names = f": {', '.join(tasks)}" if all(tasks) else ""
+    budgets = card.get("answer_tokens") or {}
+    capped = sorted({n for t, n in budgets.items() if n < GENERATE[t]})
+    if card["options"].get("answer_tokens") is not None:
+        budget = f"; {card['options']['answer_tokens']} answer tokens for every task (--answer-tokens)"
+    elif capped:
+        budget = (
+            f"; answer tokens: RULER's per task, capped at L/{ANSWER_SHARE} = {capped[-1]} (RULER's own budgets, up "
+            "to 128, are for contexts of 4k and more)"
+        )
+    else:
+        budget = ""
     return (
         f"average over {len(tasks)} {'task' if len(tasks) == 1 else 'tasks'}{names} "
-        f"({card['options']['samples']} samples each; RULER's own average is over 13, so the numbers are not "
-        "comparable with its tables)"
+        f"({card['options']['samples']} samples each{budget}; RULER's own average is over 13, so the numbers are "
+        "not comparable with its tables)"
     )
 
 
@@ -356,6 +369,8 @@ def markdown(card: dict[str, Any]) -> str:
         (
             f"Effective length (RULER's rule, average >= {eff.get('threshold')}): {eff.get('length') or 'none'}; "
             f"keeping {eff.get('keep')} of the score at {eff.get('reference_length')}: {eff.get('relative_length') or 'none'}."
+            if eff
+            else "Effective length: not measured (no RULER task was measured)."
         ),
         "",
         "| retention inside L | ratio | 95% interval | examples |",

@@ -16,6 +16,8 @@ What was chosen stays measured exactly or is refused; what was left to the defau
   defaults: the tasks whose prompt and answer budget fit at RULER's shortest length (RULER's average is over
   the same tasks at every length, so a task that fits only at longer lengths is left out, not averaged in
   later);
+- **RULER's answer budgets** given (``--answer-tokens``): one for every task. Left to the defaults: RULER's per
+  task, capped at L/4 (``answer_budgets``), and a task whose answers would not fit its capped budget left out;
 - **the served step** (``--engine``): asked for explicitly, a missing llama-cpp-python or gguf is refused at
   once; left to the default, the card measures it when both are installed and says so in one line when not.
 
@@ -36,10 +38,12 @@ from ..patching import patched
 from .card_options import CardOptions
 from .data import default_texts
 from .engines import INSTALL
+from .prompts import encode
 from .records import _config_scaling as configured
 from .ruler import ESSAY, GENERATE, Haystack, PromptFormat, build_prompt, check_tasks
 from .runner import check_reachable
 
+ANSWER_SHARE = 4  # RULER's answer budget may take at most a quarter of the trained context (answer_budgets)
 # what the served step imports: the export (gguf) and the engine (llama_cpp), as CI installs them
 SERVE_PACKAGES = {"gguf": "gguf", "llama_cpp": "llama-cpp-python"}
 
@@ -47,7 +51,7 @@ SERVE_PACKAGES = {"gguf": "gguf", "llama_cpp": "llama-cpp-python"}
 @dataclass
 class Plan:
     """The card's measurements: ``lengths`` (passkey, and the card's rows), ``ruler_lengths`` with ``tasks``,
-    ``perplexity_lengths`` with ``texts``, whether the GGUF is served (``served`` is ``None`` when it is, else why
+    ``perplexity_lengths`` with ``texts``, each RULER task's tokens to generate (``budgets``), whether the GGUF is served (``served`` is ``None`` when it is, else why
     not) and ``left_out``: one line per task, length or step the card leaves out, with why."""
 
     scaling: Any
@@ -56,6 +60,7 @@ class Plan:
     tasks: list[str]
     perplexity_lengths: list[int]
     texts: list[str]
+    budgets: dict[str, int] = field(default_factory=dict)
     served: str | None = None
     left_out: list[str] = field(default_factory=list)
 
@@ -77,6 +82,7 @@ class Plan:
             self.tasks,
             keep(self.perplexity_lengths),
             self.texts,
+            self.budgets,
             self.served,
         )
 
@@ -91,6 +97,17 @@ def default_lengths(original: int, target: int) -> list[int]:
     if lengths[-1] < target:
         lengths.append(target)
     return lengths
+
+
+def answer_budgets(original: int, answer_tokens: int | None) -> dict[str, int]:
+    """The tokens each RULER task generates: ``answer_tokens`` for every task when given, else RULER's
+    ``tokens_to_generate`` capped at ``L / ANSWER_SHARE``. RULER set its budgets (up to 128) for contexts of 4k
+    and more, where they are at most 3% of a length; on a model trained on 256 tokens 128 would be half its
+    context and no niah prompt would fit inside L, where retention and the relative effective length are
+    measured. From L = 512 on the cap is RULER's own budget."""
+    if answer_tokens is not None:
+        return dict.fromkeys(GENERATE, answer_tokens)
+    return {t: min(n, max(1, original // ANSWER_SHARE)) for t, n in GENERATE.items()}
 
 
 def missing_serve_packages() -> list[str]:
@@ -128,11 +145,13 @@ def plan(model, tok, model_name: str, options: CardOptions) -> Plan:
         raise RopeExtendError(f"engine_lengths {extra} are not among the card's lengths {lengths}")
     served = _served(model, scaling, options)
     left: list[str] = [] if served is None or options.engine is False else [f"the served rows: {served}"]
-    generated = options.answer_tokens or max(GENERATE.values())  # RULER's decoding adds the most tokens
-    lengths = _reachable(model, lengths, given, left, generated)
+    budgets = answer_budgets(L, options.answer_tokens)
+    lengths = _reachable(model, lengths, given, left, max(budgets.values()))  # RULER's decoding adds the most
     ppl_lengths, texts = _texts(tok, lengths, given, options, left)
-    ruler_lengths, tasks = _ruler(tok, lengths, given, options, left)
-    return Plan(scaling, lengths, ruler_lengths, tasks, ppl_lengths, texts, served, left)
+    ruler_lengths, tasks = _ruler(tok, lengths, given, options, left, budgets)
+    return Plan(
+        scaling, lengths, ruler_lengths, tasks, ppl_lengths, texts, {t: budgets[t] for t in tasks}, served, left
+    )
 
 
 def _served(model, scaling, options: CardOptions) -> str | None:
@@ -186,7 +205,7 @@ def _texts(tok, lengths: list[int], given: bool, options: CardOptions, left: lis
     return reached, [t for t, s in zip(source, sizes, strict=True) if reached and s >= top]
 
 
-def _ruler(tok, lengths: list[int], given: bool, options: CardOptions, left: list[str]):
+def _ruler(tok, lengths: list[int], given: bool, options: CardOptions, left: list[str], budgets: dict[str, int]):
     """``(RULER lengths, tasks)``: RULER from the shortest length where a task fits (the first given length), with
     the tasks that fit there; each task's prompt built at that length for every sample and at the longest for
     the essay haystack (``build_prompt``'s refusals: too short a length, too small a haystack)."""
@@ -198,7 +217,7 @@ def _ruler(tok, lengths: list[int], given: bool, options: CardOptions, left: lis
     def problem(task: str, n: int, samples: range) -> str | None:
         for sample in samples:
             try:
-                build_prompt(
+                prompt = build_prompt(
                     tok,
                     task,
                     n,
@@ -206,10 +225,17 @@ def _ruler(tok, lengths: list[int], given: bool, options: CardOptions, left: lis
                     sample=sample,
                     haystack=hay,
                     chat_template=fmt,
-                    max_new_tokens=options.answer_tokens,
+                    max_new_tokens=budgets[task],
                 )
             except RopeExtendError as exc:
                 return str(exc)
+            # a budget capped below RULER's must still hold the answer (else a right answer is cut and scored wrong)
+            need = len(encode(tok, ", ".join(prompt.answers), special=False))
+            if budgets[task] < GENERATE[task] and options.answer_tokens is None and need > budgets[task]:
+                return (
+                    f"the answers of RULER task {task} take {need} tokens of this tokenizer, more than the {budgets[task]} it may generate "
+                    f"(RULER's {GENERATE[task]}, capped at L/{ANSWER_SHARE} on this model)"
+                )
         return None
 
     for i, start in enumerate(lengths[:1] if given else lengths):

@@ -17,6 +17,7 @@ from rope_extend.loading import load_model, load_tokenizer
 from rope_extend.patching import patch
 
 NIAH = [f"niah_single_{i}" for i in (1, 2, 3)] + [f"niah_multikey_{i}" for i in (1, 2, 3)]
+MORE = ["niah_multivalue", "niah_multiquery", "vt", "cwe", "fwe"]
 SERVED = "the served rows: llama-cpp-python not installed: pip install 'rope-extend[llama]', which builds llama.cpp"
 
 
@@ -32,35 +33,35 @@ def _left_out(err: str) -> list[str]:
 
 @pytest.mark.slow
 def test_the_default_card_of_the_bundled_model_runs_on_the_first_try(tmp_path, capsys, no_llama_cpp):
-    """L = 256: RULER's niah prompts with their 128 answer tokens need 308, so RULER starts at 2L with the nine
-    tasks that fit there; vt and cwe need more than 2L. Said before the first bar, written into the card."""
+    """L = 256: RULER's answer budgets capped at L/4 = 64 tokens, niah_single_1 and niah_single_2 fit inside L
+    (the others need more: vt 774 tokens, cwe 1262), so RULER runs with those two at L, 2L and 4L and retention
+    and the relative effective length are measured at L. Said before the first bar, written into the card."""
     out = tmp_path / "c"
     assert main(["card", "bundled", "--method", "yarn", "--factor", "4", "--out", str(out)]) == 0
     err = capsys.readouterr().err
-    assert _left_out(err) == [
-        SERVED + " from source in minutes",
-        (
-            "RULER at 256: no task fits (length 256 is too short for RULER task niah_single_1: its smallest prompt "
-            "already takes 180 tokens of this tokenizer, and 128 more are generated; use lengths >= 308)"
-        ),
-        (
-            "RULER task vt: length 512 is too short for RULER task vt: its smallest prompt already takes 738 tokens "
-            "of this tokenizer, and 30 more are generated; use lengths >= 768"
-        ),
-        (
-            "RULER task cwe: length 512 is too short for RULER task cwe: its smallest prompt already takes 1041 "
-            "tokens of this tokenizer, and 120 more are generated; use lengths >= 1161"
-        ),
-    ]
+    left = _left_out(err)
+    assert left[0] == SERVED + " from source in minutes" and len(left) == 10
+    assert [line.split(":")[0] for line in left[1:]] == [f"RULER task {t}" for t in NIAH[2:] + MORE]
+    assert left[-3] == (
+        "RULER task vt: length 256 is too short for RULER task vt: its smallest prompt already takes 744 tokens of "
+        "this tokenizer, and 30 more are generated; use lengths >= 774"
+    )
+    assert left[1].endswith(
+        "its smallest prompt already takes 207 tokens of this tokenizer, and 64 more are generated; use lengths >= 271"
+    )
     assert err.index("leaves out") < err.index("ruler yarn")  # before anything is measured
     data = json.loads((out / "card.json").read_text())
-    assert data["lengths"] == [256, 512, 1024] and data["ruler_lengths"] == [512, 1024]
-    assert data["ruler_tasks"] == [*NIAH, "niah_multivalue", "niah_multiquery", "fwe"]
-    assert set(data["backends"]["transformers"]["ruler"]) == {"512", "1024"}
-    assert data["backends"]["original"]["ruler"] == {} and set(data["backends"]["original"]["passkey"]) == {"256"}
+    assert data["lengths"] == data["ruler_lengths"] == [256, 512, 1024]
+    assert data["ruler_tasks"] == NIAH[:2] and data["answer_tokens"] == dict.fromkeys(NIAH[:2], 64)
+    assert set(data["backends"]["transformers"]["ruler"]) == {"256", "512", "1024"}
+    assert set(data["backends"]["original"]["ruler"]) == {"256"} and "ruler" in data["retention"]
+    assert data["backends"]["transformers"]["effective"]["reference_length"] == 256
     text = (out / "card.md").read_text()
-    assert "RULER: average over 9 tasks: niah_single_1, " in text and "Left out (decided before measuring):" in text
-    assert "- RULER task vt: length 512 is too short" in text
+    assert (
+        "RULER: average over 2 tasks: niah_single_1, niah_single_2 (5 samples each; answer tokens: RULER's per " in text
+    )
+    assert "capped at L/4 = 64" in text and "Left out (decided before measuring):" in text
+    assert "- RULER task vt: length 256 is too short" in text
     assert {p.name for p in out.iterdir()} >= {"card.md", "card.json", "card.png", "records.jsonl"}
 
 
@@ -76,13 +77,16 @@ def test_the_default_card_of_a_tiny_saved_model_runs_on_the_first_try(tmp_path, 
     assert main(["card", str(saved), "--method", "yarn", "--factor", "2", "--out", str(out)]) == 0
     left = _left_out(capsys.readouterr().err)
     assert left[0].startswith(SERVED) and len(left) == 3
-    assert left[1].startswith("RULER at 128: no task fits (length 128 leaves no prompt for RULER task niah_single_1")
+    # RULER's budgets capped at L/4 = 32 tokens: niah_single_1's smallest prompt (242) still fits neither length
+    assert left[1].startswith("RULER at 128: no task fits (length 128 is too short for RULER task niah_single_1")
     assert left[2].startswith("RULER at 256: no task fits (length 256 is too short for RULER task niah_single_1")
     data = json.loads((out / "card.json").read_text())
     assert data["ruler_lengths"] == [] and data["ruler_tasks"] == [] and data["lengths"] == [128, 256]
     assert set(data["backends"]["transformers"]["passkey"]) == {"128", "256"}
     assert set(data["backends"]["transformers"]["perplexity"]) == {"128", "256"}
-    assert "RULER: not measured (see what is left out)" in (out / "card.md").read_text()
+    text = (out / "card.md").read_text()
+    assert "RULER: not measured (see what is left out)" in text
+    assert "Effective length: not measured (no RULER task was measured)." in text
 
 
 # ------------------------------------------------------------------ the plan alone: nothing is measured here
@@ -114,16 +118,17 @@ def test_given_tasks_start_ruler_where_they_all_fit_or_are_refused(bundled):
     ]
     with pytest.raises(
         RopeExtendError,
-        match=r"length 1024 is too short for RULER task cwe: .* 120 more are generated; use lengths >= 1221$",
+        match=r"length 1024 is too short for RULER task cwe: .* 64 more are generated; use lengths >= 1264$",
     ):
         card_plan.plan(model, tok, "bundled", CardOptions(tasks=["cwe"], engine=False))
 
 
 def test_given_lengths_are_measured_at_every_length_or_refused(bundled):
     model, tok = bundled
-    with pytest.raises(RopeExtendError, match="length 256 is too short for RULER task niah_single_1"):
-        card_plan.plan(model, tok, "bundled", CardOptions(lengths=[256, 512], engine=False))
+    with pytest.raises(RopeExtendError, match="length 200 is too short for RULER task niah_single_1: .* >= 244$"):
+        card_plan.plan(model, tok, "bundled", CardOptions(lengths=[200, 512], engine=False))
     plan = card_plan.plan(model, tok, "bundled", CardOptions(lengths=[256, 512], answer_tokens=32, engine=False))
+    assert plan.budgets == dict.fromkeys(plan.tasks, 32)
     assert plan.ruler_lengths == [256, 512] and plan.tasks == [
         "niah_single_1",
         "niah_single_2",
@@ -196,3 +201,20 @@ def test_the_wording_counts_tasks_and_the_figure_names_lines_as_the_table(tmp_pa
     assert "RULER: average over 1 task: fwe (5 samples each;" in text and "(patched)" in text
     assert markdown({**card, "ruler_tasks": ["fwe", "vt"]}).count("average over 2 tasks: fwe, vt (") == 1
     assert figure(card, tmp_path / "card.png") == ["patched", "original"]
+
+
+def test_ruler_budgets_are_capped_at_a_quarter_of_L_and_must_hold_the_answers(bundled, monkeypatch):
+    from rope_extend.evaluation.ruler import GENERATE
+
+    assert card_plan.answer_budgets(256, None) == {**dict.fromkeys(GENERATE, 64), "vt": 30, "fwe": 50}
+    assert card_plan.answer_budgets(512, None) == card_plan.answer_budgets(8192, None) == GENERATE
+    assert card_plan.answer_budgets(256, 16) == dict.fromkeys(GENERATE, 16)
+    # a budget too small for a task's answer (a UUID: 36 tokens) leaves the task out rather than cut the answer
+    monkeypatch.setattr(card_plan, "answer_budgets", lambda original, given: dict.fromkeys(GENERATE, 8))
+    model, tok = bundled
+    plan = card_plan.plan(model, tok, "bundled", CardOptions(tasks=None, engine=False, lengths=[256, 512]))
+    assert "niah_single_1" in plan.tasks and "niah_single_3" not in plan.tasks
+    assert (
+        "RULER task niah_single_3: the answers of RULER task niah_single_3 take 36 tokens of this tokenizer, more "
+        "than the 8 it may generate (RULER's 128, capped at L/4 on this model)"
+    ) in plan.left_out
