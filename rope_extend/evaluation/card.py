@@ -13,9 +13,14 @@ and the tokenizer, so two backends or two models answer the same questions):
 - **retention** inside L (``evaluation.retention``): the same RULER samples, passkey trials and documents for the
   original model (the unpatched model, or ``--original``) and the patched or fine-tuned one, as a ratio with a
   paired bootstrap interval;
-- **the served artifact**: when the method exports to GGUF exactly (``export.routes``), the exported file is
-  measured in llama.cpp (``evaluation.engines``) at every length, and the card says whether the backends agree
-  within ``AGREE``: perplexity within 0.1% relative, retrieval scores within one trial's share per length.
+- **the served artifact**: when the method exports to GGUF exactly (``export.routes``) and llama-cpp-python is
+  installed (the ``llama`` extra), the exported file is measured in llama.cpp (``evaluation.engines``) at every
+  length, and the card says whether the backends agree within ``AGREE``: perplexity within 0.1% relative,
+  retrieval scores within one trial's share per length.
+
+Which tasks and lengths each measurement runs at is decided, and every check that needs no model output made,
+before the first measurement (``evaluation.card_plan``): what was given is measured exactly or refused, what was
+left to the defaults fits the model, and each thing left out is one line, printed first and kept in the card.
 
 Everything goes through the evaluation runner into ``OUT/records.jsonl``; ``--resume`` reuses a record only when
 model (its digest: weights and config, or the GGUF's SHA-256), tokenizer, data and settings match. The card
@@ -27,6 +32,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -36,24 +42,23 @@ from typing import Any
 
 import torch
 
-from ..documents import read_documents
 from ..errors import RopeExtendError
-from ..export import export, routes
-from ..hf.config import rotary_geometry, text_config
+from ..export import export
+from ..hf.config import text_config
 from ..io import write_json, write_text, writing
 from ..loading import load_model, load_tokenizer, model_config
-from ..patching import patch, patched, unpatch
+from ..patching import patch, unpatch
 from .card_options import CardOptions
-from .data import default_texts
+from .card_plan import ANSWER_SHARE, Plan, check_engine, default_lengths  # noqa: F401 (default_lengths: importable from here, as before)
+from .card_plan import plan as make_plan
 from .engines import LlamaCppModel
 from .identity import tokenizer_digest
 from .passkey import passkey
 from .perplexity import perplexity
 from .records import RecordLog, check_records_file
-from .records import _config_scaling as configured
 from .report import _pyplot, wilson
 from .retention import retention_from_records
-from .ruler import ESSAY, build_prompt, check_tasks, ruler
+from .ruler import GENERATE, ruler
 
 AGREE = {"perplexity": 1e-3}  # relative; retrieval: within 1 / trials (one answer) per length
 OWNED = {"records.jsonl", "card.md", "card.json", "card.png"}
@@ -73,59 +78,52 @@ class Backend:
     seconds: float = 0.0
 
 
-def default_lengths(original: int, target: int) -> list[int]:
-    """``L/2`` (when ``L >= 2048``: RULER's answer budget, up to 128 tokens, leaves a prompt), ``L``, then ``2L, 4L,
-    ...`` up to ``target`` (``target`` itself when it is not a doubling of ``L``)."""
-    lengths, n = ([original // 2] if original >= 2048 else []) + [original], original
-    while n * 2 <= target:
-        n *= 2
-        lengths.append(n)
-    if lengths[-1] < target:
-        lengths.append(target)
-    return lengths
-
-
 @dataclass(frozen=True)
 class Bench:
-    """What every backend of a card is measured on: ``texts`` (perplexity's), the ``options``, the ``records`` file
+    """What every backend of a card is measured on: the ``options``, the ``records`` file
     every harness appends to (with ``resume``: what the card measured earlier is reused, nothing twice) and the
     ``reference`` length whose RULER score the relative effective length keeps (L)."""
 
-    texts: list[str]
     options: CardOptions
     records: Path
     reference: int
     resume: bool = True
 
 
-def measure(model, tokenizer, name: str, lengths: list[int], bench: Bench):
-    """RULER, passkey and perplexity of ``model`` at ``lengths``, on ``bench``."""
+def measure(model, tokenizer, name: str, plan: Plan, bench: Bench):
+    """RULER, passkey and perplexity of ``model`` at the plan's lengths, on ``bench``."""
 
     start = time.perf_counter()
     options = bench.options
     common = {"records": bench.records, "resume": bench.resume, "progress": True, "run": {"label": name}}
-    r = ruler(
-        model,
-        tokenizer,
-        lengths,
-        tasks=options.tasks,
-        samples=options.samples,
-        max_new_tokens=options.answer_tokens,
-        seed=options.seed,
-        chat_template=options.chat_template,
-        threshold=options.threshold,
-        keep=options.keep,
-        reference_length=bench.reference if bench.reference in lengths else None,
-        **common,
-    )
-    p = passkey(model, tokenizer, lengths, trials=options.trials, seed=options.seed, **common)
-    ppl = perplexity(model, tokenizer, bench.texts, lengths, max_docs=options.docs, **common)
-    out = Backend(name, dict(r.average), r.tasks, dict(p.accuracy_by_length))
+    out, records = Backend(name), []
+    if plan.tasks and plan.ruler_lengths:
+        r = ruler(
+            model,
+            tokenizer,
+            plan.ruler_lengths,
+            tasks=plan.tasks,
+            samples=options.samples,
+            max_new_tokens=options.answer_tokens,
+            budgets=plan.budgets,
+            seed=options.seed,
+            chat_template=options.chat_template,
+            threshold=options.threshold,
+            keep=options.keep,
+            reference_length=bench.reference if bench.reference in plan.ruler_lengths else None,
+            **common,
+        )
+        out.ruler, out.ruler_tasks, records = dict(r.average), r.tasks, records + r.records
+        out.effective = r.effective.as_dict() if r.effective is not None else None
+    p = passkey(model, tokenizer, plan.lengths, trials=options.trials, seed=options.seed, **common)
+    out.passkey = dict(p.accuracy_by_length)
     out.passkey_interval = {n: wilson(a * options.trials, options.trials) for n, a in p.accuracy_by_length.items()}
-    out.perplexity = dict(ppl.perplexity)
-    out.effective = r.effective.as_dict() if r.effective is not None else None
+    records += p.records
+    if plan.perplexity_lengths:
+        ppl = perplexity(model, tokenizer, plan.texts, plan.perplexity_lengths, max_docs=options.docs, **common)
+        out.perplexity, records = dict(ppl.perplexity), records + ppl.records
     out.seconds = round(time.perf_counter() - start, 1)
-    return out, r.records + p.records + ppl.records
+    return out, records
 
 
 def agreement(a: Backend, b: Backend, trials: int) -> dict[str, Any]:
@@ -152,42 +150,6 @@ def hardware() -> dict[str, Any]:
 
 def _model(name: str, dtype: str):
     return load_model(name, dtype=dtype, attn_implementation="sdpa")
-
-
-def _plan(model, tok, model_name: str, options: CardOptions):
-    """``(scaling, lengths, texts)``: the scaling the card measures and what it measures it on, all checked."""
-    scaling = patched(model) or configured(model)
-    if scaling is None:
-        raise RopeExtendError(
-            f"{model_name} is neither patched nor configured with a scaling: give --method (the card measures a "
-            "context extension)"
-        )
-    L = scaling.original_max_position_embeddings
-    lengths = options.lengths or default_lengths(L, scaling.target_length)
-    if not any(n <= L for n in lengths):
-        raise RopeExtendError(f"retention needs a length inside L={L}; got lengths {lengths}")
-    extra = sorted(set(options.engine_lengths or ()) - set(lengths))
-    if extra:
-        raise RopeExtendError(f"engine_lengths {extra} are not among the card's lengths {lengths}")
-    source = default_texts() if options.text is None else read_documents(options.text)
-    texts = [t for t in source if len(tok(t)["input_ids"]) >= max(lengths)]
-    if not texts:
-        raise RopeExtendError(
-            f"no text of {options.text or 'the bundled corpus'!r} reaches {max(lengths)} tokens: pass --text with longer ones"
-        )
-    # RULER's prompts that can be refused (too short a length; an essay haystack too small), built before anything
-    # is written: the shortest length for every task, the longest for the essay tasks
-    for task in check_tasks(options.tasks):
-        for n in {min(lengths), max(lengths)} if task in ESSAY else {min(lengths)}:
-            build_prompt(
-                tok,
-                task,
-                n,
-                seed=options.seed,
-                chat_template=options.chat_template,
-                max_new_tokens=options.answer_tokens,
-            )
-    return scaling, lengths, texts
 
 
 def check_original(original: str, model_name: str, tok) -> None:
@@ -236,6 +198,7 @@ def card(
             f"{out} already holds a card's records: pass resume=True (--resume) to continue it, or give another folder"
         )
     check_records_file(out / "records.jsonl", resume=resume)  # a folder, a link or a bad record: before any load
+    check_engine(options)  # --engine without llama-cpp-python: refused before anything loads
     began = time.perf_counter()
     tok = load_tokenizer(model_name)
     if original is not None:
@@ -243,29 +206,31 @@ def card(
     model = _model(model_name, dtype)
     if method != "none":
         patch(model, method, **(scaling_kwargs or {}))
-    scaling, lengths, texts = _plan(model, tok, model_name, options)
+    plan = make_plan(model, tok, model_name, options)
+    for line in plan.left_out:  # before anything is measured: what this card will not hold, and why
+        print(f"rope-extend card: leaves out {line}", file=sys.stderr)
     if claim is not None:
         claim()  # everything checked: now write
     out.mkdir(parents=True, exist_ok=True)
+    scaling, lengths = plan.scaling, plan.lengths
     L = scaling.original_max_position_embeddings
     label = scaling.describe()
     # every harness appends to one records file: what this card measured earlier is reused, nothing twice
-    bench = Bench(texts, options, out / "records.jsonl", L)
+    bench = Bench(options, out / "records.jsonl", L)
     backends: dict[str, Backend] = {}
-    backends["transformers"], patched_records = measure(model, tok, label, lengths, bench)
+    backends["transformers"], patched_records = measure(model, tok, label, plan, bench)
     served: dict[str, Any] | None = None
-    decision = routes.decide(scaling, "gguf", *rotary_geometry(text_config(model.config)))
-    if options.engine and decision.status == routes.EXPORTED:
-        served = _served(model, tok, label, options.engine_lengths or lengths, bench, scaling)
+    if plan.served is None:
+        served = _served(model, tok, label, plan.at(options.engine_lengths or lengths), bench)
         backends["llama.cpp"] = served.pop("backend")
-    elif options.engine:
-        served = {"skipped": decision.message(scaling.method.name, "gguf")}
+    elif options.engine is not False:
+        served = {"skipped": plan.served}
     # the original (unpatched, or --original) inside L: the same examples
     if original is None and method != "none":
         unpatch(model)
     else:
         model = _model(original or model_name, dtype)  # the prompts stay those of MODEL's tokenizer
-    inside = [n for n in lengths if n <= L]
+    inside = plan.at([n for n in lengths if n <= L])
     backends["original"], original_records = measure(model, tok, "original", inside, bench)
     kept = retention(original_records, [r for r in patched_records if r["length"] <= L], L)
     result = {
@@ -275,6 +240,11 @@ def card(
         "original_length": L,
         "target_length": scaling.target_length,
         "lengths": lengths,
+        "ruler_lengths": plan.ruler_lengths,
+        "ruler_tasks": plan.tasks,
+        "answer_tokens": plan.budgets,
+        "perplexity_lengths": plan.perplexity_lengths,
+        "left_out": plan.left_out,
         "options": asdict(options),
         "backends": {k: asdict(v) for k, v in backends.items()},
         "retention": kept,
@@ -307,10 +277,11 @@ def retention(original: list[dict], patched: list[dict], within: int) -> dict[st
     return out
 
 
-def _served(model, tok, label: str, lengths: list[int], bench: Bench, scaling) -> dict[str, Any]:
-    """The GGUF export of the patched model, measured in llama.cpp at every length (the file in a temporary
+def _served(model, tok, label: str, plan: Plan, bench: Bench) -> dict[str, Any]:
+    """The GGUF export of the patched model, measured in llama.cpp at the plan's lengths (the file in a temporary
     folder: records name its SHA-256, which is the same for the same model and export)."""
 
+    scaling, lengths = plan.scaling, plan.lengths
     with tempfile.TemporaryDirectory() as tmp:
         result = export(model, "gguf", Path(tmp) / "served.gguf", tokenizer=tok)  # the patched model's scaling
         n_ctx = max(lengths) + 256  # RULER's budgets are inside the length; passkey adds 10 tokens
@@ -321,7 +292,7 @@ def _served(model, tok, label: str, lengths: list[int], bench: Bench, scaling) -
             factor=scaling.factor,
             original_length=scaling.original_max_position_embeddings,
         ) as served:
-            backend, _ = measure(served, tok, f"{label} (llama.cpp)", lengths, bench)
+            backend, _ = measure(served, tok, f"{label} (llama.cpp)", plan, bench)
             digest = served.digest
     return {"engine": "llama.cpp", "how": result.how, "file_digest": digest, "backend": backend, "lengths": lengths}
 
@@ -335,6 +306,32 @@ def _pct(x: float | None) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1f}"
 
 
+def _ruler_what(card: dict[str, Any]) -> str:
+    """What the RULER column averages: its tasks, counted and named, and why it is not RULER's own number."""
+    tasks = card.get("ruler_tasks")
+    if tasks is None:  # a card.json written before the plan named its tasks
+        tasks = [None] * card["backends"]["transformers"]["ruler_tasks"]
+    if not tasks:
+        return "not measured (see what is left out)"
+    names = f": {', '.join(tasks)}" if all(tasks) else ""
+    budgets = card.get("answer_tokens") or {}
+    capped = sorted({n for t, n in budgets.items() if n < GENERATE[t]})
+    if card["options"].get("answer_tokens") is not None:
+        budget = f"; {card['options']['answer_tokens']} answer tokens for every task (--answer-tokens)"
+    elif capped:
+        budget = (
+            f"; answer tokens: RULER's per task, capped at L/{ANSWER_SHARE} = {capped[-1]} (RULER's own budgets, up "
+            "to 128, are for contexts of 4k and more)"
+        )
+    else:
+        budget = ""
+    return (
+        f"average over {len(tasks)} {'task' if len(tasks) == 1 else 'tasks'}{names} "
+        f"({card['options']['samples']} samples each{budget}; RULER's own average is over 13, so the numbers are "
+        "not comparable with its tables)"
+    )
+
+
 def markdown(card: dict[str, Any]) -> str:
     """The model-card block: one table by length (each backend), effective lengths, retention, agreement."""
     b = card["backends"]
@@ -344,12 +341,13 @@ def markdown(card: dict[str, Any]) -> str:
         f"### Long context: {card['model']}, {card['scaling']}",
         "",
         (
-            f"Trained context L = {card['original_length']}, target {card['target_length']}. RULER: average over "
-            f"{b['transformers']['ruler_tasks']} tasks ({card['options']['samples']} samples each; RULER's own average "
-            f"is over 13, so the numbers are not comparable with its tables); passkey: {card['options']['trials']} "
-            "trials (95% Wilson interval); perplexity: token-weighted."
+            f"Trained context L = {card['original_length']}, target {card['target_length']}. RULER: {_ruler_what(card)}; "
+            f"passkey: {card['options']['trials']} trials (95% Wilson interval); perplexity: token-weighted."
         ),
         "",
+        *(["Left out (decided before measuring):", ""] if card.get("left_out") else []),
+        *(f"- {line}" for line in card.get("left_out", ())),
+        *([""] if card.get("left_out") else []),
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
@@ -371,6 +369,8 @@ def markdown(card: dict[str, Any]) -> str:
         (
             f"Effective length (RULER's rule, average >= {eff.get('threshold')}): {eff.get('length') or 'none'}; "
             f"keeping {eff.get('keep')} of the score at {eff.get('reference_length')}: {eff.get('relative_length') or 'none'}."
+            if eff
+            else "Effective length: not measured (no RULER task was measured)."
         ),
         "",
         "| retention inside L | ratio | 95% interval | examples |",
@@ -399,24 +399,36 @@ def markdown(card: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def figure(card: dict[str, Any], path: Path) -> None:
-    """RULER average, passkey accuracy and perplexity by length, one line per backend."""
+def figure(card: dict[str, Any], path: Path) -> list[str]:
+    """RULER average, passkey accuracy and perplexity by length, one line per backend, named as the table's
+    columns name it (``SHOWN``: original, patched, served in llama.cpp) in one legend for the three panels (a
+    backend a panel lacks, such as the original's RULER when RULER starts past L, is still named). Returns the
+    legend's names."""
 
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    colors = {name: f"C{i}" for i, name in enumerate(SHOWN)}
+    handles: dict[str, Any] = {}
     for name, x in card["backends"].items():
+        label = SHOWN.get(name, name)
         for ax, key, scale in ((axes[0], "ruler", 1), (axes[1], "passkey", 100), (axes[2], "perplexity", 1)):
             pts = sorted((int(n), v * scale) for n, v in x[key].items())
             if pts:
-                ax.plot(*zip(*pts, strict=True), marker="o", label=SHOWN.get(name, name))
+                (line,) = ax.plot(*zip(*pts, strict=True), marker="o", color=colors.get(name), label=label)
+                handles.setdefault(label, line)
     for ax, title in zip(axes, ("RULER average (%)", "passkey (%)", "perplexity"), strict=True):
         ax.set_xscale("log", base=2)
         ax.axvline(card["original_length"], color="grey", linestyle=":", linewidth=1)
         ax.set_title(title)
         ax.set_xlabel("tokens")
-    axes[0].legend(fontsize=8)
+        if title.endswith("(%)"):
+            ax.set_ylim(-5, 105)  # a share: 0 and 100 in sight, so a flat line at 0 is not read as a trend
+        if not any(line.get_label() in handles for line in ax.lines):  # only the line at L: nothing measured
+            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, color="grey")
+    fig.legend(handles.values(), handles.keys(), loc="upper right", fontsize=8)
     fig.suptitle(f"{card['model']}: {card['scaling']}", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.9, 1))
     with writing(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
     plt.close(fig)
+    return list(handles)

@@ -32,7 +32,11 @@ class CardOptions:
     chat_template: bool = option(True, help="RULER prompts in the tokenizer's chat template when it has one")
     threshold: float = option(RULER_THRESHOLD, help="RULER's effective-length bar, percent")
     keep: float = option(KEEP, help="the share of the score at L a length must keep (relative effective length)")
-    engine: bool = option(True, help="also measure the GGUF export in llama.cpp when the method exports exactly")
+    engine: bool | None = option(
+        None,
+        help="also measure the GGUF export in llama.cpp when the method exports exactly (default: when "
+        "llama-cpp-python and gguf are installed, the rope-extend[llama] extra; --engine refuses without them)",
+    )
     engine_lengths: list[Any] | None = option(
         None,
         help="the lengths the served GGUF is measured at, some of --lengths (default: all of them; llama.cpp as "

@@ -39,6 +39,9 @@ from ..version import __version__
 
 DIGEST_DIGITS = 16  # of the file's SHA-256 (io.sha256), in its records: enough to tell two files apart
 
+# the extra that installs llama-cpp-python 0.3.36 (pyproject.toml; .ci/run builds the same from its source)
+INSTALL = "pip install 'rope-extend[llama]', which builds llama.cpp from source in minutes"
+
 
 class EngineModel:
     """What the evaluation harnesses ask of a model served by an engine (instead of a transformers model)."""
@@ -96,9 +99,7 @@ class LlamaCppModel(EngineModel):
         try:
             import llama_cpp  # noqa: PLC0415 - optional: only this backend needs it
         except ImportError as exc:
-            raise RopeExtendError(
-                "evaluating a GGUF file needs llama-cpp-python: pip install llama-cpp-python==0.3.36"
-            ) from exc
+            raise RopeExtendError(f"evaluating a GGUF file needs llama-cpp-python: {INSTALL}") from exc
         self.path = Path(path)
         if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 1:
             raise RopeExtendError(f"n_ctx must be a positive integer, got {n_ctx!r}")

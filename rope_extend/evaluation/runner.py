@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -119,7 +118,7 @@ def run(
     that records of the old protocol are measured again. ``tokenizer``: the one the prompts are made with (its
     digest joins the setting: a prompt made from text is the same prompt only for the same tokenizer).
     """
-    from tqdm.auto import tqdm
+    from ..progress import bar as progress_bar
 
     window.check_sliding_window_mode(sliding_window)
     check_reachable(model, longest, cache=cache, generated=generated)
@@ -145,12 +144,9 @@ def run(
         old = {identity(alias) for alias in aliases} - {sid}
         log = RecordLog(records, resume=resume)
         done: list[dict] = []
-        bar = tqdm(jobs, desc=f"{task} {info.get('label') or info['method']}", unit=unit, disable=not progress)
-        # the length being measured shows at once on a terminal; in a log (not a tty, where every refresh is a new
-        # line) it waits for the job's own update, so each job prints one line, not two
-        interactive = sys.stderr.isatty()
+        bar = progress_bar(jobs, desc=f"{task} {info.get('label') or info['method']}", unit=unit, disable=not progress)
         for job in bar:
-            bar.set_postfix(length=job.get("length"), refresh=interactive)
+            bar.set_postfix(length=job.get("length"))  # at once on a terminal; in a log, with the bar's next line
             found = log.find({"setting": sid, **job}) or (log.find(job, settings=old) if old else None)
             if found is None:
                 start, cpu = time.perf_counter(), time.process_time()

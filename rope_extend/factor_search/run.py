@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from .. import untrusted
 from ..errors import RopeExtendError
@@ -56,6 +55,7 @@ from ..methods import registry
 from ..methods._common import rope_frequencies
 from ..methods.longrope import critical_dimension
 from ..patching import patch, patched, unpatch
+from ..progress import bar as progress_bar
 from . import evolution
 from .needles import FITNESSES, check_fitness, documents
 from .report import write_report
@@ -350,7 +350,7 @@ def search(
 
     run.save = save
     run.deadline = None if max_seconds is None else time.monotonic() + max_seconds
-    run.bar = tqdm(
+    run.bar = progress_bar(
         total=max_evaluations, initial=len(run.history), disable=not progress, unit="eval", desc=f"search x{factor:g}"
     )
     # a Mistral / Phi-3 window would hide the long context

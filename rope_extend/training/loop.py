@@ -295,11 +295,11 @@ def train(args: TrainArgs, *, on_step: Callable[[int], None] | None = None) -> T
 
 
 def _train(run: Run, on_step: Callable[[int], None] | None) -> TrainResult:
-    from tqdm.auto import tqdm
+    from ..progress import bar as progress_bar
 
     args, acc, model = run.args, run.accelerator, run.model
     model.train()
-    bar = tqdm(
+    bar = progress_bar(
         total=args.max_steps, initial=run.step, disable=not acc.is_local_main_process, desc="train", dynamic_ncols=True
     )
     clock, clock_tokens = time.perf_counter(), 0

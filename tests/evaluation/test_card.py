@@ -53,7 +53,7 @@ def test_the_card_holds_the_harnesses_numbers(measured):
     assert kept["perplexity"]["ratio"] == pytest.approx(ppl, rel=1e-9)
     assert result["served"] is None and result["agreement"] is None  # engine=False
     text = (out / "card.md").read_text()
-    assert "average over 1 tasks" in text and "not comparable" in text and "| 512 |" in text
+    assert "average over 1 task: niah_single_1 (" in text and "not comparable" in text and "| 512 |" in text
 
 
 def test_a_resumed_card_measures_nothing_again(measured):
@@ -88,7 +88,8 @@ def test_cli_bad_option_is_one_line_exit_2(tmp_path, capsys):
     [
         (["--method", "yarn", "--factor", "4", "--lengths", "512", "1024"], "needs a length inside L=256"),
         (["--lengths", "128", "256"], "neither patched nor configured"),  # no --method: no scaling
-        (["--method", "yarn", "--factor", "4", "--lengths", "120", "256"], "leaves no prompt for RULER"),
+        # L = 256: RULER's budgets capped at L/4 = 64 tokens (card_plan.answer_budgets), which 60 cannot hold
+        (["--method", "yarn", "--factor", "4", "--lengths", "60", "256"], "leaves no prompt for RULER"),
         (["--method", "yarn", "--factor", "4", "--lengths", "160", "256"], "too short for RULER"),
     ],
 )

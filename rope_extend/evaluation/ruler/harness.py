@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...errors import RopeExtendError
 from .. import retrieval, ruler_words, runner
 from ..data import default_texts
 from ..effective import KEEP, RULER_THRESHOLD, EffectiveLength, check_effective_options, effective_lengths
@@ -43,6 +44,7 @@ def ruler(
     *,
     options: RulerOptions | None = None,
     haystack: Sequence[str] | None = None,
+    budgets: dict[str, int] | None = None,
     threshold: float = RULER_THRESHOLD,
     reference_length: int | None = None,
     keep: float = KEEP,
@@ -61,6 +63,8 @@ def ruler(
     share of the length). ``chat_template``: wrap the prompt in the tokenizer's chat template when it has one
     (RULER does for instruct models); False keeps RULER's ``base`` template.
     ``haystack``: texts for the essay tasks (default: the bundled held-out corpus).
+    ``budgets``: tokens to generate per task where they differ from RULER's (``card`` caps them on a model whose
+    trained context RULER's would crowd); ``max_new_tokens`` wins over them.
     ``threshold``, ``reference_length`` and ``keep``: the effective lengths' (``effective.effective_lengths``).
     ``records``/``resume``/``progress``/``run`` are the evaluation runner's (see ``evaluation.runner``).
     """
@@ -74,7 +78,10 @@ def ruler(
     check_effective_options(threshold, reference_length, keep)
     retrieval.check_can_generate(model)
     fmt = PromptFormat(tokenizer, options.chat_template)
-    budget = {t: max_new_tokens or GENERATE[t] for t in names}
+    for t, n in (budgets or {}).items():
+        if t not in GENERATE or isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise RopeExtendError(f"budgets[{t!r}] must be a positive number of tokens of a RULER task, got {n!r}")
+    budget = {t: max_new_tokens or (budgets or {}).get(t) or GENERATE[t] for t in names}
     runner.check_reachable(model, max(lengths), cache=True)  # the length holds the generated tokens
     hay = Haystack(haystack)
     built: dict[tuple[str, int, int], RulerPrompt] = {}

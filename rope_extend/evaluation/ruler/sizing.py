@@ -207,15 +207,15 @@ def build_prompt(
     fresh = sample_rng(task, seed, length, sample)
     measure = measuring(fresh)
 
-    def too_short() -> RopeExtendError:
+    def too_short(draw: Callable[[int], int]) -> RopeExtendError:
         return RopeExtendError(
             f"length {length} is too short for RULER task {task}: its smallest prompt already takes "
-            f"{measure(low)} tokens of this tokenizer, and {generate} more are generated; use lengths >= "
-            f"{measure(low) + generate}"
+            f"{draw(low)} tokens of this tokenizer, and {generate} more are generated; use lengths >= "
+            f"{draw(low) + generate}"
         )
 
-    if n is None:
-        raise too_short()
+    if n is None:  # the sizing draw's smallest prompt is too long (a sample's own may be shorter)
+        raise too_short(sizing)
     if high is not None and n == high:
         what = "the essay haystack" if task in NIAH else "RULER's wonderwords list for cwe"
         raise RopeExtendError(
@@ -229,7 +229,7 @@ def build_prompt(
         while n - step < low and step > 1:
             step //= 2  # RULER's step would leave no haystack (RULER loops forever there): a finer one
         if n - step < low:
-            raise too_short()
+            raise too_short(measure)
         n -= step
     if task == "fwe":
         counts = fwe_counts(n, fwe_vocab(budget))
