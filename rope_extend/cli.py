@@ -201,7 +201,8 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     from . import fetch
 
     if args.list or not args.name:
-        for remote in [*fetch.REMOTES.values(), *fetch.TEXTS.values()]:
+        remotes: list[fetch.Remote | fetch.Texts] = [*fetch.REMOTES.values(), *fetch.TEXTS.values()]
+        for remote in remotes:
             where = fetch.cached(remote.name)
             what = f"L={remote.trained_context}" if isinstance(remote, fetch.Remote) else "texts"
             print(

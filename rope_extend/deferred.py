@@ -20,6 +20,7 @@ finder only wraps a module's loader for the time of its execution: the module's 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
 import importlib.util
 import sys
 import types
@@ -29,8 +30,9 @@ TRIGGER = "transformers.modeling_rope_utils"
 WATCHED = "transformers"
 
 
-class _Loader:
-    """The real loader of a transformers module, counting how many such modules are executing."""
+class _Loader(importlib.abc.Loader):
+    """The real loader of a transformers module, counting how many such modules are executing (a ``Loader``
+    subclass, as ``ModuleSpec.loader`` is typed; it adds only the legacy ``load_module``, which runs ours)."""
 
     def __init__(self, inner, watch: Watch):
         self.inner, self.watch = inner, watch

@@ -19,15 +19,20 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .io import claim_output_dir
+
+if TYPE_CHECKING:  # evaluation is imported when a demo runs it, not when the command line is read
+    from .evaluation.suite import MethodSpec
 
 METHODS = ["none", "linear", "ntk", "dynamic", "yarn", "dynamic_yarn", "self_extend", "dual_chunk", "rerope logn"]
 # the attention methods take no factor: (method, params) per demo name. self_extend's default group of 8 reaches
 # (L - L/4) * 8 + L/4 = 6.25 L; a group of 16 reaches 12.25 L, past the demo's 8 L.
-ATTENTION = {
+ATTENTION: dict[str, tuple[str, dict[str, Any]]] = {
     "self_extend": ("self_extend", {"group_size": 16}),
     "dual_chunk": ("dual_chunk", {}),
     "rerope logn": ("rerope", {"logn": True}),
@@ -123,6 +128,15 @@ class Plan:
         )
 
 
+def _stage_per_method(stages: Stages) -> Callable[[MethodSpec], None]:
+    """``run_suite``'s ``on_method``: each method starts the next stage (its progress line)."""
+
+    def on_method(spec: MethodSpec) -> None:
+        stages.next(spec.name())
+
+    return on_method
+
+
 def evaluate(
     model,
     tokenizer,
@@ -156,7 +170,7 @@ def evaluate(
         passkey=PasskeyOptions(lengths=lengths, trials=plan.trials, seed=seed),
         perplexity=PerplexityOptions(lengths=lengths, data=str(bundled.EVAL_CORPUS), max_docs=plan.ppl_docs),
     )
-    on_method = None if stages is None else (lambda spec: stages.next(spec.name()))
+    on_method = None if stages is None else _stage_per_method(stages)
     return run_suite(suite, out=out, model=model, tokenizer=tokenizer, on_method=on_method)["records"]
 
 

@@ -210,12 +210,12 @@ def read_documents(
         texts = _hub(str(source), name, split, text_field)
     else:
         kinds = {FORMATS.get(f.suffix.lower()) for f in files}
-        if None in kinds or len(kinds) != 1:
+        kind = kinds.pop() if len(kinds) == 1 else None
+        if kind is None:  # mixed formats, or one rope-extend does not read
             raise RopeExtendError(
                 f"{source}: files must all be text (.txt/.text/.md), all JSON lines (.jsonl/.json) "
                 f"or all Parquet; got {', '.join(sorted({f.suffix or f.name for f in files}))}"
             )
-        kind = kinds.pop()
         if kind == "text":
             texts = []
             for f in files:

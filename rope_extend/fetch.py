@@ -227,7 +227,9 @@ def _fetch_texts(texts: Texts) -> Path:
         with tarfile.open(archive) as tar, atomic_path(cache / texts.name) as tmp:
             tmp.mkdir()
             for member, (digest, _) in texts.files.items():
-                data = tar.extractfile(member).read() if member in tar.getnames() else None
+                # None for a name the archive lacks, or holds as something other than a file (a folder)
+                held = tar.extractfile(member) if member in tar.getnames() else None
+                data = held.read() if held is not None else None
                 if data is None or hashlib.sha256(data).hexdigest() != digest:
                     raise RopeExtendError(
                         f"checksum mismatch (or missing file) for {member} in {archive.name}: the file is not used"

@@ -71,7 +71,7 @@ def remove_abandoned(path: str | os.PathLike) -> list[Path]:
     (``_abandoned``); returns what was removed. Nothing else is touched: not another process' temporary in
     use, not a folder without an owner record, not a ``.NAME.old-PID`` (it may hold the only copy)."""
     path = Path(path)
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(path.parent.iterdir()) if path.parent.is_dir() else []
     except OSError:

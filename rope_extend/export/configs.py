@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..errors import UnsupportedModelError
+from ..errors import RopeExtendError, UnsupportedModelError
 from ..io import MARKER, copy_folder, normal_permissions, write_json, writing
 from ..untrusted import read_object
 from ..version import __version__
@@ -44,7 +44,7 @@ class FolderTarget(ExportTarget):
         out: dict[str, Any] = {"rope_type": form.kind, "factor": float(form.factor)}
         if form.kind in (LINEAR, DYNAMIC):
             return out
-        out["original_max_position_embeddings"] = int(form.original_max_position_embeddings)
+        out["original_max_position_embeddings"] = int(form.original_length)
         if form.kind == YARN:
             out["beta_fast"], out["beta_slow"] = form.values["beta_fast"], form.values["beta_slow"]
             if not form.values["truncate"]:
@@ -65,7 +65,7 @@ class FolderTarget(ExportTarget):
         """``max_position_embeddings`` to write: an engine that multiplies it by ``factor`` gets ``L``, so that
         its longest length is the target, not ``s`` times it."""
         if (self.linear_multiplies and form.kind == LINEAR) or form.kind == DYNAMIC:
-            return int(form.original_max_position_embeddings)
+            return int(form.original_length)
         return int(target_length)
 
     def config_updates(self, form: Form, target_length: int) -> dict[str, Any]:
@@ -85,7 +85,7 @@ class FolderTarget(ExportTarget):
         return None
 
     def write(self, job: ExportJob) -> ExportResult:
-        form = job.decision.form
+        form = job.decision.served
         updates = self.config_updates(form, job.length)
         rope = updates.get("rope_parameters", updates.get("rope_scaling"))
         how = json.dumps(rope or {"rope_theta": form.base})
@@ -163,5 +163,9 @@ def model_dtype(job: ExportJob) -> str | None:
 
 
 def config_updates(form: Form, target_length: int, target: str) -> dict[str, Any]:
-    """The top-level config keys ``target`` (a folder target) reads ``form`` from."""
-    return TARGETS.get(target).config_updates(form, target_length)
+    """The top-level config keys ``target`` (a folder target) reads ``form`` from; refused for a target that
+    writes no config (``gguf``)."""
+    found = TARGETS.get(target)
+    if not isinstance(found, FolderTarget):
+        raise RopeExtendError(f"export target {target!r} writes {found.writes}, not a config: it has no config keys")
+    return found.config_updates(form, target_length)

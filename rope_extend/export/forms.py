@@ -33,7 +33,7 @@ from ..methods import registry
 from ..methods.llama3 import Llama3Params
 from ..methods.longrope import LongRopeParams
 from ..methods.ntk import dynamic_alpha, ntk_base
-from ..methods.yarn import NTKByPartsParams, YarnParams, mscale, yarn_attention_scale
+from ..methods.yarn import DynamicYarnParams, NTKByPartsParams, YarnParams, mscale, yarn_attention_scale
 
 DEFAULT, LINEAR, YARN, LLAMA3, LONGROPE = "default", "linear", "yarn", "llama3", "longrope"
 DYNAMIC = "dynamic"  # transformers 4's own dynamic NTK (configs); the engines get static forms
@@ -58,6 +58,13 @@ class Form:
     attention_scale: float = 1.0
     values: dict[str, Any] = field(default_factory=dict)
     changes: str = ""
+
+    @property
+    def original_length(self) -> int:
+        """``original_max_position_embeddings``, which every kind but ``default`` carries (``static_form``)."""
+        if self.original_max_position_embeddings is None:
+            raise ValueError(f"a {self.kind} form without original_max_position_embeddings")
+        return self.original_max_position_embeddings
 
     @property
     def yarn_default_scale(self) -> float:
@@ -100,7 +107,11 @@ def static_form(scaling: registry.Scaling | None, dim: int, base: float) -> Form
         )
     if isinstance(p, NTKByPartsParams):  # ntk_by_parts, yarn, dynamic_yarn
         scale = yarn_attention_scale(p, s) if isinstance(p, YarnParams) else 1.0
-        values = {"beta_fast": float(p.beta_fast), "beta_slow": float(p.beta_slow), "truncate": bool(p.truncate)}
+        values: dict[str, Any] = {
+            "beta_fast": float(p.beta_fast),
+            "beta_slow": float(p.beta_slow),
+            "truncate": bool(p.truncate),
+        }
         changes = ""
         if name == "dynamic_yarn":
             changes = (
@@ -108,7 +119,7 @@ def static_form(scaling: registry.Scaling | None, dim: int, base: float) -> Form
                 f"{s:g}, where rope-extend's dynamic_yarn is plain RoPE up to L={length} "
                 "(the same as finetuned=true from L on); at the target itself the patched model, which rounds "
                 f"the length up to its re-rotation grid, runs YaRN at {patched_length(scaling) / length:.4g}"
-                if not p.finetuned
+                if not (isinstance(p, DynamicYarnParams) and p.finetuned)
                 else ""
             )
         return Form(YARN, float(base), s, length, float(scale), values, changes)
@@ -117,6 +128,8 @@ def static_form(scaling: registry.Scaling | None, dim: int, base: float) -> Form
         return Form(LLAMA3, float(base), s, length, 1.0, values)
     if isinstance(p, LongRopeParams):
         scale = scaling.compute(dim, base, target)[1]
+        if p.short_factor is None or p.long_factor is None:  # LongRopeParams refuses either missing when built
+            raise ValueError("longrope parameters without short_factor or long_factor")
         values = {"short_factor": list(p.short_factor), "long_factor": list(p.long_factor)}
         return Form(LONGROPE, float(base), s, length, scale, values)
     return None  # a method registered later that no engine knows

@@ -229,7 +229,7 @@ FAMILIES: dict[str, Family] = {
 # ----------------------------------------------------------------------------------------------- checks
 def family(config) -> Family:
     kind = getattr(config, "model_type", None)
-    found = FAMILIES.get(kind)
+    found = FAMILIES.get(kind) if isinstance(kind, str) else None
     if found is None:
         raise UnsupportedModelError(
             f"the GGUF writer knows {', '.join(FAMILIES)}, not {kind!r}: export --to transformers4 and convert that "

@@ -74,7 +74,7 @@ def rope_metadata(
     if form.kind == DEFAULT:
         keys["rope.scaling.type"] = "none"
         return keys, {}, f"rope.freq_base {form.base:g}"
-    keys["rope.scaling.original_context_length"] = int(form.original_max_position_embeddings)
+    keys["rope.scaling.original_context_length"] = int(form.original_length)
     if form.kind == LINEAR:
         keys.update({"rope.scaling.type": "linear", "rope.scaling.factor": float(form.factor)})
         return keys, {}, f"rope.scaling.type linear, factor {form.factor:g}"

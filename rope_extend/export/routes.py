@@ -49,7 +49,7 @@ def decide(scaling: registry.Scaling | None, target: str, dim: int, base: float)
     own = engine.decide(scaling, form, base)
     if own is not None:
         return own
-    if attention:
+    if scaling is not None and scaling.method.attention:
         return _attention(scaling)
     if form is None:
         return Decision(REFUSED, None, "no engine knows this method", "yarn")

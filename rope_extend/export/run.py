@@ -150,7 +150,7 @@ def export(
     if buckets is not None and not (decision.adaptive and not approximate):
         raise RopeExtendError("buckets goes with dynamic_yarn exported to vllm (without --approximate)")
     if decision.adaptive and approximate:  # the static fallback: YaRN at the target for every request
-        decision = Decision(APPROXIMATE, decision.form, decision.form.changes)
+        decision = Decision(APPROXIMATE, decision.served, decision.served.changes)
     job = ExportJob(
         out=out,
         model=loaded,

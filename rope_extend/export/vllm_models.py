@@ -11,8 +11,11 @@ the largest bucket (rows past the table would be read).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, NoReturn
+
 import torch
 import vllm
+from torch import nn
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.platforms import current_platform
@@ -33,7 +36,7 @@ class AdaptiveRotaryEmbedding(RotaryEmbedding):
         self.register_buffer("cos_sin_cache", table.to(like.dtype), persistent=False)
 
 
-def _refuse(why: str):
+def _refuse(why: str) -> NoReturn:
     raise UnsupportedModelError(f"rope-extend's adaptive dynamic_yarn in vLLM {vllm.__version__}: {why}")
 
 
@@ -65,7 +68,13 @@ def _scaling(hf_config, plan: adaptive.Plan):
     return adaptive.scaling(plan, {k: v for k, v in rope.items() if k not in OWN_KEYS})
 
 
-class _Adaptive:
+if TYPE_CHECKING:  # the mixin's base for the type checker: at run time it comes before vLLM's class, an nn.Module
+    _MixinBase = nn.Module
+else:
+    _MixinBase = object
+
+
+class _Adaptive(_MixinBase):
     """Mixed in before vLLM's class: builds it with plain RoPE, then swaps every rotary embedding."""
 
     def __init__(self, *, vllm_config, prefix: str = ""):

@@ -32,6 +32,7 @@ from typing import Any
 
 from . import adaptive
 
+_WRAPPED = "_rope_extend"  # set on the functions this module wraps vLLM's with, so that they are wrapped once
 CHECKED = ("0.32.0",)  # the vLLM releases whose internals the wrappers were read from and run against
 
 
@@ -85,7 +86,7 @@ def _wrap_admission() -> None:
     from vllm.v1.engine.core import EngineCore
 
     original = EngineCore.preprocess_add_request
-    if getattr(original, "_rope_extend", False):  # plugins may be loaded more than once per process
+    if getattr(original, _WRAPPED, False):  # plugins may be loaded more than once per process
         return
 
     @functools.wraps(original)
@@ -93,7 +94,7 @@ def _wrap_admission() -> None:
         salt_request(self.vllm_config, request)
         return original(self, request)
 
-    preprocess_add_request._rope_extend = True
+    setattr(preprocess_add_request, _WRAPPED, True)
     EngineCore.preprocess_add_request = preprocess_add_request
 
 
@@ -122,7 +123,7 @@ def wrap_runner() -> None:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     original = GPUModelRunner._preprocess
-    if getattr(original, "_rope_extend", False):
+    if getattr(original, _WRAPPED, False):
         return
 
     @functools.wraps(original)
@@ -133,7 +134,7 @@ def wrap_runner() -> None:
             shift_positions(self, plan, scheduler_output, out[2])
         return out
 
-    _preprocess._rope_extend = True
+    setattr(_preprocess, _WRAPPED, True)
     GPUModelRunner._preprocess = _preprocess
 
 

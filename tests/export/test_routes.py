@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rope_extend.errors import RopeExtendError
-from rope_extend.export import forms, routes
+from rope_extend.export import configs, forms, routes
 from rope_extend.hf.rotary import bucket
 from rope_extend.methods import registry
 from rope_extend.methods._common import rope_frequencies
@@ -124,3 +124,20 @@ def test_readme_table_is_generated():
     root = Path(__file__).parents[2]
     for page in (root / "docs" / "serving.md", root / "README.md"):
         assert routes.markdown_table() in page.read_text(encoding="utf-8"), page
+
+
+def test_config_keys_only_for_a_target_that_writes_a_config():
+    """``configs.config_updates`` named a target without a config (gguf) failed with an AttributeError."""
+    form = forms.static_form(scaling("yarn"), 128, 10000.0)
+    assert configs.config_updates(form, 16384, "vllm")["rope_parameters"]["rope_type"] == "yarn"
+    with pytest.raises(RopeExtendError, match=r"^export target 'gguf' writes a GGUF file.*not a config"):
+        configs.config_updates(form, 16384, "gguf")
+
+
+def test_a_refusal_has_no_form_to_serve():
+    refused = routes.decide(scaling("rerope"), "vllm", 128, 10000.0)
+    assert refused.status == routes.REFUSED and refused.form is None
+    with pytest.raises(ValueError, match="'refused' export decision without a form"):
+        _ = refused.served
+    exported = routes.decide(scaling("yarn"), "vllm", 128, 10000.0)
+    assert exported.served is exported.form and exported.served.original_length == 4096

@@ -22,6 +22,7 @@ From llama.cpp 0c1e57098 (vendored by llama-cpp-python 0.3.36):
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,7 +100,7 @@ class _Keys:
             raise RopeExtendError(f"{self.name(name)} must be a float (llama.cpp reads a float32), got {_kind(value)}")
         return check_number(self.name(name), value, **bounds)
 
-    def per_layer(self, name: str, n_layer: int) -> list | None:
+    def per_layer(self, name: str, n_layer: builtins.int) -> list | None:  # ``int`` is the method above here
         """A per-layer array (``get_key_or_arr``: one item per layer), or None when the key is a single value."""
         value = self.get(name)
         if isinstance(value, gguf_read.Unread) or (isinstance(value, list) and len(value) != n_layer):

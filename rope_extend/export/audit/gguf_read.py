@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -62,7 +62,7 @@ class _Source:
     def __init__(self, f, size: int):
         self.f, self.size = f, size
         self.buf, self.at, self.start = b"", 0, 0  # buf holds the file's bytes from offset start
-        self.order = "<"
+        self.order: Literal["<", ">"] = "<"  # ">" when only big-endian reads a version (_header)
         self.kept_bytes, self.kept_items, self.strings = KEPT_BYTES, KEPT_ITEMS, MAX_STRINGS  # what is left of each
 
     @property
@@ -213,7 +213,7 @@ def read(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     return keys, tensors
 
 
-def _tensor_infos(src: _Source, n_tensors: int) -> dict[str, tuple]:
+def _tensor_infos(src: _Source, n_tensors: int) -> dict[str, tuple[list[int], int, int]]:
     """``{short name: (dims, ggml type, offset)}`` of the rope tensors; the others are walked past."""
     seen: set[str] = set()
     out = {}

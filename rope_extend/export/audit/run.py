@@ -88,10 +88,11 @@ class Report:
 
 def _span(layers: list[int]) -> str:
     runs, start = [], layers[0]
-    for a, b in zip(layers, layers[1:] + [None], strict=True):
+    for a, b in zip(layers, [*layers[1:], None], strict=True):
         if b != a + 1:
             runs.append(f"{start}" if start == a else f"{start}-{a}")
-            start = b
+            if b is not None:  # None: past the last layer
+                start = b
     return ", ".join(runs)
 
 
@@ -192,7 +193,9 @@ def _groups(got, want) -> list[Group]:
 
 def causes(g: Group) -> list[str]:
     """A one-line guess at why the engine's rope differs, from the settings on both sides; a setting is named
-    only where the two sides differ in it."""
+    only where the two sides differ in it (none without a reference)."""
+    if g.reference is None:
+        return []
     e, r = g.engine.what, g.reference.what
     out = []
     local = g.layer_type in LOCAL_TYPES
@@ -208,9 +211,14 @@ def causes(g: Group) -> list[str]:
             f"the original length differs: {ours} in the engine, {theirs} in the reference "
             "(rope.scaling.original_context_length / original_max_position_embeddings)"
         )
-    ours, theirs = g.engine.factor, g.reference.factor
-    if not out and ours is not None and theirs is not None and not close(ours, theirs, FACTOR_RTOL):
-        out.append(f"the factor differs: x{ours:g} in the engine, x{theirs:g} in the reference")
+    our_factor, their_factor = g.engine.factor, g.reference.factor
+    if (
+        not out
+        and our_factor is not None
+        and their_factor is not None
+        and not close(our_factor, their_factor, FACTOR_RTOL)
+    ):
+        out.append(f"the factor differs: x{our_factor:g} in the engine, x{their_factor:g} in the reference")
     return [f"likely: {c}" for c in out]
 
 

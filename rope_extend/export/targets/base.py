@@ -33,6 +33,14 @@ class Decision:
     adaptive: bool = False  # served by rope-extend's vLLM plugin, one factor per request (``adaptive``); ``form`` is
     # the static fallback, exported only with approximate (what changes is in ``form.changes``)
 
+    @property
+    def served(self) -> Form:
+        """``form`` of a decision that exports: only a refusal has none, and ``export`` raises a refusal before
+        any target writes, so a missing form here is a target's bug, reported as such."""
+        if self.form is None:
+            raise ValueError(f"a {self.status!r} export decision without a form to write ({self.reason})")
+        return self.form
+
     def message(self, method: str, target: str) -> str:
         engine = TARGETS.get(target).engine
         if self.status == REFUSED:

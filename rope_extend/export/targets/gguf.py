@@ -26,7 +26,8 @@ class GgufTarget(ExportTarget):
     def rope_layer(self, config) -> str | None:
         """The global layers of a family whose sliding layers llama.cpp keeps at their own base, unscaled
         (Gemma 3: ``gguf_families``); None for one flat dict."""
-        fam = FAMILIES.get(getattr(config, "model_type", None))
+        kind = getattr(config, "model_type", None)
+        fam = FAMILIES.get(kind) if isinstance(kind, str) else None
         return rope_layer(fam) if fam is not None and nested_layer_types(config) else None
 
     def decide(self, scaling: registry.Scaling | None, form: Form | None, base: float) -> Decision | None:
@@ -41,7 +42,8 @@ class GgufTarget(ExportTarget):
         return longrope_switch(self.engine, form)
 
     def write(self, job: ExportJob) -> ExportResult:
-        form, scaling, name = job.decision.form, job.scaling, job.method
+        form, scaling = job.decision.served, job.scaling
+        extend = scaling if scaling is not None and job.method == "self_extend" else None
         llamacpp.check_context(  # before anything is read or written: the writer would fail in struct.pack
             job.length,
             scaling.factor if scaling is not None else None,
@@ -62,14 +64,14 @@ class GgufTarget(ExportTarget):
         keys, tensors, how = llamacpp.rope_metadata(form, plain, scaled, fam.divisors)
         extra: list[str] = []
         tool = "llama-server"
-        if name == "self_extend":
-            rules = scaling.rules()
+        if extend is not None:
+            rules = extend.rules()
             extra, tool = llamacpp.self_extend_flags(rules.group_size, rules.window), "llama-completion"
             how = f"plain RoPE; {' '.join(extra)} on the command line"
         # the file's context_length is what llama.cpp serves without flags: for self_extend that is plain RoPE,
         # which holds only to L, so the file says L (and llama.cpp warns past it); the command asks for the target
         # length together with the group-attention flags
-        context = scaling.original_max_position_embeddings if name == "self_extend" else job.length
+        context = extend.original_max_position_embeddings if extend is not None else job.length
         with writing(job.out) as tmp:
             llamacpp.write(
                 tmp,
@@ -84,7 +86,13 @@ class GgufTarget(ExportTarget):
             normal_permissions(tmp)
         command = llamacpp.serve_command(job.out, job.length, extra, tool)
         return ExportResult(
-            out=job.out, target=self.name, engine=self.engine, method=name, how=how, command=command, notes=job.notes
+            out=job.out,
+            target=self.name,
+            engine=self.engine,
+            method=job.method,
+            how=how,
+            command=command,
+            notes=job.notes,
         )
 
 

@@ -75,7 +75,7 @@ class VllmTarget(FolderTarget):
 
     def decide(self, scaling: registry.Scaling | None, form: Form | None, base: float) -> Decision | None:
         name = scaling.method.name if scaling is not None else "none"
-        if name == "dual_chunk":
+        if scaling is not None and name == "dual_chunk":
             lacks = (
                 "vLLM 0.33.0 reads dual_chunk_attention_config (Qwen2/Qwen3 families) but ships no attention "
                 "backend that runs it"
@@ -121,6 +121,8 @@ class VllmTarget(FolderTarget):
 def adaptive_updates(job: ExportJob) -> tuple[dict[str, Any], adaptive.Plan]:
     """The config keys of a folder served by rope-extend's vLLM plugin (``adaptive``, ``vllm_plugin``)."""
     cfg, scaling, model = job.text, job.scaling, job.model
+    if scaling is None:  # decide offers the plugin for dynamic_yarn only
+        raise ValueError("the adaptive vLLM export without a scaling to serve")
     # a model built in memory has no architectures yet (save_pretrained writes its class name)
     arch = adaptive.check_architecture(
         getattr(cfg, "architectures", None) or ([type(model).__name__] if model is not None else None)
