@@ -59,6 +59,7 @@ from .records import RecordLog, check_records_file
 from .report import _pyplot, wilson
 from .retention import retention_from_records
 from .ruler import GENERATE, ruler
+from .tasks.base import Common
 
 AGREE = {"perplexity": 1e-3}  # relative; retrieval: within 1 / trials (one answer) per length
 OWNED = {"records.jsonl", "card.md", "card.json", "card.png"}
@@ -95,8 +96,9 @@ def measure(model, tokenizer, name: str, plan: Plan, bench: Bench):
 
     start = time.perf_counter()
     options = bench.options
-    common = {"records": bench.records, "resume": bench.resume, "progress": True, "run": {"label": name}}
-    out, records = Backend(name), []
+    common = Common(records=bench.records, resume=bench.resume, progress=True, run={"label": name})
+    out = Backend(name)
+    records: list[dict] = []
     if plan.tasks and plan.ruler_lengths:
         r = ruler(
             model,

@@ -36,6 +36,7 @@ def parse_length(value: Any) -> int:
 
 def parse_lengths(values: str | int | Iterable[Any]) -> list[int]:
     """``"1k,2k,4k"`` or ``[1024, "2k"]`` -> ``[1024, 2048, 4096]`` (sorted, without repeats)."""
+    items: list[Any]
     if isinstance(values, str):
         items = [v for v in values.split(",") if v.strip()]
     elif isinstance(values, int):
@@ -82,12 +83,12 @@ def parse_depths(values: str | float | Iterable[Any] | None) -> list[float] | No
     if isinstance(values, str):
         text = values.strip()
         if text.startswith("grid:"):
-            n = text[5:]
-            if not n.isdigit() or int(n) < 2:
+            digits = text[5:]
+            if not digits.isdigit() or int(digits) < 2:
                 raise RopeExtendError(f"a depth grid is grid:N with an integer N >= 2, got {values!r}")
-            n = int(n)
+            n = int(digits)
             return [i / (n - 1) for i in range(n)]
-        items = [v for v in text.split(",") if v.strip()]
+        items: list[Any] = [v for v in text.split(",") if v.strip()]
     elif isinstance(values, (int, float)):
         items = [values]
     else:

@@ -135,7 +135,7 @@ class LlamaCppModel(EngineModel):
         }
 
     # ------------------------------------------------------------------------------------------ decoding
-    def _decode(self, ids: Sequence[int], start: int, logits: bool) -> np.ndarray | None:
+    def _decode(self, ids: Sequence[int], start: int, logits: bool) -> np.ndarray:
         """Feed ``ids`` at positions ``start..``; with ``logits`` return their logits ``[len(ids), vocab]``
         (float32), else only the last row ``[1, vocab]``."""
         llm = self._llm

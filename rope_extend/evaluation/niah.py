@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import RopeExtendError
 from .passkey import trial_rng
-from .prompts import build, haystack_ids, sentence_ends
+from .prompts import Prompt, build, haystack_ids, sentence_ends
 from .records import short_hash
 from .retrieval import RetrievalResult, run_grid
 from .tasks.base import options_for
@@ -78,7 +78,9 @@ def niah(
             cache[offset] = (ids, sentence_ends(tokenizer, ids))
         return cache[offset]
 
-    def make_trial(length: int, depth: float, trial: int):
+    def make_trial(length: int, depth: float | None, trial: int) -> tuple[Prompt, str]:
+        if depth is None:  # run_grid passes None only to a task without depths; niah always gives its grid
+            raise RopeExtendError("a niah trial needs a needle depth, got none")
         offset = 0 if trial == 0 else trial_rng(seed, "niah", length, depth, trial).randrange(len(texts))
         ids, ends = tokens(offset)
         return build(tokenizer, length, depth, head=HEAD, needle=needle, tail=question, haystack=ids, ends=ends), answer

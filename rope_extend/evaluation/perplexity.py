@@ -51,6 +51,8 @@ def window_nll(head: LMHead, ids: torch.Tensor, score_from: int, chunk_size: int
     n = ids.shape[0]
     if n - score_from <= 0:
         return 0.0, 0
+    if head.decoder is None:  # lm_head(model) without decoder=True: there is nothing to run the ids through
+        raise RopeExtendError("window_nll needs the model's decoder: take the head with lm_head(model, decoder=True)")
     hidden = head.decoder(input_ids=ids[None], use_cache=False).last_hidden_state[0]
     hidden = hidden[score_from - 1 : n - 1]
     targets = ids[score_from:]
@@ -139,7 +141,7 @@ def perplexity(
                 f"length {length} cannot be reached: the longest of the {len(docs)} documents has {longest} tokens "
                 f"of this tokenizer; give longer texts or lengths <= {longest}"
             )
-    if not engine:
+    if head is not None:  # a transformers model (an engine has no head to check)
         hf_head.check(model, head, max(docs, key=len))
         if attn_implementation(getattr(model, "config", None)) == "eager":
             logging.getLogger("rope_extend").warning(
@@ -148,7 +150,7 @@ def perplexity(
     device = None if engine else next(model.parameters()).device
 
     def score(ids, score_from: int) -> tuple[float, int]:
-        if engine:
+        if head is None:  # an engine scores the window itself
             return model.nll(ids.tolist(), score_from)
         return window_nll(head, ids, score_from, chunk_size)
 

@@ -224,17 +224,15 @@ class RecordLog:
     def __init__(self, path: str | os.PathLike | None, *, resume: bool = False):
         self.path = Path(path) if path is not None else None
         self.records: list[dict] = []
-        size = _log_size(self.path) if self.path is not None else 0
-        if size > 0:
+        # a run killed mid-write leaves a line without its newline: start the next record on a fresh line
+        self._newline = False
+        if self.path is not None and _log_size(self.path) > 0:
             if not resume:
                 raise RopeExtendError(
                     f"{self.path} already holds results of an earlier run; pass resume=True (--resume) to continue "
                     "it, or write to another output folder"
                 )
             self.records = self._read(self.path, follow_links=False)  # the file this run appends to
-        # a run killed mid-write leaves a line without its newline: start the next record on a fresh line
-        self._newline = False
-        if size > 0:
             with untrusted.open_regular(self.path, follow_links=False) as f:
                 f.seek(-1, os.SEEK_END)
                 self._newline = f.read(1) != b"\n"

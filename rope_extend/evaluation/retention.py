@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
@@ -86,6 +86,14 @@ def _pair(original, patched, what: str) -> int:
     if len(original) == 0:
         raise RopeExtendError(f"retention needs one example at least, got no {what}")
     return len(original)
+
+
+class BootstrapSettings(TypedDict):
+    """The interval's settings, passed on as keywords: the same for every measurement of one comparison."""
+
+    confidence: float
+    resamples: int
+    seed: int
 
 
 def retention(
@@ -206,7 +214,7 @@ def retention_from_records(
         raise RopeExtendError(f"within must be a positive integer (the original context length), got {within!r}")
     original, patched = list(original), list(patched)
     out: dict[str, Retention] = {}
-    kw = {"confidence": confidence, "resamples": resamples, "seed": seed}
+    kw = BootstrapSettings(confidence=confidence, resamples=resamples, seed=seed)
     for task in _KEYS:
         a, b = _by_key(original, task, within, "original"), _by_key(patched, task, within, "patched")
         if not a and not b:

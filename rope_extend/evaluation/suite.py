@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, make_dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from .. import resources, schema, untrusted
 from ..errors import RopeExtendError
@@ -58,7 +58,8 @@ class MethodSpec(ScalingSpec):
             return
         if not self.scales:
             raise RopeExtendError("params_from given without a scaling method (method is none): name the method")
-        path = Path(resources.beside(base, self.params_from))
+        located = resources.beside(base, self.params_from)  # a str for a str: None only for a None value
+        path = Path(located if located is not None else self.params_from)
         where = f"methods[{self.name()}].params_from ({path})"
         data = _json_object(path, where)
         method = registry.get(self.method)
@@ -174,6 +175,14 @@ def load_suite(path: str | Path, overrides: Sequence[str] = ()) -> Suite:
     """A suite file, or the name of a shipped suite (``smoke``)."""
     path = resources.find_suite(path)
     return parse_suite(schema.read_yaml(path, what="suite"), path=path, overrides=overrides)
+
+
+@overload
+def resolve_path(suite: Suite, value: str) -> str: ...
+@overload
+def resolve_path(suite: Suite, value: None) -> None: ...
+@overload
+def resolve_path(suite: Suite, value: str | None) -> str | None: ...
 
 
 def resolve_path(suite: Suite, value: str | None) -> str | None:

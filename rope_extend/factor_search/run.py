@@ -148,7 +148,7 @@ class _Run:
         self.seed_candidates: dict[str, list[float]] = {}  # each seed method's factors, as evaluated
         self.pending: list[list[float]] = []  # this generation's candidates not yet evaluated, in order
         self.seen: set[tuple[float, ...]] = set()
-        self.bar = None
+        self.bar: Any = None  # progress.bar's tqdm bar once search() starts it (tqdm has no type information)
         self.save = lambda: None  # persists the state; called after each evaluation
         self.deadline: float | None = None  # time.monotonic() past which no evaluation starts
 
@@ -179,7 +179,7 @@ class _Run:
         """Token-weighted perplexity of the documents' scored tokens (all but the first of a text, a needle's
         answer) with ``candidate`` as LongRoPE's long factors."""
         patch(self.model, "longrope", factor=self.factor, short_factor=[1.0] * self.space.size, long_factor=candidate)
-        total = count = 0
+        total, count = 0.0, 0  # a sum of NLLs, a number of tokens
         for x, start in self.ids:
             nll, n = window_nll(self.head, x, start)
             total, count = total + nll, count + n

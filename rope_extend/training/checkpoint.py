@@ -133,9 +133,10 @@ def resolve_output_dir(args: TrainArgs) -> Path | None:
         if not (path / STATE_FILE).is_file():
             raise RecipeError(f"resume_from_checkpoint: {path} is not a checkpoint folder (no {STATE_FILE})")
     else:
-        path = latest(out)
-        if path is None:
+        found = latest(out)
+        if found is None:
             raise RecipeError(f"resume_from_checkpoint: no {PREFIX}* folder in {out} to resume from")
+        path = found
     run_file = path.parent / RUN_FILE
     if os.path.lexists(run_file) and not args.resume_allow_changes:
         changed = _differences(_saved_recipe(run_file), to_dict(args))
@@ -198,7 +199,10 @@ def _rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     if torch.cuda.is_available():
         tensors.update({f"cuda.{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
     version, state, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    legacy = np.random.get_state()  # the global RandomState is an MT19937: its legacy state is a tuple
+    if not isinstance(legacy, tuple):
+        raise RecipeError(f"numpy's global random state is not MT19937's tuple ({type(legacy).__name__})")
+    name, keys, pos, has_gauss, cached = legacy
     return tensors, {"python": [version, list(state), gauss], "numpy": [name, keys.tolist(), pos, has_gauss, cached]}
 
 
@@ -251,12 +255,14 @@ def save(
 
     final = Path(output_dir) / f"{PREFIX}{step}"
     rank = accelerator.process_index
-    holder = [None]
+    holder: list[str | None] = [None]
     with atomic_path(final) if accelerator.is_main_process else _nothing() as tmp:
         if accelerator.is_main_process:
             tmp.mkdir()
             holder = [str(tmp)]
         broadcast_object_list(holder)
+        if holder[0] is None:  # broadcast_object_list fills it from the main process on every other one
+            raise RecipeError(f"checkpoint {final}: the main process did not share its temporary folder")
         folder = Path(holder[0])
         state = {**run_state, "format": FORMAT, "processes": accelerator.num_processes}
         if accelerator.distributed_type == DistributedType.DEEPSPEED:
@@ -336,7 +342,8 @@ def load(accelerator, path: str | Path, *, model, optimizer, scheduler) -> dict[
         )
     with torch.no_grad():
         for name, param in params.items():
-            target = param.to_local() if callable(getattr(param, "to_local", None)) else param
+            to_local = getattr(param, "to_local", None)  # a DTensor (FSDP2) copies into its local shard
+            target = to_local() if callable(to_local) else param
             target.copy_(saved[name].to(target.device, target.dtype))
 
     flat = load_file(str(_own_or_first(path, "optimizer-rank{}.safetensors", accelerator.process_index)))

@@ -29,6 +29,10 @@ from .args import DataArgs, RecipeError
 # ------------------------------------------------------------------------------------------ reading
 def read_documents(args: DataArgs) -> list[str]:
     """The documents of ``data``, through the one reader (``rope_extend.documents``); errors name data.path."""
+    if args.path is None:  # a recipe checks this; DataArgs built in Python may not have been
+        raise RecipeError(
+            "data.path: not given; name a text/JSONL/Parquet file, folder, glob, list of files or dataset"
+        )
     try:
         return documents.read_documents(
             args.path,
@@ -56,10 +60,9 @@ class Packed:
 
 
 def pack(docs: list[list[int]], eos_token_id: int, max_seq_length: int, document_boundaries: str = "eos") -> Packed:
-    stream = []
-    for ids in docs:
-        ids = list(ids) + [eos_token_id]
-        stream += ids
+    stream: list[int] = []
+    for doc in docs:
+        stream += list(doc) + [eos_token_id]
     n = len(stream) // max_seq_length
     if n == 0:
         raise RecipeError(

@@ -36,6 +36,7 @@ from typing import Any
 
 from ..hf import ulysses
 from ..hf.head import unwrap
+from ..hf.reading import attn_implementation
 from . import parallel
 from .args import RecipeError, TrainArgs
 
@@ -107,7 +108,7 @@ def check_model(accelerator, model, args: TrainArgs) -> None:
     and log-n run under rope-extend's own key, which only rope-extend's Ulysses serves."""
     if not sequence_parallel(accelerator):
         return
-    key = unwrap(model).config._attn_implementation
+    key = attn_implementation(unwrap(model).config)  # the one reader of transformers' private attribute
     if key != args.model.attn_implementation:
         raise RecipeError(
             f"parallel.sequence: rope method {args.rope.method!r}"

@@ -195,7 +195,8 @@ def _setup_optimizer(args: TrainArgs, model):
     prepared scheduler once per process."""
     from transformers import get_scheduler
 
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)
@@ -226,9 +227,9 @@ def setup(args: TrainArgs) -> Run:
     target = model.config.get_text_config().max_position_embeddings
 
     processes = layout.data_parallel
-    batches: Batches | MixedBatches = _setup_data(args, texts, tokenizer, target, processes)
-    if args.mixed.enabled:  # short micro-batches with the original rope (LongRoPE2), in the same steps
-        batches = mixed_batches(args, batches, model)
+    plain = _setup_data(args, texts, tokenizer, target, processes)
+    # short micro-batches with the original rope (LongRoPE2), in the same steps
+    batches: Batches | MixedBatches = mixed_batches(args, plain, model) if args.mixed.enabled else plain
     # The loss applies the LM head itself (chunked): it must compute the logits the model computes.
     with engine.gathered(model):  # ZeRO-3 built the model partitioned
         check(model, lm_head(model), batches.packed.input_ids[0].tolist())

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from ..loading import load_model, load_tokenizer, parse_dtype
-from .args import ModelArgs
+from .args import ModelArgs, RecipeError
 from .data import train_bpe_tokenizer
 
 
@@ -23,6 +23,8 @@ def build_model(args: ModelArgs, texts: list[str], seed: int):
         tokenizer = load_tokenizer(args.tokenizer or args.name_or_path, trust_remote_code=args.trust_remote_code)
         return model.train(), tokenizer
 
+    if args.config is None:  # a recipe checks exactly one of the two; ModelArgs built in Python may not have been
+        raise RecipeError("model: give name_or_path (a model to load) or config (one to build), got neither")
     fields = dict(args.config)
     model_type = fields.pop("model_type")
     if args.tokenizer is not None:

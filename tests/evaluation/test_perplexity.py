@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from rope_extend import RopeExtendError
 from rope_extend.evaluation import perplexity
-from rope_extend.evaluation.perplexity import windows
+from rope_extend.evaluation.perplexity import window_nll, windows
 from rope_extend.hf import head as H
 from tests.evaluation.conftest import make_text
 from tests.tiny import FAMILIES, tiny_model
@@ -162,3 +162,10 @@ def test_interleaved_local_layers_are_kept_unless_full(tok, texts):
     assert _windows(gemma2) == before
     with pytest.raises(RopeExtendError, match="sliding_window must be one of auto, full, keep"):
         perplexity(gemma2, tok, texts, [48], sliding_window="off", progress=False)
+
+
+def test_window_nll_needs_the_decoder():
+    # a head taken without decoder=True used to fail with "'NoneType' object is not callable"
+    head = H.LMHead(output=torch.nn.Linear(4, 10))
+    with pytest.raises(RopeExtendError, match=r"lm_head\(model, decoder=True\)"):
+        window_nll(head, torch.arange(5), 1)

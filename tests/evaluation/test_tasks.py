@@ -267,3 +267,15 @@ def test_a_list_option_that_cannot_be_read_is_a_usage_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "argument --lengths: value: cannot read '[1'" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("name", ["niah", "perplexity"])
+def test_a_text_task_without_texts_names_the_task(name):
+    # a Context built without loading the texts used to reach the harness and fail with a TypeError there
+    import importlib
+
+    from rope_extend.evaluation.tasks.base import Context
+
+    task = importlib.import_module(f"rope_extend.evaluation.tasks.{name}")
+    with pytest.raises(RopeExtendError, match=f"the {name} task reads texts, but its context holds none"):
+        task.run(None, None, None, Context())

@@ -233,3 +233,17 @@ def test_a_fetched_text_is_named_by_its_file(tmp_path, monkeypatch):
     assert read_documents(DataArgs(path="canterbury")) == ["first text", "second text"]
     with pytest.raises(RopeExtendError, match="canterbury has no text 'c.txt'; it has a.txt, b.txt"):
         read_documents(DataArgs(path="canterbury/c.txt"))
+
+
+def test_read_documents_without_a_path_is_a_recipe_error():
+    # DataArgs built in Python skips the recipe's check: it used to fail with "'NoneType' object is not iterable"
+    with pytest.raises(RecipeError, match=r"^data\.path: not given"):
+        read_documents(DataArgs(path=None))
+
+
+def test_build_model_without_name_or_config_is_a_recipe_error():
+    from rope_extend.training.args import ModelArgs
+    from rope_extend.training.model import build_model
+
+    with pytest.raises(RecipeError, match="give name_or_path .* or config .*, got neither"):
+        build_model(ModelArgs(), ["some text"], seed=0)

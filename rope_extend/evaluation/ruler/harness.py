@@ -147,6 +147,6 @@ def ruler(
         unit="sample",
         version=VERSION,
     )
-    t = tables(done)
-    eff = effective_lengths(t["average"], threshold=threshold, reference_length=reference_length, keep=keep)
-    return RulerResult(done, t["accuracy"], t["scores"], t["empty"], t["average"], t["tasks"], eff)
+    table = tables(done)
+    eff = effective_lengths(table["average"], threshold=threshold, reference_length=reference_length, keep=keep)
+    return RulerResult(done, table["accuracy"], table["scores"], table["empty"], table["average"], table["tasks"], eff)

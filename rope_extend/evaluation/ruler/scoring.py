@@ -66,10 +66,10 @@ def tables(records: Sequence[dict]) -> dict[str, Any]:
         accuracy[task] = {n: sum(float(r["score"]) for r in rs) / len(rs) for n, rs in rows}
         scores[task] = {n: task_score([float(r["score"]) for r in rs]) for n, rs in rows}
         empty[task] = {n: sum(is_empty(r.get("output", "")) for r in rs) for n, rs in rows}
-    lengths = sorted({n for t in scores.values() for n in t})
+    measured = sorted({n for t in scores.values() for n in t})
     average = {
         n: round(sum(t[n] for t in scores.values()) / len(scores), 2)
-        for n in lengths
+        for n in measured
         if all(n in t for t in scores.values())
     }
     return {"accuracy": accuracy, "scores": scores, "empty": empty, "average": average, "tasks": len(scores)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from ...documents import SampleBy
 from ...errors import RopeExtendError, closest
@@ -21,6 +21,15 @@ WINDOW_HELP = (
 )
 
 
+class Common(TypedDict):
+    """The keywords every harness takes from the run (see ``Context``), typed for ``**`` unpacking."""
+
+    records: str | Path | None
+    resume: bool
+    progress: bool
+    run: dict[str, Any]
+
+
 @dataclass
 class Context:
     """What a task's ``run`` gets besides the model and its options."""
@@ -31,9 +40,16 @@ class Context:
     progress: bool = True  # progress bars
     run: dict[str, Any] = field(default_factory=dict)  # fields added to every record (the label)
 
-    def common(self) -> dict[str, Any]:
+    def documents(self, task: str) -> list[str]:
+        """``texts``, checked: a task whose options read texts cannot run on none (a caller that built the
+        context without loading them fails here, by name, not inside the harness)."""
+        if self.texts is None:
+            raise RopeExtendError(f"the {task} task reads texts, but its context holds none (load_task_texts)")
+        return self.texts
+
+    def common(self) -> Common:
         """The keywords every harness takes from the run (``records``, ``resume``, ``progress``, ``run``)."""
-        return {"records": self.records, "resume": self.resume, "progress": self.progress, "run": self.run}
+        return Common(records=self.records, resume=self.resume, progress=self.progress, run=self.run)
 
 
 def _no_plots(summary: Summary, out: Path) -> dict[str, Path]:

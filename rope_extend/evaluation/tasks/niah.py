@@ -9,7 +9,7 @@ from .options import NiahOptions
 def run(model, tokenizer, options: NiahOptions, context: base.Context) -> list[dict]:
     from ..niah import niah
 
-    return niah(model, tokenizer, context.texts, options=options, **context.common()).records
+    return niah(model, tokenizer, context.documents("niah"), options=options, **context.common()).records
 
 
 TASK = base.register_task(

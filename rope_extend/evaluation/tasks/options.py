@@ -38,12 +38,13 @@ class PasskeyOptions:
     max_new_tokens: int = option(10, help="tokens generated for the answer")
     sliding_window: SlidingWindowMode = option("auto", help=base.WINDOW_HELP)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check_grid(self)
-        low, high = self.key_range if len(self.key_range) == 2 else (None, None)
-        if not (all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high)) and 0 <= low <= high):
+        pair = self.key_range if len(self.key_range) == 2 else []
+        ints = [v for v in pair if isinstance(v, int) and not isinstance(v, bool)]
+        if len(ints) != 2 or not 0 <= ints[0] <= ints[1]:
             raise RopeExtendError(f"key_range must be two integers 0 <= LOW <= HIGH, got {self.key_range!r}")
-        self.key_range = [low, high]
+        self.key_range = ints
 
 
 @dataclass(kw_only=True)

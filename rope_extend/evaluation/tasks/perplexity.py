@@ -14,7 +14,7 @@ from .options import PerplexityOptions
 def run(model, tokenizer, options: PerplexityOptions, context: base.Context) -> list[dict]:
     from ..perplexity import perplexity
 
-    return perplexity(model, tokenizer, context.texts, options=options, **context.common()).records
+    return perplexity(model, tokenizer, context.documents("perplexity"), options=options, **context.common()).records
 
 
 def summarize(records: list[dict]) -> dict[str, list[dict]]:
