@@ -3,8 +3,9 @@
     python eval/benchmarks/compiled_decode.py                  # CUDA: Llama-3-8B layers in bf16 (--layers of them)
     python eval/benchmarks/compiled_decode.py --smoke          # the CPU, a tiny shape: checks that it runs
 
-Per variant, in a fresh process (a second model compiled in the same process meets the first one's compiled
-frames and their guards, and recompiles: the 2026-11-27 lease ran both in one process), one model (random weights of the Llama-3-8B shape, L = 8192, ``--layers`` decoder
+Per variant, in a fresh process (a model compiled after another in the same process can meet the first one's
+compiled frames and their guards: the 2026-11-27 lease ran two variants in one process, and the second compiled
+for 4 times as long and its two timed runs differed, which a run of its own did not repeat), one model (random weights of the Llama-3-8B shape, L = 8192, ``--layers`` decoder
 layers), one prompt of ``--prompt`` tokens past L, ``--new`` greedy tokens with transformers' static cache:
 first eagerly (``generation_config.disable_compile``), then compiled (generate's own path: the static cache with a
 ``CompileConfig``, which compiles the decoding step), the compiled run once to compile and twice timed (the faster kept). Reported:
