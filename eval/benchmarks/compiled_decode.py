@@ -4,17 +4,18 @@
     python eval/benchmarks/compiled_decode.py --smoke          # the CPU, a tiny shape: checks that it runs
 
 Per variant, in a fresh process (a model compiled after another in the same process can meet the first one's
-compiled frames and their guards: the 2026-11-27 lease ran two variants in one process, and the second compiled
-for 4 times as long and its two timed runs differed, which a run of its own did not repeat), one model (random weights of the Llama-3-8B shape, L = 8192, ``--layers`` decoder
-layers), one prompt of ``--prompt`` tokens past L, ``--new`` greedy tokens with transformers' static cache:
-first eagerly (``generation_config.disable_compile``), then compiled (generate's own path: the static cache with a
-``CompileConfig``, which compiles the decoding step), the compiled run once to compile and twice timed (the faster kept). Reported:
-the decoding rate of the timed eager and compiled runs (new tokens over the generate call's time, prefill
-included, the same for both), the compile run's time, and whether the compiled run's tokens equal the eager run's
-(the index of the first difference if not: in bf16 a fused kernel rounds differently, and random weights leave
-small gaps between the top logits, so a difference late in the run is rounding, not a wrong patch; the float32
-check in tests/test_compiled.py is the exactness test). Variants: ``native``, ``yarn`` x4 (a frequency method:
-compiles whole) and ``self_extend`` (an attention method: its layers run between graphs, ``hf.compiled``).
+compiled frames and their guards: the 2026-11-27 lease ran two variants in one process, and the second compiled for
+4 times as long and its two timed runs differed, which a run of its own did not repeat), one model (random weights
+of the Llama-3-8B shape, L = 8192, ``--layers`` decoder layers), one prompt of ``--prompt`` tokens past L, ``--new``
+greedy tokens with transformers' static cache: first eagerly (``generation_config.disable_compile``), then compiled
+(generate's own path: the static cache with a ``CompileConfig``, which compiles the decoding step), the compiled run
+once to compile and twice timed (the faster kept). Reported: the decoding rate of the timed eager and compiled runs
+(new tokens over the generate call's time, prefill included, the same for both), the compile run's time, and whether
+the compiled run's tokens equal the eager run's (the index of the first difference if not: in bf16 a fused kernel
+rounds differently, and random weights leave small gaps between the top logits, so a difference late in the run is
+rounding, not a wrong patch; the float32 check in tests/test_compiled.py is the exactness test). Variants:
+``native``, ``yarn`` x4 (a frequency method: compiles whole) and ``self_extend`` (an attention method: its layers
+run between graphs, ``hf.compiled``).
 """
 
 from __future__ import annotations
