@@ -66,8 +66,7 @@ def _cmd_search(args) -> int:
 
 def register(subparsers) -> None:
     from ..arguments import add_folder_arguments, add_model_arguments, add_progress_argument
-    from .needles import FITNESSES
-    from .run import SPACES
+    from .choices import FITNESSES, SPACES
 
     p = subparsers.add_parser(
         "search",

@@ -24,8 +24,8 @@ import random
 from ..errors import RopeExtendError
 from ..evaluation.prompts import encode, passkey_prompt, split_sentences
 from ..evaluation.ruler.sizing import Haystack, build_prompt
+from .choices import FITNESSES
 
-FITNESSES = ("text", "needle")
 PASSKEY_DEPTHS = (0.1, 0.5, 0.9)
 RULER_TASK = "niah_single_2"
 RULER_NEEDLES = 3

@@ -57,14 +57,14 @@ from ..methods.longrope import critical_dimension
 from ..patching import patch, patched, unpatch
 from ..progress import bar as progress_bar
 from . import evolution
-from .needles import FITNESSES, check_fitness, documents
+from .choices import FITNESSES, SPACES
+from .needles import check_fitness, documents
 from .report import write_report
 from .state import read_state
 
 STATE = "search_state.json"
 RESULT = "longrope.json"
 SEED_METHODS = ("linear", "ntk", "yarn")
-SPACES = ("longrope", "longrope2")
 
 
 @dataclass
