@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 
 import torch
 from _measure import spawn
+
+from rope_extend.io import write_text
 
 VARIANTS = {"native": ("none", {}), "yarn": ("yarn", {"factor": 4}), "self_extend": ("self_extend", {})}
 
@@ -147,10 +148,7 @@ def main() -> None:
         report["rows"].append({"variant": variant, **got} if "error" in got else got)
         print(json.dumps(report["rows"][-1]), flush=True)
         if args.out:
-            tmp = f"{args.out}.tmp-{os.getpid()}"
-            with open(tmp, "w") as f:
-                json.dump(report, f, indent=1)
-            os.replace(tmp, args.out)
+            write_text(args.out, json.dumps(report, indent=1))  # atomic: never half a report
     print(json.dumps(report))
 
 

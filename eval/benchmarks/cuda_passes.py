@@ -29,13 +29,13 @@ import argparse
 import functools
 import json
 import math
-import os
 import statistics
 import time
 
 import torch
 
 from rope_extend.hf.attention.kernels import _merge, _partial_torch
+from rope_extend.io import write_text
 
 PASSES = ("causal", "band", "shifted")
 CANDIDATES = ("torch_tiles", "efficient", "flash", "flex")
@@ -241,10 +241,7 @@ def main() -> None:
         "rows": rows,
     }
     if args.out:
-        tmp = f"{args.out}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(report, f, indent=1)
-        os.replace(tmp, args.out)
+        write_text(args.out, json.dumps(report, indent=1))  # atomic: never half a report
     print(json.dumps(report))
 
 

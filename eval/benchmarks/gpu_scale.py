@@ -39,6 +39,8 @@ import time
 
 from _measure import LLAMA3_8B, fmt, measure, spawn
 
+from rope_extend.io import write_text
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FULL_SHAPE = dict(LLAMA3_8B, max_position_embeddings=8192)  # L = 8192, as Llama 3
 TINY = dict(
@@ -266,10 +268,7 @@ def main() -> None:
     def save(section: str, got: dict) -> None:
         report["sections"][section] = got
         if args.out:
-            tmp = f"{args.out}.tmp-{os.getpid()}"
-            with open(tmp, "w") as f:
-                json.dump(report, f, default=str, indent=1)
-            os.replace(tmp, args.out)
+            write_text(args.out, json.dumps(report, default=str, indent=1))  # atomic: never half a report
 
     for section in args.sections:
         start = time.perf_counter()
