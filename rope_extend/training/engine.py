@@ -54,6 +54,30 @@ def active(accelerator) -> bool:
     return accelerator.distributed_type == DistributedType.DEEPSPEED
 
 
+def mixed_precision(args: TrainArgs) -> str:
+    """The precision to hand accelerate: the recipe's ``bf16``/``fp16`` keys, checked against the launcher's.
+
+    ``Accelerator(mixed_precision=...)`` takes precedence over what ``accelerate launch`` set (its config file's
+    ``mixed_precision`` or ``--mixed_precision``, passed on as ``ACCELERATE_MIXED_PRECISION``), so a launcher
+    asking for bf16 beside a recipe without ``bf16: true`` trained in float32 without a word. A launcher that asks
+    for a precision the recipe does not take is refused, naming both. ``no`` is accelerate's default when
+    nothing is configured, so it is not taken as a request: the recipe's keys decide then.
+    """
+    recipe = "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
+    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no").strip().lower() or "no"
+    if launcher != "no" and launcher != recipe:
+        fix = (
+            f"set `{launcher}: true` in the recipe (or add {launcher}=true to the command)"
+            if launcher in ("bf16", "fp16")
+            else "the recipe trains in bf16, fp16 or float32 only"
+        )
+        raise RecipeError(
+            f"the launcher asks for mixed_precision={launcher} but the recipe's bf16/fp16 keys give {recipe}: "
+            f"{fix}, or launch with --mixed_precision {recipe}"
+        )
+    return recipe
+
+
 def backend_kwargs() -> list[Any]:
     """accelerate's ``kwargs_handlers`` for a DeepSpeed launch on a CPU: gloo (see the module docstring)."""
     if not requested() or int(os.environ.get("LOCAL_RANK", "-1")) == -1:

@@ -81,7 +81,7 @@ def _setup_accelerator(args: TrainArgs):
 
     trackers = [] if args.report_to in ("none", [], ["none"]) else args.report_to
     accelerator = Accelerator(
-        mixed_precision="bf16" if args.bf16 else "fp16" if args.fp16 else "no",
+        mixed_precision=engine.mixed_precision(args),  # the recipe's, refused where the launcher asks another
         log_with=trackers or None,
         project_dir=args.output_dir,
         kwargs_handlers=engine.backend_kwargs(),
