@@ -69,7 +69,8 @@ def remove_abandoned(path: str | os.PathLike) -> list[Path]:
     """Remove the temporaries that interrupted writes of ``path`` left beside it (``.NAME.XXXX.tmp`` folders of
     ``atomic_path``, ``.NAME.download.XXXX`` folders of ``fetch``) when their owner is provably gone
     (``_abandoned``); returns what was removed. Nothing else is touched: not another process' temporary in
-    use, not a folder without an owner record, not a ``.NAME.old-PID`` (it may hold the only copy)."""
+    use, not a folder without an owner record. Where a killed ``atomic_path`` left ``path`` itself missing in the
+    middle of replacing a folder, the swap is finished first (``finish_swap``), so nothing the user had is lost."""
     path = Path(path)
     removed: list[Path] = []
     try:
@@ -78,9 +79,33 @@ def remove_abandoned(path: str | os.PathLike) -> list[Path]:
         return removed
     for entry in entries:
         if entry.name.startswith(f".{path.name}.") and entry.is_dir() and not entry.is_symlink() and _abandoned(entry):
+            finish_swap(entry)
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
     return removed
+
+
+def _previous(tmp: Path, path: Path) -> Path:
+    """Where ``atomic_path`` keeps the folder it replaces while it swaps: inside its own temporary (which names
+    its owner), under a name the new folder (``tmp / path.name``) cannot have."""
+    return tmp / f"{path.name}.previous"
+
+
+def finish_swap(tmp: Path) -> None:
+    """A process killed between ``atomic_path``'s two renames left the folder it replaced missing, the previous
+    folder and the complete new one inside its temporary ``tmp`` (``.NAME.XXXX.tmp``; ``mkdtemp``'s XXXX has no
+    dot): the swap is finished (the new one was complete before the first rename), or, where the new one is
+    gone, the previous one is put back. Nothing happens while the folder exists. Call it before removing an
+    abandoned temporary of ``atomic_path``."""
+    if not tmp.name.endswith(".tmp") or not tmp.name.startswith(".") or tmp.is_symlink():
+        return  # not atomic_path's temporary, or a link planted by that name: never followed
+    path = tmp.parent / tmp.name[1:].rsplit(".", 2)[0]
+    previous = _previous(tmp, path)
+    if os.path.lexists(path) or not previous.is_dir() or previous.is_symlink():
+        return
+    new = tmp / path.name
+    with contextlib.suppress(OSError):
+        os.replace(new if new.is_dir() and not new.is_symlink() else previous, path)
 
 
 @contextlib.contextmanager
@@ -88,7 +113,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it replaces ``path`` in one rename.
 
     Works for a file or a folder. On an exception the temporary is removed and ``path`` is untouched; when the
-    process is killed, the temporary folder names its owner, and a later ``remove_abandoned(path)`` removes it.
+    process is killed, the temporary folder names its owner, and a later ``remove_abandoned(path)`` removes it
+    (finishing the replacement of a folder that was killed half-way).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,10 +123,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield target
         if path.is_dir() and not path.is_symlink() and target.is_dir():
-            old = path.with_name(f".{path.name}.old-{os.getpid()}")
-            os.replace(path, old)
-            os.replace(target, path)
-            shutil.rmtree(old, ignore_errors=True)
+            # a folder cannot replace a folder in one rename: the old one moves into the temporary first, so a
+            # process killed between the two renames leaves both where remove_abandoned finishes the swap
+            os.replace(path, _previous(tmp, path))
+            try:
+                os.replace(target, path)
+            except BaseException:  # the temporary is removed below: the previous folder goes back first
+                os.replace(_previous(tmp, path), path)
+                raise
         else:
             os.replace(target, path)
     finally:

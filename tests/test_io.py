@@ -147,3 +147,64 @@ def test_the_one_digest_reads_only_a_regular_file(tmp_path):
     with pytest.raises(RopeExtendError) as err:
         within(10, lambda: sha256(fifo, fix="give a file"), fifo)
     assert str(err.value) == f"{fifo} is a named pipe, not a regular file: give a file"
+
+
+_KILLED_MID_SWAP = """
+import os, sys
+from pathlib import Path
+from rope_extend import io
+
+real, calls = os.replace, []
+def replace(src, dst):
+    calls.append(dst)
+    if len(calls) == 2:  # between moving the old folder away and moving the new one in
+        os._exit(9)
+    real(src, dst)
+io.os.replace = replace
+with io.atomic_path(Path(sys.argv[1])) as tmp:
+    tmp.mkdir()
+    (tmp / "weights").write_text("new")
+"""
+
+
+def test_a_folder_replacement_killed_between_its_renames_is_finished_later(tmp_path):
+    """Before, the old folder sat at ``.NAME.old-PID`` with nothing to put it back, and the path was gone."""
+    import subprocess
+    import sys
+
+    from rope_extend.io import atomic_path, remove_abandoned
+
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "weights").write_text("old")
+    proc = subprocess.run([sys.executable, "-c", _KILLED_MID_SWAP, str(out)], check=False, cwd=os.getcwd())
+    assert proc.returncode == 9
+    assert not out.exists()  # killed half-way: the folder is nowhere a user would look
+    remove_abandoned(out)
+    assert (out / "weights").read_text() == "new"  # the new folder was complete before the first rename
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # and nothing else is left
+    with atomic_path(out) as tmp:  # an ordinary replacement afterwards leaves nothing beside it either
+        tmp.mkdir()
+        (tmp / "weights").write_text("newer")
+    assert (out / "weights").read_text() == "newer" and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_a_failed_second_rename_puts_the_old_folder_back(tmp_path, monkeypatch):
+    from rope_extend import io
+
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "weights").write_text("old")
+    real, calls = os.replace, []
+
+    def replace(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real(src, dst)
+
+    monkeypatch.setattr(io.os, "replace", replace)
+    with pytest.raises(OSError, match="No space"), io.atomic_path(out) as tmp:
+        tmp.mkdir()
+        (tmp / "weights").write_text("new")
+    assert (out / "weights").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["model"]

@@ -35,7 +35,7 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from ..io import atomic_path, claim_output_dir
+from ..io import atomic_path, claim_output_dir, finish_swap
 from ..untrusted import read_object, shown
 from ..yaml_loader import read_yaml
 from .args import RecipeError, TrainArgs, to_dict
@@ -169,6 +169,7 @@ def prepare_output_dir(args: TrainArgs, resume_from: Path | None) -> None:
     )
     for leftover in out.glob(f".{PREFIX}*"):
         if leftover.is_dir() and (leftover.name.endswith(".tmp") or ".old-" in leftover.name):
+            finish_swap(leftover)  # a checkpoint replaced half-way is put in place before its temporary goes
             shutil.rmtree(leftover, ignore_errors=True)
     run_file = out / RUN_FILE
     if resume_from is not None and run_file.is_file():
