@@ -57,6 +57,7 @@ SIZES = {
     "num_attention_heads": 1,
     "num_key_value_heads": 1,
     "head_dim": 0,
+    "max_position_embeddings": 1,  # the trained length L every method and harness computes from
 }
 CONFIG_FIX = "give the config.json of a transformers model"
 MAX_HEADER = 100_000_000  # bytes of a safetensors header: the most the safetensors library reads

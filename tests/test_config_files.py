@@ -44,6 +44,10 @@ CASES = {
     "string layers": (_fields(num_hidden_layers="four"), "Validation error for field 'num_hidden_layers'"),
     "negative hidden_size": (_fields(hidden_size=-64), "hidden_size must be an integer >= 1, got -64"),
     "zero vocab": (_fields(vocab_size=0), "vocab_size must be an integer >= 1, got 0"),
+    "negative trained length": (
+        _fields(max_position_embeddings=-8),
+        "max_position_embeddings must be an integer >= 1, got -8",
+    ),
     "fractional heads": (_fields(num_key_value_heads=1.5), "num_key_value_heads"),
     "not json": (lambda p: p.write_text("{not json"), "is not valid JSON (Expecting property name"),
     "a list": (lambda p: p.write_text(json.dumps([{"model_type": "llama"}])), "holds a list, not a JSON object"),

@@ -13,7 +13,6 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from transformers import AutoConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -248,14 +247,3 @@ def layers(config, length: int) -> list[tuple[str | None, Rope]]:
             cache[kind] = Rope(freqs, scale, "transformers: " + describe(params), *named(params))
         out.append((kind, cache[kind]))
     return out
-
-
-def dims(config, layer_type: str | None = None) -> tuple[int, float]:
-    """``(rotated dimensions, base)`` of a layer type."""
-    params = rope_params(config, layer_type)
-    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return int(head * params.get("partial_rotary_factor", 1.0)), float(params.get("rope_theta", 10000.0))
-
-
-def plain(dim: int, base: float) -> np.ndarray:
-    return 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
