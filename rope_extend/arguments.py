@@ -24,7 +24,7 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
 
 
 def add_method_arguments(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
-    """``--method/--factor/--target-length/--original-length/--param``."""
+    """``--method/--factor/--target-length/--original-length/--param/--params-from``."""
     parser.add_argument("--method", required=required, help="scaling method (see `rope-extend methods`)")
     parser.add_argument("--factor", type=float, help="scale factor s = target / original length")
     parser.add_argument("--target-length", type=int, help="target context length (instead of --factor)")
@@ -36,6 +36,12 @@ def add_method_arguments(parser: argparse.ArgumentParser, *, required: bool = Fa
     )
     parser.add_argument(
         "--param", action="append", metavar="KEY=VALUE", help="method parameter, e.g. --param beta_fast=32 (repeatable)"
+    )
+    parser.add_argument(
+        "--params-from",
+        metavar="JSON",
+        help="the method's parameters from a JSON file, e.g. the longrope.json `rope-extend search` writes (its "
+        "factor and original length too, unless given); --param wins",
     )
 
 
@@ -89,6 +95,7 @@ FLAGS = {
     "target_length": "--target-length",
     "original_max_position_embeddings": "--original-length",
     "params": "--param",
+    "params_from": "--params-from",
 }
 
 
@@ -99,7 +106,8 @@ def _flag(key: str) -> str:
 
 def scaling_from_args(args: argparse.Namespace) -> ScalingSpec:
     """The checked ``ScalingSpec`` of parsed method arguments; errors name the flags. A factor, a target
-    length or a parameter without a method is an error (it would silently measure the unscaled model)."""
+    length or a parameter without a method is an error (it would silently measure the unscaled model).
+    ``--params-from`` is read here (``ScalingSpec.read_params``), so every command that takes a method takes it."""
     spec = ScalingSpec(
         method=args.method or "none",
         factor=args.factor,
@@ -107,6 +115,8 @@ def scaling_from_args(args: argparse.Namespace) -> ScalingSpec:
         original_max_position_embeddings=args.original_max_position_embeddings,
         params=parse_params(args.param),
     )
+    if getattr(args, "params_from", None) is not None:
+        return spec.read_params(args.params_from, f"--params-from {args.params_from}", spell=_flag)
     return spec.check(spell=_flag)
 
 

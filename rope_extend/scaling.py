@@ -15,17 +15,21 @@ line); unset, it is read from the model's config.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import RopeExtendError
+from . import untrusted
+from .errors import RopeExtendError, shown
 from .methods import registry
 from .methods._common import check_original_length
 from .methods._scaling import check_amounts
 from .schema import option
 
 NONE = "none"
+MAX_PARAMS_BYTES = 1 << 20  # a longrope.json of two factor lists is a few kB
 
 
 AMOUNTS = ("factor", "target_length", "original_max_position_embeddings")  # the fields besides method and params
@@ -73,6 +77,52 @@ class ScalingSpec:
             check_original_length(self.original_max_position_embeddings, spell("original_max_position_embeddings"))
         check_amounts(method, factor=self.factor, target_length=self.target_length, params=self.params, spell=spell)
         return self
+
+    def read_params(self, path: str | os.PathLike, where: str, spell: Callable[[str], str] = _same) -> ScalingSpec:
+        """Fill ``params`` (and ``factor`` and ``original_max_position_embeddings`` when unset) from the JSON
+        file ``path`` (``where`` names it in errors), then ``check(spell)``; returns ``self``. Only the method's
+        own parameter names are read (a search's ``longrope.json`` holds its record too); a ``rope_type``,
+        ``factor`` or original length in the file that differs from the spec's is an error, since the parameters
+        were made for those; parameters already in ``params`` win. The file is read as hostile
+        (``untrusted``: a regular file of at most ``MAX_PARAMS_BYTES``, UTF-8, JSON of bounded depth)."""
+        if not self.scales:
+            raise RopeExtendError(
+                f"{spell('params_from')} given without a scaling method ({spell('method')} is none): name the method"
+            )
+        fix = "give a JSON object of the method's parameters, such as the longrope.json a search writes"
+        data = untrusted.read_object(path, limit=MAX_PARAMS_BYTES, name=where, fix=fix)
+        method = registry.get(self.method)
+        rope_type = data.get("rope_type", method.rope_type)
+        if rope_type not in (method.name, method.rope_type):
+            raise RopeExtendError(
+                f"{where} holds parameters of rope_type {shown(rope_type)}, not of method {method.name!r}"
+            )
+        for key in ("factor", "original_max_position_embeddings"):
+            if data.get(key) is None:
+                continue
+            if isinstance(data[key], bool) or not isinstance(data[key], (int, float)):
+                raise RopeExtendError(f"{where}: {key} must be a number, got {shown(data[key])}")
+            mine = getattr(self, key)
+            if key == "factor" and self.target_length is not None:
+                raise RopeExtendError(
+                    f"{where} was made for factor {data[key]:g}: give that factor instead of {spell('target_length')} "
+                    "(the factor a target length means depends on the model's original length)"
+                )
+            elif key == "factor" and mine is None:
+                self.factor = float(data[key])
+            elif key == "original_max_position_embeddings" and mine is None:
+                self.original_max_position_embeddings = int(data[key])
+            elif mine is not None and float(mine) != float(data[key]):
+                raise RopeExtendError(
+                    f"{where} was made for {key} {data[key]:g}, but the method asks for {mine:g}: "
+                    f"leave {spell(key)} out, or use parameters made for it"
+                )
+        names = [f.name for f in dataclasses.fields(method.params)]
+        found = {k: data[k] for k in names if k in data}
+        if not found:
+            raise RopeExtendError(f"{where} has none of {method.name}'s parameters ({', '.join(names)})")
+        self.params = {**found, **self.params}
+        return self.check(spell)
 
     def patch_kwargs(self) -> dict[str, Any]:
         """The keywords of ``rope_extend.patch(model, spec.method, **spec.patch_kwargs())``."""

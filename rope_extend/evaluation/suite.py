@@ -16,21 +16,16 @@ overrides (``--set passkey.trials=2``) win. Shipped suites (``rope_extend/suites
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, make_dataclass
 from pathlib import Path
 from typing import Any, Literal, overload
 
-from .. import resources, schema, untrusted
+from .. import resources, schema
 from ..errors import RopeExtendError
-from ..methods import registry
 from ..scaling import ScalingSpec
 from ..schema import option
-from ..untrusted import shown
 from .tasks.base import Task, tasks
-
-MAX_PARAMS_BYTES = 1 << 20  # a longrope.json of two factor lists is a few kB
 
 
 @dataclass
@@ -50,60 +45,18 @@ class MethodSpec(ScalingSpec):
         # else read_params_from() fills params from the file, then checks
 
     def read_params_from(self, base: str | None = None) -> None:
-        """Fill ``params`` (and ``factor`` and ``original_max_position_embeddings`` when unset) from the JSON
-        file ``params_from`` (relative to ``base``'s folder when it exists there), then ``check()``. Only the
-        method's own parameter names are read; a ``rope_type``, ``factor`` or original length in the file
-        that differs from the spec's is an error, since the parameters were made for those."""
+        """Fill ``params`` from the JSON file ``params_from`` (relative to ``base``'s folder when it exists
+        there), then ``check()``: ``ScalingSpec.read_params``, the reader every command shares."""
         if self.params_from is None:
             return
         if not self.scales:
             raise RopeExtendError("params_from given without a scaling method (method is none): name the method")
         located = resources.beside(base, self.params_from)  # a str for a str: None only for a None value
         path = Path(located if located is not None else self.params_from)
-        where = f"methods[{self.name()}].params_from ({path})"
-        data = _json_object(path, where)
-        method = registry.get(self.method)
-        rope_type = data.get("rope_type", method.rope_type)
-        if rope_type not in (method.name, method.rope_type):
-            raise RopeExtendError(
-                f"{where} holds parameters of rope_type {shown(rope_type)}, not of method {method.name!r}"
-            )
-        for key in ("factor", "original_max_position_embeddings"):
-            if data.get(key) is None:
-                continue
-            if isinstance(data[key], bool) or not isinstance(data[key], (int, float)):
-                raise RopeExtendError(f"{where}: {key} must be a number, got {shown(data[key])}")
-            mine = getattr(self, key)
-            if key == "factor" and self.target_length is not None:
-                raise RopeExtendError(
-                    f"{where} was made for factor {data[key]:g}: give that factor instead of target_length "
-                    "(the factor a target length means depends on the model's original length)"
-                )
-            elif key == "factor" and mine is None:
-                self.factor = float(data[key])
-            elif key == "original_max_position_embeddings" and mine is None:
-                self.original_max_position_embeddings = int(data[key])
-            elif mine is not None and float(mine) != float(data[key]):
-                raise RopeExtendError(
-                    f"{where} was made for {key} {data[key]:g}, but the method asks for {mine:g}: "
-                    f"leave {key} out, or use parameters made for it"
-                )
-        names = [f.name for f in dataclasses.fields(method.params)]
-        found = {k: data[k] for k in names if k in data}
-        if not found:
-            raise RopeExtendError(f"{where} has none of {method.name}'s parameters ({', '.join(names)})")
-        self.params = {**found, **self.params}
-        self.check()
+        self.read_params(path, f"methods[{self.name()}].params_from ({path})")
 
     def name(self) -> str:
         return self.label or self.describe()
-
-
-def _json_object(path: Path, where: str) -> dict[str, Any]:
-    """The JSON object of parameters in ``path``, a user's file read as hostile (``untrusted``: a regular file of
-    at most ``MAX_PARAMS_BYTES``, UTF-8, JSON of bounded depth)."""
-    fix = "give a JSON object of the method's parameters, such as the longrope.json a search writes"
-    return untrusted.read_object(path, limit=MAX_PARAMS_BYTES, name=where, fix=fix)
 
 
 @dataclass

@@ -11,6 +11,7 @@ into this repository.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -22,6 +23,7 @@ import torch
 ENGINES = Path(os.environ.get("ROPE_EXTEND_ENGINES", Path.home() / ".cache" / "rope-extend" / "engines"))
 VLLM = ENGINES / "vllm-0.33.0"
 SGLANG = ENGINES / "sglang-0.5.23"
+TRANSFORMERS4 = ENGINES / "transformers-4.57.1"
 
 
 class Inert:
@@ -170,6 +172,27 @@ def sglang_rotary():
         },
     }
     return _load(SGLANG, "sglang", "sglang.srt.layers.rotary_embedding", overrides)
+
+
+def transformers4_rope():
+    """transformers 4.57.1's ``modeling_rope_utils`` (``ROPE_INIT_FUNCTIONS``, ``dynamic_rope_update``), loaded
+    under a package name of its own (``_transformers4``) so that the installed transformers 5 stays untouched;
+    its two relative imports (``PretrainedConfig``, only in annotations, and ``utils``) are stand-ins."""
+    package = "_transformers4"
+    utils = types.ModuleType(f"{package}.utils")
+    utils.is_torch_available = lambda: True  # type: ignore[attr-defined]
+    utils.logging = types.SimpleNamespace(get_logger=logging.getLogger)  # type: ignore[attr-defined]
+    configuration = types.ModuleType(f"{package}.configuration_utils")
+    configuration.PretrainedConfig = object  # type: ignore[attr-defined]
+    root = types.ModuleType(package)
+    root.__path__ = []  # a package, so the file's relative imports resolve in it
+    sys.modules.update({package: root, utils.__name__: utils, configuration.__name__: configuration})
+    name = f"{package}.modeling_rope_utils"
+    spec = importlib.util.spec_from_file_location(name, TRANSFORMERS4 / "transformers" / "modeling_rope_utils.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def available(root: Path) -> bool:

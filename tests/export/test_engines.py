@@ -9,6 +9,8 @@ that installs llama-cpp-python and unpacks vLLM's and SGLang's rotary modules fr
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -20,6 +22,13 @@ from tests.export import engine_code
 pytestmark = pytest.mark.engines
 
 DIM, BASE, L, FACTOR = 64, 10000.0, 256, 4.0
+# LongRoPE factors as a LongRoPE2 search leaves them (--space longrope2; head dimension 64, base 10000, L 256:
+# critical dimension 26, pair 13 of 32):
+# short all 1, long within [1, s] below the critical pair and [s, 1.25 s] from it on
+SEARCHED = {
+    "short_factor": [1.0] * 32,
+    "long_factor": [1.0 + 3 * i / 13 for i in range(13)] + [4.0 + i / 18 for i in range(19)],
+}
 CASES = [
     ("none", {}),
     ("linear", {}),
@@ -32,6 +41,8 @@ CASES = [
     ("dynamic", {}),
     ("dynamic_yarn", {}),
     ("longrope", {"short_factor": [1.0 + i / 64 for i in range(32)], "long_factor": [1.0 + i / 8 for i in range(32)]}),
+    ("longrope", SEARCHED),  # what `search` writes: the original rope up to L
+    ("longrope", {**SEARCHED, "attention_factor": 1.0}),  # the mixed-window recipe's: scale 1 at every length
 ]
 
 
@@ -94,6 +105,41 @@ def test_sglang_get_rope_computes_the_same_cos_sin(name, params):
     upto = 4 * L if scaling is not None else L
     assert cache.shape[0] >= upto
     assert compare(cache, scaling, upto) < 2e-4
+
+
+@pytest.mark.skipif(
+    not engine_code.available(engine_code.TRANSFORMERS4), reason="transformers 4.57.1's rope file is not unpacked"
+)
+@pytest.mark.parametrize("params", [CASES[-3][1], SEARCHED, {**SEARCHED, "attention_factor": 1.0}])
+def test_transformers4_longrope_switches_at_L_with_rope_extends_numbers(params):
+    """A longrope ``transformers4`` export read by transformers 4.57.1's own rope code (``_compute_longrope_parameters``
+    and ``dynamic_rope_update``, around a rotary module's state as its ``LlamaRotaryEmbedding.__init__`` sets it):
+    the short factors up to L, the long ones past it, and LongRoPE's scale, as rope-extend's longrope at each
+    length. Without ``original_max_position_embeddings`` at the config's top level, transformers 4 takes the
+    target as L: short factors at every length, and scale 1 where it is not given."""
+    tf4 = engine_code.transformers4_rope()
+    scaling, updates, length = exported("longrope", params, "transformers4")
+    config = types.SimpleNamespace(hidden_size=DIM * 2, num_attention_heads=2, head_dim=DIM, **updates)
+
+    class Rotary(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.config, self.rope_type = config, config.rope_scaling["rope_type"]
+            self.rope_init_fn = tf4.ROPE_INIT_FUNCTIONS[self.rope_type]
+            inv_freq, self.attention_scaling = self.rope_init_fn(config, "cpu")
+            self.register_buffer("inv_freq", inv_freq, persistent=False)
+            self.original_inv_freq = self.inv_freq
+
+        @tf4.dynamic_rope_update
+        def forward(self, x, position_ids):
+            return self.inv_freq, self.attention_scaling
+
+    rotary = Rotary()
+    for n in (L - 1, L, L + 1, length):
+        got, scale = rotary(torch.zeros(1), torch.arange(n)[None])
+        want, want_scale = scaling.compute(DIM, BASE, n)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=0, msg=f"inverse frequencies at {n} tokens")
+        assert scale == pytest.approx(want_scale, rel=1e-9), n
 
 
 @pytest.mark.real_model

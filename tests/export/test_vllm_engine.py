@@ -56,6 +56,26 @@ def test_vllm_serves_each_method_as_the_patched_model(tmp_path, case):
     check(row)
 
 
+# LongRoPE2's factors as its search and mixed-window fine-tune leave them: short all 1, long split at the critical
+# pair (head dimension 32, base 10000, L 256: dimension 14, pair 7 of 16), and the fine-tune's attention_factor
+# 1.0, which vLLM reads only as short_mscale / long_mscale (the export writes it there)
+LONGROPE2 = {
+    "short_factor": [1.0] * 16,
+    "long_factor": [1.0 + 3 * i / 7 for i in range(7)] + [4.0 + i / 8 for i in range(9)],
+}
+
+
+@pytest.mark.parametrize("params", [LONGROPE2, {**LONGROPE2, "attention_factor": 1.0}], ids=["searched", "mixed"])
+def test_vllm_serves_searched_and_mixed_window_longrope_factors(tmp_path, params):
+    from tests.tiny import tiny_model
+
+    case = vp.Case("llama", "longrope", params=params)
+    source = vp.tiny_folder(case.family, tmp_path / "model")
+    model = tiny_model(case.family, **vp.tiny_overrides(case.family))
+    ids = vp.random_ids(case.target(vp.L) - vp.NEW)
+    check(vp.measure(case, model, source, ids, tmp_path / "export"))
+
+
 def test_dynamic_served_is_the_patched_model_at_the_target(tmp_path):
     """dynamic x4 exported static (--approximate) takes the patched model's base at the target (its grid length,
     ``forms.patched_length``): vLLM serving it gives the patched dynamic model's own log-probs and greedy tokens on

@@ -3,6 +3,12 @@
 - **transformers 4** (4.45 onwards): ``rope_scaling`` with ``rope_type`` (and the older ``type``) and a top-level
   ``rope_theta``; ``yarn`` reads ``attention_factor``, ``beta_fast``, ``beta_slow`` and
   ``original_max_position_embeddings`` (``truncate`` from 4.56 on).
+- **LongRoPE in transformers 4** (read in 4.57.1, ``modeling_rope_utils.py``: ``_compute_longrope_parameters``
+  lines 430-433 and ``dynamic_rope_update``'s ``longrope_frequency_update`` lines 46-50): ``L`` is the config's
+  *top-level* ``original_max_position_embeddings`` (Phi-3's place), never ``rope_scaling``'s, and without it
+  ``max_position_embeddings``: the target length, so the long factors would never be chosen and the default
+  attention scale would be 1. So a longrope export writes ``L`` at the top level too (``factor`` there is then
+  ``max_position_embeddings / L``, the export's own).
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from typing import Any
 
 from ...methods import registry
 from ..configs import FolderTarget
-from ..forms import DEFAULT, DYNAMIC, Form
+from ..forms import DEFAULT, DYNAMIC, LONGROPE, Form
 from .base import APPROXIMATE, Decision
 
 
@@ -40,9 +46,12 @@ class Transformers4Target(FolderTarget):
         return {**head, "type": form.kind, **out}  # transformers before 4.45 read "type"
 
     def config_updates(self, form: Form, target_length: int) -> dict[str, Any]:
-        """``rope_scaling`` (None for plain RoPE) and a top-level ``rope_theta``."""
+        """``rope_scaling`` (None for plain RoPE) and a top-level ``rope_theta``; for longrope ``L`` at the top
+        level too (the module docstring)."""
+        top = {"original_max_position_embeddings": int(form.original_length)} if form.kind == LONGROPE else {}
         return {
             "max_position_embeddings": self.max_positions(form, target_length),
+            **top,
             "rope_theta": float(form.base),
             "rope_scaling": None if form.kind == DEFAULT else self.rope_dict(form),
         }
