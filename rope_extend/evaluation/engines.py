@@ -11,11 +11,16 @@ The harnesses build every prompt and window with the transformers tokenizer, exa
 model, and hand the engine token ids; only the forward pass and greedy decoding run in llama.cpp. So a
 difference between the two backends is a difference in what the model computes, never in the prompts.
 
-- ``greedy``: llama.cpp decodes the prompt, then one token at a time, choosing the argmax of its float32
-  logits (no sampler), and stops after the tokenizer's end-of-sequence token, as transformers' greedy search.
-- ``nll``: the window is decoded in batches of ``n_batch`` tokens with logits requested for every position,
-  so at most ``n_batch x vocab`` logits exist at once (``Llama(logits_all=True)`` would hold ``n_ctx x vocab``:
-  6.4 GB at 32k tokens of a 49k vocabulary); log-softmax in float64.
+- ``greedy``: llama.cpp decodes the prompt with logits asked for at its last position only, then one token at a
+  time, choosing the argmax of its float32 logits (no sampler), and stops after the tokenizer's end-of-sequence
+  token, as transformers' greedy search.
+- ``nll``: the window is decoded in batches of ``n_batch`` tokens with logits asked for at the scored positions
+  only, and each batch's logits are reduced (log-softmax in float64) before the next is decoded, so at most
+  ``n_batch x vocab`` logits exist at once (``Llama(logits_all=True)`` would hold ``n_ctx x vocab``: 6.4 GB at 32k
+  tokens of a 49k vocabulary).
+- Settings (measured by eval/benchmarks/engine_speed.py, docs/benchmarks.md): flash attention on (it changes
+  no answer and perplexity by less than 1e-4), every core this process may use for prompts as for single steps
+  (llama-cpp-python would take half the machine's cores for steps, all of them for prompts, ignoring ``threads``).
 - Identity: a record names the file's SHA-256 (``model_digest``) and the engine, so records of the served
   file are never mixed with the transformers model's (whose digest is of its weights).
 
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +40,29 @@ import numpy as np
 
 from ..errors import RopeExtendError
 from ..io import sha256
+from ..methods._common import check_int
 from ..version import __version__
 
 DIGEST_DIGITS = 16  # of the file's SHA-256 (io.sha256), in its records: enough to tell two files apart
 
 # the extra that installs llama-cpp-python 0.3.36 (pyproject.toml; .ci/run builds the same from its source)
 INSTALL = "pip install 'rope-extend[llama]', which builds llama.cpp from source in minutes"
+
+# How the harnesses drive llama.cpp (eval/benchmarks/engine_speed.py --variants, docs/benchmarks.md). A batch of
+# n_batch positions whose logits are all asked for holds n_batch x vocab float32 logits in llama.cpp and a float64
+# copy here: 512 x 49152 x 12 bytes = 302 MB for SmolLM2, 787 MB for Llama 3's 128k vocabulary.
+N_BATCH = 512
+N_UBATCH = 512  # llama.cpp's micro-batch: larger ones were no faster here (2048: 10.1 against 9.3 CPU s at 2k)
+FLASH_ATTN = True
+
+
+def default_threads() -> int:
+    """The cores this process may run on (its CPU affinity): llama-cpp-python's own default is half of
+    ``multiprocessing.cpu_count()`` for one-token steps, every core of the machine for batches."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 class EngineModel:
@@ -79,8 +101,11 @@ class LlamaCppModel(EngineModel):
 
     ``n_ctx``: the longest prompt plus generated tokens it will be asked for (llama.cpp allocates its KV cache
     for it up front). ``method``, ``factor`` and ``original_length`` are what the file was exported with
-    (``ExportResult.method``); they label records, the file's digest identifies them. ``threads`` defaults to
-    every core.
+    (``ExportResult.method``); they label records, the file's digest identifies them. ``threads`` (default: every
+    core this process may run on) runs prompts and single steps alike; ``n_batch`` positions are fed per call,
+    cut by llama.cpp into micro-batches of ``n_ubatch``; ``flash_attn`` is llama.cpp's fused attention. On cores
+    shared with other busy work ``threads=1`` can be faster: llama.cpp's threads meet at a barrier after every
+    operation, and one of them descheduled holds up the other.
     """
 
     engine = "llama.cpp"
@@ -94,7 +119,9 @@ class LlamaCppModel(EngineModel):
         factor: float = 1.0,
         original_length: int | None = None,
         threads: int | None = None,
-        n_batch: int = 512,
+        n_batch: int = N_BATCH,
+        n_ubatch: int = N_UBATCH,
+        flash_attn: bool = FLASH_ATTN,
     ):
         try:
             import llama_cpp  # noqa: PLC0415 - optional: only this backend needs it
@@ -103,14 +130,32 @@ class LlamaCppModel(EngineModel):
         self.path = Path(path)
         if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 1:
             raise RopeExtendError(f"n_ctx must be a positive integer, got {n_ctx!r}")
+        threads = default_threads() if threads is None else check_int("threads", threads)
+        check_int("n_batch", n_batch)
+        if check_int("n_ubatch", n_ubatch) > n_batch:  # llama-cpp-python would cut it to n_batch without a word
+            raise RopeExtendError(f"n_ubatch ({n_ubatch}) must be <= n_batch ({n_batch}): a batch is cut into these")
+        if not isinstance(flash_attn, bool):
+            raise RopeExtendError(f"flash_attn must be True or False, got {flash_attn!r}")
         self.n_ctx = n_ctx
-        self.n_batch = n_batch
+        # a batch never holds more than the context (llama-cpp-python's own bound)
+        self.settings = {"threads": threads, "n_batch": min(n_batch, n_ctx), "n_ubatch": min(n_ubatch, n_ctx)}
+        self.settings["flash_attn"] = flash_attn
+        self.n_batch = self.settings["n_batch"]
         self.labels = {"method": method, "factor": float(factor), "original_length": original_length}
         # a regular file or one line naming what is there (a pipe named like a GGUF is refused, not waited on)
         self.digest = sha256(self.path, fix="give the path of a GGUF file")[:DIGEST_DIGITS]
-        threads = threads or os.cpu_count() or 1
+        # n_threads_batch too: llama-cpp-python runs every batch of more than one token (all of a prefill) on
+        # multiprocessing.cpu_count() threads whatever n_threads says
         self._llm = llama_cpp.Llama(
-            str(self.path), n_ctx=n_ctx, n_batch=n_batch, n_threads=threads, logits_all=False, verbose=False
+            str(self.path),
+            n_ctx=n_ctx,
+            n_batch=self.n_batch,
+            n_ubatch=self.settings["n_ubatch"],
+            n_threads=threads,
+            n_threads_batch=threads,
+            flash_attn=flash_attn,
+            logits_all=False,
+            verbose=False,
         )
         self.vocab = self._llm.n_vocab()
         self.version = llama_cpp.__version__
@@ -135,37 +180,45 @@ class LlamaCppModel(EngineModel):
         }
 
     # ------------------------------------------------------------------------------------------ decoding
-    def _decode(self, ids: Sequence[int], start: int, logits: bool) -> np.ndarray:
-        """Feed ``ids`` at positions ``start..``; with ``logits`` return their logits ``[len(ids), vocab]``
-        (float32), else only the last row ``[1, vocab]``."""
-        llm = self._llm
-        rows = []
-        for i in range(0, len(ids), self.n_batch):
-            chunk = list(ids[i : i + self.n_batch])
-            llm._batch.set_batch(batch=chunk, n_past=start + i, logits_all=logits)
-            llm._ctx.decode(llm._batch)
-            n = len(chunk) if logits else 1
-            flat = np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n * self.vocab,))
-            rows.append(flat.reshape(n, self.vocab).copy())
-        if not logits:
-            return rows[-1]
-        return np.concatenate(rows)
+    def _batches(self, ids: Sequence[int], want_from: int) -> Iterator[tuple[int, np.ndarray]]:
+        """Feed ``ids`` at positions ``0..`` (after clearing the cache), ``n_batch`` at a time, asking for logits at
+        the positions ``>= want_from`` only; per batch that has some, yield the first such position and their logits
+        ``[rows, vocab]`` (float32, a view of llama.cpp's buffer: valid until the next batch).
 
-    def _clear(self) -> None:
-        self._llm._ctx.kv_cache_clear()
-        self._llm.n_tokens = 0
+        llama.cpp computes logits only where asked: the output projection of a 49k vocabulary costs as much as a
+        fifth of a small model's layers, and a passkey prompt needs it at one position of thousands."""
+        llm = self._llm
+        llm._ctx.kv_cache_clear()
+        llm.n_tokens = 0
+        for start in range(0, len(ids), self.n_batch):
+            chunk = ids[start : start + self.n_batch]
+            llm._batch.set_batch(batch=chunk, n_past=start, logits_all=False)  # positions, sequence 0, last row
+            first = max(want_from, start)
+            for i in range(first - start, len(chunk)):
+                llm._batch.batch.logits[i] = True
+            llm._ctx.decode(llm._batch)
+            rows = start + len(chunk) - first
+            if rows > 0:
+                yield first, np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(rows, self.vocab))
+
+    def _step(self, token: int, position: int) -> np.ndarray:
+        """One token decoded after the cached ones: its logits ``[vocab]``."""
+        llm = self._llm
+        llm._batch.set_batch(batch=[token], n_past=position, logits_all=False)
+        llm._ctx.decode(llm._batch)
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(self.vocab,))
 
     def greedy(self, input_ids: Sequence[int], max_new_tokens: int, eos: int | None) -> list[int]:
         self.check_reachable(len(input_ids), max_new_tokens)
-        self._clear()
-        last = self._decode(input_ids, 0, logits=False)
+        *_, (_, rows) = self._batches(input_ids, want_from=len(input_ids) - 1)
+        last = rows[-1]
         out: list[int] = []
         for step in range(max_new_tokens):
-            token = int(np.argmax(last[-1]))
+            token = int(np.argmax(last))
             out.append(token)
             if token == eos or step == max_new_tokens - 1:
                 break
-            last = self._decode([token], len(input_ids) + step, logits=False)
+            last = self._step(token, len(input_ids) + step)
         return out
 
     def nll(self, ids: Sequence[int], score_from: int) -> tuple[float, int]:
@@ -173,12 +226,15 @@ class LlamaCppModel(EngineModel):
         if n - score_from <= 0:
             return 0.0, 0
         self.check_reachable(n)
-        self._clear()
-        logits = self._decode(ids, 0, logits=True)[score_from - 1 : n - 1].astype(np.float64)
-        logits -= logits.max(-1, keepdims=True)
-        log_z = np.log(np.exp(logits).sum(-1))
-        targets = np.asarray(ids[score_from:])
-        total = float((log_z - logits[np.arange(len(targets)), targets]).sum())
+        total = 0.0
+        # position j predicts ids[j + 1]: positions score_from - 1 .. n - 2 are scored and the last token is never
+        # fed; each batch's rows are reduced as they come (log-softmax in float64), never an n x vocab array
+        for first, rows in self._batches(ids[: n - 1], want_from=score_from - 1):
+            logits = rows.astype(np.float64)
+            logits -= logits.max(-1, keepdims=True)
+            log_z = np.log(np.exp(logits).sum(-1))
+            targets = np.asarray(ids[first + 1 : first + 1 + len(logits)])
+            total += float((log_z - logits[np.arange(len(targets)), targets]).sum())
         if not math.isfinite(total):
             raise RopeExtendError(f"llama.cpp gave non-finite logits for a {n}-token window of {self.path}")
-        return total, len(targets)
+        return total, n - score_from

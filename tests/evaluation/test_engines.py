@@ -9,7 +9,9 @@ file's digest, so a resumed transformers run never takes the engine's records.
 from __future__ import annotations
 
 import json
+import os
 
+import numpy as np
 import pytest
 
 import rope_extend
@@ -23,6 +25,7 @@ pytestmark = pytest.mark.engines
 llama_cpp = pytest.importorskip("llama_cpp")
 pytest.importorskip("gguf")
 
+from rope_extend.evaluation import engines
 from rope_extend.evaluation.engines import LlamaCppModel
 
 LENGTHS = [200, 480]  # inside and past L = 256 (yarn x2 reaches 512)
@@ -84,3 +87,71 @@ def test_bad_path_and_context_are_one_line_errors(tmp_path):
     (tmp_path / "x.gguf").write_bytes(b"")
     with pytest.raises(RopeExtendError, match="n_ctx must be a positive integer"):
         LlamaCppModel(tmp_path / "x.gguf", n_ctx=0)
+
+
+# ------------------------------------------------------------------------------ how llama.cpp is driven (issue 68)
+def test_threads_apply_to_batches_and_the_defaults_are_the_measured_ones(backends):
+    _, _, _, folder = backends
+    with LlamaCppModel(folder / "m.gguf", n_ctx=512, threads=1) as one:
+        ctx = one._llm._ctx.ctx
+        # llama-cpp-python alone would run every batch of a prefill on multiprocessing.cpu_count() threads
+        assert (llama_cpp.llama_n_threads(ctx), llama_cpp.llama_n_threads_batch(ctx)) == (1, 1)
+        assert one.settings == {"threads": 1, "n_batch": 512, "n_ubatch": 512, "flash_attn": engines.FLASH_ATTN}
+        assert llama_cpp.llama_n_batch(ctx) == 512 and llama_cpp.llama_n_ubatch(ctx) == 512  # cut to n_ctx
+    with LlamaCppModel(folder / "m.gguf", n_ctx=8192) as wide:
+        ctx = wide._llm._ctx.ctx
+        assert llama_cpp.llama_n_batch(ctx) == engines.N_BATCH and llama_cpp.llama_n_ubatch(ctx) == engines.N_UBATCH
+        assert llama_cpp.llama_n_threads_batch(ctx) == len(os.sched_getaffinity(0))
+
+
+def test_the_measured_settings_give_the_numbers_of_the_settings_before(backends):
+    """Flash attention, larger batches and logits only where scored change no answer, and perplexity by < 1e-4."""
+    _, served, tok, folder = backends
+    texts = [" ".join([FILLER] * 40)]
+    with LlamaCppModel(folder / "m.gguf", n_ctx=512, n_batch=64, n_ubatch=64, flash_attn=False) as before:
+        a = passkey(before, tok, LENGTHS, trials=3, progress=False)
+        b = passkey(served, tok, LENGTHS, trials=3, progress=False)
+        assert [r["output"] for r in a.records] == [r["output"] for r in b.records]
+        a = perplexity(before, tok, texts, LENGTHS, stride=100, progress=False)
+        b = perplexity(served, tok, texts, LENGTHS, stride=100, progress=False)
+    for n in LENGTHS:
+        assert abs(a.perplexity[n] - b.perplexity[n]) / a.perplexity[n] < 1e-4, (n, a.perplexity, b.perplexity)
+
+
+def test_nll_scores_exactly_the_positions_asked_for(backends):
+    """Against llama-cpp-python's own path (``logits_all=True``, ``Llama.eval``, every position's logits kept),
+    with the same settings: the sum over positions >= score_from of -log p(next token), in float64."""
+    _, served, _, folder = backends
+    ids = list(range(5, 405))
+    ref = llama_cpp.Llama(
+        str(folder / "m.gguf"), n_ctx=512, n_batch=engines.N_BATCH, n_ubatch=engines.N_UBATCH, n_threads=2,
+        n_threads_batch=2, flash_attn=engines.FLASH_ATTN, logits_all=True, verbose=False,
+    )  # fmt: skip
+    try:
+        ref.eval(ids)
+        logits = np.asarray(ref.scores[: len(ids)], dtype=np.float64)
+    finally:
+        ref.close()
+    logp = logits - logits.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    for score_from in (1, 150, 399):
+        want = -sum(logp[j - 1, ids[j]] for j in range(score_from, len(ids)))
+        total, count = served.nll(ids, score_from)
+        assert count == len(ids) - score_from
+        assert total == pytest.approx(want, rel=1e-5), score_from
+    assert served.nll(ids, 400) == (0.0, 0)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"threads": 0}, "threads must be an integer >= 1, got 0"),
+        ({"n_batch": True}, "n_batch must be an integer >= 1, got True"),
+        ({"n_batch": 256, "n_ubatch": 512}, r"n_ubatch \(512\) must be <= n_batch \(256\)"),
+        ({"flash_attn": "yes"}, "flash_attn must be True or False, got 'yes'"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(backends, settings, message):
+    _, _, _, folder = backends
+    with pytest.raises(RopeExtendError, match=message):
+        LlamaCppModel(folder / "m.gguf", n_ctx=512, **settings)
