@@ -132,6 +132,9 @@ def test_families_mlx_lm_does_not_scale_are_refused(tmp_path, capsys):
     assert code == 2 and len(err) == 1 and not (tmp_path / "o").exists()
     assert "exports are checked for llama, mistral, qwen2, qwen3 (whose mlx-lm classes read rope_theta and " in err[0]
     assert err[0].endswith("not 'gemma2'")
+    with pytest.raises(RopeExtendError, match=r"^mlx-lm loads the tokenizer from the folder: pass tokenizer= with"):
+        export(tiny_model("llama"), "mlx", tmp_path / "t", method="yarn", factor=4)
+    assert not (tmp_path / "t").exists()
     windowed = saved(tmp_path, "mistral", sliding_window=512)
     with pytest.raises(UnsupportedModelError, match=r"mistral with a 512-token sliding window shorter than .* 1024"):
         export(str(windowed), "mlx", tmp_path / "w", method="yarn", factor=4)

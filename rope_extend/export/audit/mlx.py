@@ -29,11 +29,11 @@ import numpy as np
 from ...errors import RopeExtendError
 from ...methods import check_int, check_length, check_number
 from ...untrusted import read_json
+from ..targets.mlx import ENGINE
+from ..targets.mlx import FAMILIES as MODULES  # model_type: the mlx-lm module that loads it (the export's families)
 from . import reference
 from .rope import MAX_LAYERS, MAX_ROTARY_DIM, Rope
 
-ENGINE = "mlx-lm 0.32.2"
-MODULES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # model_type: mlx-lm module
 DEFAULT_THETA = {"llama": 10000.0, "qwen2": 1000000.0}  # ModelArgs.rope_theta's default (qwen3 has none)
 KNOWN = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 

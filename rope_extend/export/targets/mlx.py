@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ...errors import UnsupportedModelError
+from ...errors import RopeExtendError, UnsupportedModelError
 from ...methods import registry
 from ...methods.longrope import longrope_attention_scale
 from ..configs import FolderTarget
@@ -115,6 +115,8 @@ class MlxTarget(FolderTarget):
 
     def write(self, job: ExportJob) -> ExportResult:
         check_family(job.text, job.length)
+        if job.source is None and job.tokenizer is None:  # mlx_lm.load reads the tokenizer from the folder
+            raise RopeExtendError("mlx-lm loads the tokenizer from the folder: pass tokenizer= with the model")
         return super().write(job)
 
 
