@@ -4,8 +4,8 @@
     /path/to/mlx-venv/bin/python tests/export/mlx_run.py SPEC.json OUT.json
 
 SPEC: ``{"model": folder, "ids": [...], "new": n}``. OUT: ``logprobs`` (``log p(ids[t+1] | ids[:t+1])`` from one
-forward over the ids, no cache), ``greedy`` (``new`` tokens, the prompt through mlx-lm's own KV cache and one
-token per step after it), ``rope`` (each layer's rope module as mlx-lm built it, as ``[class, inverse
+forward over the ids into mlx-lm's own KV cache), ``greedy`` (``new`` tokens, one per step from that cache, so each
+step's rope runs at an offset), ``rope`` (each layer's rope module as mlx-lm built it, as ``[class, inverse
 frequencies, scale on q and k]``: what the audit's model of mlx-lm is checked against) and the versions.
 """
 
@@ -46,12 +46,14 @@ def main(spec_path: str, out_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     model, _ = load_model(Path(spec["model"]))
     ids = spec["ids"]
-    logits = np.array(model(mx.array([ids]))[0].astype(mx.float32), dtype=np.float64)[:-1]
+    cache = make_prompt_cache(model)
+    # one forward: the prompt's log-probs, and the cache the greedy steps go on from
+    out = model(mx.array([ids]), cache=cache)[0]
+    logits = np.array(out.astype(mx.float32), dtype=np.float64)[:-1]
     logits -= logits.max(axis=-1, keepdims=True)
     logp = logits - np.log(np.exp(logits).sum(axis=-1, keepdims=True))
     logprobs = logp[np.arange(len(ids) - 1), ids[1:]].tolist()
-    cache = make_prompt_cache(model)
-    step = model(mx.array([ids]), cache=cache)[0, -1]
+    step = out[-1]
     greedy = []
     for _ in range(spec["new"]):
         token = int(mx.argmax(step).item())
