@@ -107,6 +107,6 @@ def test_smollm2_past_its_length(tmp_path):
     ids = tokenizer(text)["input_ids"][:600]
     case = Case("smollm2-135m", "yarn", 4.0, 256)
     row = mp.measure(case, model, resolve_name("smollm2-135m"), ids, tmp_path / "export", mp.mlx_python())
-    assert row["ppl_rel_diff"] < 5e-5, row
-    assert row["logprob_max_abs_diff"] < 5e-3, row
+    assert row["ppl_rel_diff"] < 5e-5, row  # measured 2.8e-7
+    assert row["logprob_max_abs_diff"] < 1e-3, row  # measured 1.2e-4
     assert row["greedy_identical"], row
