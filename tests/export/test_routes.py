@@ -34,6 +34,7 @@ def test_table_covers_every_method_and_target():
         "vllm": routes.REFUSED,
         "sglang": routes.REFUSED,
         "transformers4": routes.REFUSED,
+        "mlx": routes.REFUSED,
     }
     assert set(rows["rerope"].values()) == {routes.REFUSED}
 

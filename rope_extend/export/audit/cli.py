@@ -38,7 +38,7 @@ def register(sub) -> None:
     p = sub.add_parser(
         "audit",
         help="compare the rope each layer gets in llama.cpp (a GGUF), vLLM or SGLang (a folder and its override "
-        "JSON) or transformers with transformers' reference; exit 1 on a mismatch",
+        "JSON), mlx-lm or transformers with transformers' reference; exit 1 on a mismatch",
     )
     p.add_argument("path", help="a .gguf file, or a model folder (or its config.json)")
     p.add_argument(
@@ -49,8 +49,8 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--engine",
-        choices=("vllm", "sglang", "transformers"),
-        help="how a folder is read: by vLLM 0.33, SGLang 0.5.23 or transformers (default)",
+        choices=("vllm", "sglang", "mlx", "transformers"),
+        help="how a folder is read: by vLLM 0.33, SGLang 0.5.23, mlx-lm 0.32.2 or transformers (default)",
     )
     p.add_argument(
         "--overrides",

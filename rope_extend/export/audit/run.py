@@ -8,10 +8,10 @@ from typing import Any
 
 from ...errors import RopeExtendError
 from ...untrusted import head, read_json
-from . import engines, gguf_file, gguf_read, reference
+from . import engines, gguf_file, gguf_read, mlx, reference
 from .rope import FACTOR_RTOL, FREQ_RTOL, SCALE_RTOL, Rope, close, differences
 
-TARGETS = ("transformers", "gguf", "vllm", "sglang")
+TARGETS = ("transformers", "gguf", "vllm", "sglang", "mlx")
 LOCAL_TYPES = ("sliding_attention", "chunked_attention", "local_attention")
 NOTE = "rope-extend-export.json"  # what an export wrote about itself: said in the report, never computed with
 NOTE_BYTES = 1 << 16
@@ -98,8 +98,8 @@ def _span(layers: list[int]) -> str:
 
 def kind_of(path: Path, engine: str | None) -> str:
     """``gguf``, ``vllm``, ``sglang`` or ``transformers`` for ``path`` (and ``--engine``)."""
-    if engine is not None and engine not in ("vllm", "sglang", "transformers"):
-        raise RopeExtendError(f"unknown --engine {engine!r}; allowed: vllm, sglang, transformers")
+    if engine is not None and engine not in ("vllm", "sglang", "mlx", "transformers"):
+        raise RopeExtendError(f"unknown --engine {engine!r}; allowed: vllm, sglang, mlx, transformers")
     if path.is_file() and (path.suffix.lower() == ".gguf" or head(path, 4) == b"GGUF"):
         if engine not in (None,):
             raise RopeExtendError(f"{path} is a GGUF file (llama.cpp): --engine {engine} reads a model folder")
@@ -127,8 +127,11 @@ def audit(
     kind = kind_of(path, engine)
     if length is not None and length < 1:
         raise RopeExtendError(f"--length must be a positive number of tokens, got {length}")
-    if overrides and kind in ("gguf",):
-        raise RopeExtendError("--overrides is an engine's override JSON for a model folder, not for a GGUF file")
+    if overrides and kind in ("gguf", "mlx"):
+        raise RopeExtendError(
+            "--overrides is vLLM's or SGLang's override JSON for a model folder, not for a GGUF file or mlx-lm "
+            "(which has no override flag)"
+        )
     got, served, name, warnings = _engine_layers(kind, path, overrides, length)
     notes: list[str] = []
     if path.is_dir() and (path / NOTE).exists():
@@ -138,7 +141,7 @@ def audit(
     ref_config, ref_name = None, None
     if reference_path is not None:
         ref_config, ref_name = reference.load(reference_path), f"transformers on {reference_path}"
-    elif kind in ("vllm", "sglang"):
+    elif kind in ("vllm", "sglang", "mlx"):
         ref_config, ref_name = reference.load(path, overrides), "transformers on the same config"
     want = reference.layers(ref_config, served) if ref_config is not None else None
     if want is not None and len(want) != len(got):
@@ -160,6 +163,9 @@ def _engine_layers(kind: str, path: Path, overrides, length: int | None):
             return gguf_file.layers(s, tensors, served), served, gguf_file.ENGINE, gguf_warnings(s, tensors)
         except RopeExtendError as exc:
             raise RopeExtendError(f"{path}: {exc}") from None
+    if kind == "mlx":  # mlx-lm reads the JSON itself, not through transformers (``mlx``): what it says comes first
+        got, served, said = mlx.layers(path, length)
+        return got, served, mlx.ENGINE, traps(reference.load(path)) + said
     config = reference.load(path, overrides)
     warnings = traps(config)
     if kind == "transformers":

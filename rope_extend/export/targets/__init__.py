@@ -12,5 +12,5 @@ from ...registry import Registry
 # of base.ExportTarget, in the order of the README's serving table; typed Any because base imports this package
 # for TARGETS and the import graph has no circles, not even for the type checker (tests/test_structure.py)
 TARGETS: Registry[Any] = Registry("export target")
-for _name in ("gguf", "vllm", "sglang", "transformers4"):
+for _name in ("gguf", "vllm", "sglang", "transformers4", "mlx"):
     TARGETS.register_lazy(_name, f"{__name__}.{_name}:TARGET")
