@@ -1,6 +1,6 @@
 """Serve a folder with vLLM (CPU, float32) and answer a list of request batches; a script, run in its own process
-by tests/export/test_vllm_adaptive.py (vLLM's engine starts processes of its own: the guard below keeps them from
-running this file again).
+by tests/export/test_vllm_adaptive.py and test_vllm_adaptive_families.py (vLLM's engine starts processes of its
+own: the guard below keeps them from running this file again).
 
     python tests/export/vllm_run.py SPEC.json OUT.json
 
