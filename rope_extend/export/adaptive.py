@@ -27,6 +27,7 @@ Plain numbers in, plain numbers out (and the table, a tensor); nothing here impo
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,11 +37,14 @@ import torch
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..hf.rotary import bucket
 from ..methods import registry
+from ..methods._common import rope_frequencies
 
 CONFIG_KEY = "rope_extend_adaptive"  # the exported config.json's key: buckets, L, the model's own architecture
 PREFIX = "RopeExtendAdaptive"  # the exported architecture: PREFIX + the model's own (vLLM's plugin registers it)
-ARCHITECTURES = ("LlamaForCausalLM",)  # checked end to end in vLLM (SmolLM2-135M, tests/export/test_vllm_adaptive)
+# checked end to end in vLLM: Llama on SmolLM2-135M, the others on tiny random models (tests/export/test_vllm_adaptive)
+ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM")
 METHOD = "dynamic_yarn"
+GLOBAL, LOCAL = "full_attention", "sliding_attention"  # Gemma 3's layer types: only the global ones are scaled
 
 
 def default_buckets(factor: float) -> tuple[float, ...]:
@@ -187,13 +191,15 @@ def scaling(plan: Plan, params: dict[str, Any] | None = None) -> registry.Scalin
     return resolved
 
 
-def table(plan: Plan, method: registry.Scaling, dim: int, base: float) -> torch.Tensor:
+def table(plan: Plan, method: registry.Scaling | None, dim: int, base: float) -> torch.Tensor:
     """The cos/sin table of every segment, float32 ``[rows, dim]``: ``cat(cos, sin)`` over the ``dim / 2``
     frequencies (vLLM's ``cos_sin_cache`` layout), each times the segment's attention scale, as transformers
-    computes ``cos(position * inv_freq) * attention_scaling``."""
+    computes ``cos(position * inv_freq) * attention_scaling``. ``method`` None: plain RoPE in every segment (Gemma
+    3's sliding layers, which keep their own base unscaled, but are fed the same shifted positions)."""
     parts = []
     for n in plan.lengths:
-        inv_freq, scale = method.compute(dim, base, n)  # dynamic_yarn at n = s L: yarn at s
+        # dynamic_yarn at n = s L: yarn at s
+        inv_freq, scale = (rope_frequencies(dim, base), 1.0) if method is None else method.compute(dim, base, n)
         angles = torch.arange(n, dtype=torch.float32)[:, None] * inv_freq[None, :].to(torch.float32)
         parts.append(torch.cat((angles.cos() * scale, angles.sin() * scale), dim=-1))
     return torch.cat(parts, dim=0)
@@ -208,3 +214,73 @@ def check_architecture(architectures) -> str:
             f"this model is {', '.join(found) or 'of no stated architecture'}: pass --approximate for static yarn"
         )
     return found[0]
+
+
+def nested(rope: Any) -> bool:
+    """Whether ``rope`` (a config's ``rope_parameters``) holds one dict per layer type (Gemma 3), not one flat
+    dict."""
+    return isinstance(rope, dict) and isinstance(rope.get(GLOBAL), dict)
+
+
+def check_config(config, arch: str) -> None:
+    """Refuse what the plugin cannot serve exactly in a model of ``arch`` (one of ``ARCHITECTURES``); ``config``
+    is the transformers config, as the export and vLLM's model class both read it. The plugin changes the
+    positions vLLM's model is handed, so anything else in the model that reads them would see shifted ones."""
+    why = None
+    if getattr(config, "llama_4_scaling", None) is not None:
+        why = "its llama_4_scaling scales each query by its position, which the plugin shifts into the table"
+    elif getattr(config, "dual_chunk_attention_config", None) is not None:
+        why = "Dual Chunk Attention: vLLM 0.32 ships no attention backend that runs it"
+    elif arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and getattr(config, "use_sliding_window", False):
+        why = "its sliding-window layers (use_sliding_window) were not checked in vLLM with the plugin"
+    elif arch == "Gemma3ForCausalLM":
+        why = _gemma3_problem(config)
+    elif nested(getattr(config, "rope_parameters", None)):
+        why = "its rope_parameters are per layer type, which only Gemma 3's rule reads"
+    if why is not None:
+        raise UnsupportedModelError(
+            f"vLLM's length-adaptive dynamic_yarn (rope-extend's plugin) cannot serve this {arch} exactly: {why}; "
+            "pass --approximate for static yarn where the engine serves it"
+        )
+
+
+def _gemma3_problem(config) -> str | None:
+    """Gemma 3 is served with its global layers scaled and its sliding ones at their own base, unscaled (as
+    transformers and rope-extend's patch treat it); anything else in its rope settings is refused."""
+    rope = getattr(config, "rope_parameters", None)
+    types = set(getattr(config, "layer_types", None) or ())
+    if (
+        not isinstance(rope, dict)
+        or set(rope) != {GLOBAL, LOCAL}
+        or not all(isinstance(v, dict) for v in rope.values())
+    ):
+        return f"rope_parameters must be one dict for each of {GLOBAL} and {LOCAL}, got {rope!r}"
+    if not types <= {GLOBAL, LOCAL}:
+        return f"layer types {sorted(types - {GLOBAL, LOCAL})} (only {GLOBAL} and {LOCAL} are served)"
+    if rope[LOCAL].get("rope_type", "default") != "default":
+        return f"its {LOCAL} layers are scaled ({rope[LOCAL].get('rope_type')}), where Gemma 3 keeps them plain"
+    return None
+
+
+def global_rope(rope: dict[str, Any]) -> dict[str, Any]:
+    """The rope dict of the layers the plugin scales: the whole dict, or the global layers' (Gemma 3)."""
+    return rope[GLOBAL] if nested(rope) else rope
+
+
+def plain_rope(rope: dict[str, Any]) -> dict[str, Any]:
+    """``rope`` with the scaled layers' dict made plain RoPE at its own base (what vLLM builds the model with
+    before the plugin gives each rotary embedding its table); Gemma 3's sliding dict kept as it is."""
+    plain = {"rope_type": "default", "rope_theta": global_rope(rope)["rope_theta"]}
+    return {**rope, GLOBAL: plain} if nested(rope) else plain
+
+
+def scaled_layer(config, module_name: str) -> bool:
+    """Whether the rotary embedding at ``module_name`` (``model.layers.3.self_attn.rotary_emb``) is scaled: every
+    one for a flat rope dict; for Gemma 3 those of the global layers (``config.layer_types``)."""
+    if not nested(getattr(config, "rope_parameters", None)):
+        return True
+    found = re.search(r"(?:^|\.)layers\.(\d+)\.", module_name)
+    types = list(getattr(config, "layer_types", None) or ())
+    if found is None or int(found.group(1)) >= len(types):
+        raise UnsupportedModelError(f"cannot tell the layer type of the rotary embedding {module_name!r}")
+    return types[int(found.group(1))] == GLOBAL

@@ -6,7 +6,8 @@ Refused before the model loads, each with the reason: a vLLM version the plugin 
 (``vllm_plugin.CHECKED``: it wraps that release's internals),
 another platform than CPU (checked there; on CUDA the positions buffer is captured by CUDA graphs, untried),
 speculative decoding (the drafter reads positions too), the V2 model runner (another class), a max_model_len past
-the largest bucket (rows past the table would be read).
+the largest bucket (rows past the table would be read), and what ``adaptive.check_config`` refuses at export (a
+folder may have been edited since).
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ import torch
 import vllm
 from torch import nn
 from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+from vllm.model_executor.models.gemma3 import Gemma3ForCausalLM
 from vllm.model_executor.models.llama import LlamaForCausalLM
+from vllm.model_executor.models.mistral import MistralForCausalLM
+from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from vllm.platforms import current_platform
 
 from ..errors import UnsupportedModelError
@@ -58,7 +63,7 @@ def _check_engine(vllm_config, plan: adaptive.Plan) -> None:
 
 
 def _scaling(hf_config, plan: adaptive.Plan):
-    rope = dict(hf_config.rope_parameters or {})
+    rope = dict(adaptive.global_rope(hf_config.rope_parameters or {}))
     if rope.get("rope_type") != adaptive.METHOD:
         _refuse(f"config rope_type is {rope.get('rope_type')!r}, not {adaptive.METHOD!r}")
     if float(rope.get("factor", 0)) != plan.factors[-1] or int(rope.get("original_max_position_embeddings", 0)) != int(
@@ -83,30 +88,37 @@ class _Adaptive(_MixinBase):
         if plan is None:
             _refuse(f"the config has no {adaptive.CONFIG_KEY} (export the model with rope-extend)")
         _check_engine(vllm_config, plan)
+        own = type(self).__name__.removeprefix(adaptive.PREFIX)
+        adaptive.check_config(hf_config, own)  # the export's checks again: a folder may have been edited since
         scaling = _scaling(hf_config, plan)
         rope = hf_config.rope_parameters
         # vLLM's get_rope knows no dynamic_yarn: the layers are built plain, then given the table
-        hf_config.rope_parameters = {"rope_type": "default", "rope_theta": rope["rope_theta"]}
+        hf_config.rope_parameters = adaptive.plain_rope(rope)
         try:
             super().__init__(vllm_config=vllm_config, prefix=prefix)
         finally:
             hf_config.rope_parameters = rope
-        self._swap_rotary(plan, scaling)
+        self._swap_rotary(hf_config, plan, scaling)
         vllm_plugin.wrap_runner()
 
-    def _swap_rotary(self, plan, scaling) -> None:
+    def _swap_rotary(self, hf_config, plan, scaling) -> None:
+        """Every rotary embedding gets the table of every segment: the scaled one, or plain RoPE at its own base
+        in each segment for the layers that are not scaled (Gemma 3's sliding ones), since all are handed the
+        same shifted positions."""
         shared: dict[tuple, AdaptiveRotaryEmbedding] = {}
         swapped = 0
-        for module in list(self.modules()):
+        for path, module in list(self.named_modules()):
             for name, child in list(module.named_children()):
                 if not isinstance(child, RotaryEmbedding):
                     continue
                 if type(child) is not RotaryEmbedding:
                     _refuse(f"{name} is a {type(child).__name__}, where plain RoPE was asked for")
-                key = (child.head_size, child.rotary_dim, float(child.base), child.is_neox_style, child.dtype)
+                scaled = adaptive.scaled_layer(hf_config, f"{path}.{name}")
+                key = (child.head_size, child.rotary_dim, float(child.base), child.is_neox_style, child.dtype, scaled)
                 if key not in shared:
+                    method = scaling if scaled else None
                     shared[key] = AdaptiveRotaryEmbedding(
-                        child, adaptive.table(plan, scaling, child.rotary_dim, float(child.base))
+                        child, adaptive.table(plan, method, child.rotary_dim, float(child.base))
                     )
                 setattr(module, name, shared[key])
                 swapped += 1
@@ -116,3 +128,19 @@ class _Adaptive(_MixinBase):
 
 class RopeExtendAdaptiveLlamaForCausalLM(_Adaptive, LlamaForCausalLM):
     """``LlamaForCausalLM`` (SmolLM2, Llama 2, Llama 3 without its llama3 scaling) with per-request YaRN."""
+
+
+class RopeExtendAdaptiveMistralForCausalLM(_Adaptive, MistralForCausalLM):
+    """``MistralForCausalLM`` (Mistral 7B; its sliding window is on cache slots, which the plugin leaves alone)."""
+
+
+class RopeExtendAdaptiveQwen2ForCausalLM(_Adaptive, Qwen2ForCausalLM):
+    """``Qwen2ForCausalLM`` (Qwen2, Qwen2.5) with per-request YaRN."""
+
+
+class RopeExtendAdaptiveQwen3ForCausalLM(_Adaptive, Qwen3ForCausalLM):
+    """``Qwen3ForCausalLM`` (dense Qwen3) with per-request YaRN."""
+
+
+class RopeExtendAdaptiveGemma3ForCausalLM(_Adaptive, Gemma3ForCausalLM):
+    """``Gemma3ForCausalLM`` (text): YaRN on the global layers; the sliding ones keep their own base, unscaled."""

@@ -277,13 +277,90 @@ def test_export_buckets_and_the_static_fallback(tmp_path):
 
 
 def test_export_refuses_what_the_plugin_does_not_serve(tmp_path):
-    with pytest.raises(UnsupportedModelError, match="built for LlamaForCausalLM.*Qwen2ForCausalLM.*--approximate"):
-        export(str(_saved(tmp_path / "q", "qwen2")), "vllm", tmp_path / "q2", method="dynamic_yarn", factor=4)
+    with pytest.raises(UnsupportedModelError, match="built for LlamaForCausalLM.*Gemma3ForCausalLM.*Phi3ForCausalLM"):
+        export(str(_saved(tmp_path / "p", "phi3")), "vllm", tmp_path / "p2", method="dynamic_yarn", factor=4)
     model = tiny_model("llama")
     model.config.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
     with pytest.raises(UnsupportedModelError, match="ships linear scaling"):
         export(model, "vllm", tmp_path / "l", method="dynamic_yarn", factor=4)
-    assert not (tmp_path / "q2").exists() and not (tmp_path / "l").exists()
+    gemma = tiny_model("gemma3")  # Gemma 3 4B and up ship linear x8 on their global layers
+    gemma.config.rope_parameters["full_attention"].update(rope_type="linear", factor=8.0)
+    with pytest.raises(UnsupportedModelError, match="ships linear scaling"):
+        export(gemma, "vllm", tmp_path / "g", method="dynamic_yarn", factor=4)
+    assert not any((tmp_path / n).exists() for n in ("p2", "l", "g"))
+
+
+@pytest.mark.parametrize(
+    ("family", "change", "match"),
+    [
+        ("mistral", {"llama_4_scaling": {"beta": 0.1}}, "scales each query by its position"),
+        ("qwen2", {"dual_chunk_attention_config": {"chunk_size": 64}}, "Dual Chunk Attention"),
+        ("qwen3", {"use_sliding_window": True}, "sliding-window layers .use_sliding_window. were not checked"),
+        (
+            "gemma3",
+            {"layer_types": ["sliding_attention", "full_attention", "chunked_attention", "full_attention"]},
+            "layer types .'chunked_attention'.",
+        ),
+    ],
+)
+def test_what_cannot_be_served_exactly_is_refused_at_export(tmp_path, family, change, match):
+    """The plugin shifts the positions vLLM's model is handed: whatever else reads them, or was never run through
+    the plugin, is refused before anything is written (and again by the model class, as vLLM loads it)."""
+    model = tiny_model(family)
+    for key, value in change.items():
+        setattr(model.config, key, value)
+    with pytest.raises(UnsupportedModelError, match=f"cannot serve this .*ForCausalLM exactly: .*{match}"):
+        export(model, "vllm", tmp_path / "x", method="dynamic_yarn", factor=4)
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(UnsupportedModelError, match=match):
+        adaptive.check_config(model.config, type(model).__name__)
+
+
+def test_gemma3_scales_its_global_layers_only(tmp_path):
+    """Gemma 3's folder: the global layers' rope dict is dynamic_yarn, the sliding layers' dict is kept (their
+    own base, unscaled); max_position_embeddings is the longest bucket (vLLM multiplies no Gemma 3 length by a
+    factor); transformers with rope-extend reads it as the patched model. Static exports of it are refused (the
+    folder target writes one flat dict)."""
+    model = tiny_model("gemma3").eval()
+    result = export(model, "vllm", tmp_path / "g", method="dynamic_yarn", factor=4)
+    config = json.loads((tmp_path / "g" / "config.json").read_text())
+    assert config["architectures"] == ["RopeExtendAdaptiveGemma3ForCausalLM"]
+    assert config["max_position_embeddings"] == 1024 and result.command.endswith("--max-model-len 1024 --dtype float32")
+    rope = config["rope_parameters"]
+    assert rope["sliding_attention"] == {"rope_type": "default", "rope_theta": 10000.0}
+    assert rope["full_attention"]["rope_type"] == "dynamic_yarn" and rope["full_attention"]["rope_theta"] == 1e6
+    reloaded = T.AutoModelForCausalLM.from_pretrained(tmp_path / "g").eval()
+    ids = torch.randint(3, 500, (1, 700))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids[:, :200]).logits, model(ids[:, :200]).logits, rtol=1e-5, atol=1e-5)
+        rope_extend.patch(model, "dynamic_yarn", factor=4)
+        torch.testing.assert_close(reloaded(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+    for method, approximate in (("yarn", False), ("dynamic_yarn", True)):
+        with pytest.raises(UnsupportedModelError, match="keeps one rope dict per layer type"):
+            export(tiny_model("gemma3"), "vllm", tmp_path / "s", method=method, factor=4, approximate=approximate)
+    assert not (tmp_path / "s").exists()
+
+
+def test_the_model_class_builds_plain_then_swaps_each_layers_table():
+    """What vLLM's model is built with (the scaled dicts made plain, Gemma 3's sliding dict kept), and which rotary
+    embedding gets the scaled table: every one for a flat dict, Gemma 3's global layers only; the others get plain
+    RoPE at their own base in every segment, since they are handed the same shifted positions."""
+    flat = {"rope_type": "dynamic_yarn", "factor": 4.0, "rope_theta": 5e5}
+    assert adaptive.plain_rope(flat) == {"rope_type": "default", "rope_theta": 5e5}
+    local = {"rope_type": "default", "rope_theta": 1e4}
+    nested = {"full_attention": flat, "sliding_attention": local}
+    assert adaptive.plain_rope(nested) == {"full_attention": adaptive.plain_rope(flat), "sliding_attention": local}
+    assert adaptive.global_rope(nested) is flat and adaptive.global_rope(flat) is flat
+    gemma = SimpleNamespace(rope_parameters=nested, layer_types=["sliding_attention", "full_attention"])
+    assert [adaptive.scaled_layer(gemma, f"model.layers.{i}.self_attn.rotary_emb") for i in (0, 1)] == [False, True]
+    assert adaptive.scaled_layer(SimpleNamespace(rope_parameters=flat), "model.layers.0.self_attn.rotary_emb")
+    with pytest.raises(UnsupportedModelError, match="cannot tell the layer type"):
+        adaptive.scaled_layer(gemma, "model.layers.2.self_attn.rotary_emb")
+    table = adaptive.table(PLAN, None, 32, 1e4)
+    plain = adaptive.table(adaptive.Plan.of(1024, (4,)), None, 32, 1e4)[1024:]  # plain RoPE over 4096 rows
+    for k in range(3):
+        rows = table[PLAN.offsets[k] : PLAN.offsets[k] + PLAN.lengths[k]]
+        torch.testing.assert_close(rows, plain[: PLAN.lengths[k]], rtol=0, atol=0)
 
 
 # ------------------------------------------------------------------------------------------ vLLM versions
@@ -307,7 +384,6 @@ def test_register_wraps_nothing_under_another_release(monkeypatch, version, wrap
     monkeypatch.setitem(sys.modules, "vllm", fake)
     monkeypatch.setattr(vllm_plugin, "_wrap_admission", lambda: calls.append(True))
     vllm_plugin.register()
-    assert registered == [
-        ("RopeExtendAdaptiveLlamaForCausalLM", "rope_extend.export.vllm_models:RopeExtendAdaptiveLlamaForCausalLM")
-    ]
+    names = [f"RopeExtendAdaptive{f}ForCausalLM" for f in ("Llama", "Mistral", "Qwen2", "Qwen3", "Gemma3")]
+    assert registered == [(n, f"rope_extend.export.vllm_models:{n}") for n in names]
     assert calls == ([True] if wrapped else [])

@@ -86,7 +86,7 @@ def serve(setup, model, prefix_caching, batches, name):
         [sys.executable, str(RUN), str(path), str(out)], env=env, capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return json.loads(out.read_text(encoding="utf-8"))
+    return json.loads(out.read_text(encoding="utf-8"))["batches"]
 
 
 def mixed(ids):

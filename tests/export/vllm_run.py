@@ -1,13 +1,15 @@
 """Serve a folder with vLLM (CPU, float32) and answer a list of request batches; a script, run in its own process
-by tests/export/test_vllm_adaptive.py (vLLM's engine starts processes of its own: the guard below keeps them from
-running this file again).
+by tests/export/test_vllm_adaptive.py and test_vllm_adaptive_families.py (vLLM's engine starts processes of its
+own: the guard below keeps them from running this file again).
 
     python tests/export/vllm_run.py SPEC.json OUT.json
 
 SPEC: ``{"model": folder, "max_model_len": n, "prefix_caching": bool, "enforce_eager": bool, "batches": [[request, ...], ...]}``, each
 request ``{"ids": [...], "max_tokens": n, "prompt_logprobs": bool}``, greedy. OUT: per batch, per request: the
-prompt tokens' log-probs (None for the first), the generated tokens and their log-probs, the number of prompt
-tokens vLLM read from its prefix cache; and each batch's wall time.
+prompt tokens' log-probs (None for the first), the generated tokens, their log-probs and why they ended, the number of prompt
+tokens vLLM read from its prefix cache, and each batch's wall time. SPEC's optional ``"refused": [request, ...]``
+are sent one at a time after the batches. OUT: ``{"batches": [...], "refused": [...]}``, the latter each one's
+error (type and message), or, where it was served, how many tokens and why they ended.
 """
 
 from __future__ import annotations
@@ -62,11 +64,20 @@ def main(spec_path: str, out_path: str) -> None:
                     "tokens": list(gen.token_ids),
                     "logprobs": [row[t].logprob for t, row in zip(gen.token_ids, gen.logprobs, strict=True)],
                     "cached": out.num_cached_tokens,
+                    "finish": gen.finish_reason,
                 }
             )
         results.append({"seconds": seconds, "answers": answers})
+    refused = []
+    for r in spec.get("refused", []):
+        params = SamplingParams(temperature=0.0, max_tokens=r["max_tokens"], ignore_eos=True)
+        try:
+            gen = llm.generate([TokensPrompt(prompt_token_ids=r["ids"])], params, use_tqdm=False)[0].outputs[0]
+            refused.append({"served": len(gen.token_ids), "finish": gen.finish_reason})
+        except Exception as exc:  # noqa: BLE001 (what the engine says is the answer)
+            refused.append({"type": type(exc).__name__, "message": str(exc)})
     with open(out_path, "w", encoding="utf-8") as f:
-        json.dump(results, f)
+        json.dump({"batches": results, "refused": refused}, f)
 
 
 if __name__ == "__main__":

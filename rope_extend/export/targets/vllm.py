@@ -95,8 +95,21 @@ class VllmTarget(FolderTarget):
             "rows), so with VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 every log-prob past it is NaN or garbage"
         )
 
+    def rope_layer(self, config) -> str | None:
+        """Gemma 3's global layers, whose rope dict the adaptive export scales (its sliding ones are kept); a
+        static export of it is refused in ``write``, which writes one flat dict."""
+        if adaptive.nested(getattr(config, "rope_parameters", None)) and config.model_type == "gemma3_text":
+            return adaptive.GLOBAL
+        return None
+
     def write(self, job: ExportJob) -> ExportResult:
         if not job.decision.adaptive:
+            if adaptive.nested(getattr(job.text, "rope_parameters", None)):
+                raise UnsupportedModelError(
+                    f"{job.text.model_type} keeps one rope dict per layer type; the vllm export writes one flat "
+                    "rope dict, so only dynamic_yarn without --approximate (rope-extend's plugin, which scales the "
+                    "global layers alone) is exported for it to vllm (Gemma 3 is, --to gguf)"
+                )
             return super().write(job)
         updates, plan = adaptive_updates(job)
         factors = ", ".join(f"x{s:g}" for s in plan.factors[1:])
@@ -127,7 +140,9 @@ def adaptive_updates(job: ExportJob) -> tuple[dict[str, Any], adaptive.Plan]:
     arch = adaptive.check_architecture(
         getattr(cfg, "architectures", None) or ([type(model).__name__] if model is not None else None)
     )
-    own = config_scaling(cfg)
+    adaptive.check_config(cfg, arch)
+    layer = adaptive.GLOBAL if adaptive.nested(cfg.rope_parameters) else None
+    own = config_scaling(cfg, layer)
     if own is not None:
         raise UnsupportedModelError(
             f"the model ships {own.method.name} scaling; the adaptive vLLM export serves short requests with plain "
@@ -137,17 +152,22 @@ def adaptive_updates(job: ExportJob) -> tuple[dict[str, Any], adaptive.Plan]:
     plan = adaptive.Plan.of(scaling.original_max_position_embeddings, buckets)
     values = {k: v for k, v in dataclasses.asdict(scaling.params).items() if v is not None}
     adaptive.scaling(plan, values)  # refuses finetuned and bad parameters before anything is written
-    rope = {
+    rope: dict[str, Any] = {
         "rope_type": adaptive.METHOD,
         "factor": float(scaling.factor),
         "original_max_position_embeddings": plan.original,
         **values,
         "rope_theta": float(job.base),
     }
+    # vLLM serves max_position_embeddings x factor for a rope type it does not know as already scaled, except for
+    # Gemma 3, whose max_position_embeddings it takes as the scaled length (``_get_and_verify_max_len``)
+    longest = plan.original
+    if layer is not None:  # Gemma 3: the global layers' dict; the sliding layers keep theirs, unscaled
+        rope = {adaptive.LOCAL: dict(cfg.rope_parameters[adaptive.LOCAL]), adaptive.GLOBAL: rope}
+        longest = plan.longest
     updates = {
         "architectures": [adaptive.PREFIX + arch],
-        # vLLM serves max_position_embeddings x factor for a rope type it does not know as already scaled
-        "max_position_embeddings": plan.original,
+        "max_position_embeddings": longest,
         "rope_parameters": rope,
         adaptive.CONFIG_KEY: {**plan.as_config(), "architecture": arch},
     }
