@@ -81,7 +81,8 @@ def attach_from_config(model: nn.Module) -> None:
     A rotary module that already has its runtime (an inner model's ``post_init`` ran first) is passed over.
     """
     modules = [m for _, m in rotary.rotary_modules(model, required=False)]
-    runtimes, in_attention, named = [], None, None
+    runtimes: list[attach.RotaryPlan] = []
+    in_attention, named = None, None
     for module in modules:
         config = getattr(module, "config", None)
         if "forward" in module.__dict__ or config is None or not getattr(config, "rope_parameters", None):
@@ -102,7 +103,7 @@ def attach_from_config(model: nn.Module) -> None:
             if own_rope_type(params.get("rope_type")):
                 entries[lt] = attach.entry(module, config, config_scaling(config, lt), lt)
         if entries:
-            runtimes.append((module, config, entries))
+            runtimes.append(attach.RotaryPlan(module, config, entries))
     planned = []
     if in_attention is not None:
         with naming(named, in_attention.method.name):
