@@ -53,7 +53,7 @@ from transformers.cache_utils import CacheLayerMixin, DynamicCache
 from .errors import RopeExtendError, UnsupportedModelError
 from .hf import attention, cache_arg, families, rotary
 from .hf import layout as rope_layout
-from .hf.config import attn_implementation, original_length, text_config
+from .hf.reading import attn_implementation, original_length, text_config
 from .hf.rotate_keys import KeyRotator, shift_angles, turned
 from .patching import patched
 

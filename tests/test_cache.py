@@ -8,7 +8,7 @@ import rope_extend
 from rope_extend import cache_kwargs
 from rope_extend.hf import cache as C
 from rope_extend.hf import rotary as R
-from rope_extend.hf.config import rotary_geometry, scaled_layer_types, text_config
+from rope_extend.hf.reading import rotary_geometry, scaled_layer_types, text_config
 from tests.tiny import tiny_config, tiny_model
 
 L = 64  # tiny models trained at 64 tokens: 256 new tokens after a 40-token prompt cross L and 4L

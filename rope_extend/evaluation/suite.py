@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any, Literal, overload
 
 from .. import resources, schema, untrusted
-from ..errors import RopeExtendError
+from ..errors import RopeExtendError, shown
 from ..methods import registry
 from ..scaling import ScalingSpec
 from ..schema import option
-from ..untrusted import shown
+from ..yaml_loader import read_yaml
 from .tasks.base import Task, tasks
 
 MAX_PARAMS_BYTES = 1 << 20  # a longrope.json of two factor lists is a few kB
@@ -174,7 +174,7 @@ def parse_suite(data: Any, *, path: str | Path | None = None, overrides: Sequenc
 def load_suite(path: str | Path, overrides: Sequence[str] = ()) -> Suite:
     """A suite file, or the name of a shipped suite (``smoke``)."""
     path = resources.find_suite(path)
-    return parse_suite(schema.read_yaml(path, what="suite"), path=path, overrides=overrides)
+    return parse_suite(read_yaml(path, what="suite"), path=path, overrides=overrides)
 
 
 @overload

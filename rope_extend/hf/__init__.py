@@ -26,25 +26,6 @@
   to transformers (an unregistered method's rope types taken out again included), with ``install`` and
   ``uninstall``.
 
-This package's ``__init__`` imports nothing: ``configure`` and ``rope_parameters`` import ``hf.config`` on first
-use, so that ``import rope_extend`` reaches ``hf.transformers_changes`` without torch.
+This package's ``__init__`` imports nothing and exports nothing: each name is imported from the module that
+defines it, so that ``import rope_extend`` reaches ``hf.transformers_changes`` without torch.
 """
-
-from __future__ import annotations
-
-import importlib
-import importlib.util
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .config import configure, rope_parameters
-
-__all__ = ["configure", "rope_parameters"]
-
-
-def __getattr__(name: str) -> Any:  # PEP 562: this package stays a plain module, its names load on first use
-    if name in __all__:
-        return getattr(importlib.import_module(".config", __name__), name)
-    if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -25,14 +25,14 @@ from typing import Any
 import torch
 
 from ..errors import RopeExtendError, UnsupportedModelError
-from ..methods import (
+from ..methods import registry
+from ..methods._common import (
     check_factor,
     check_int,
     check_length,
     check_number,
     check_original_length,
     check_partial_rotary_factor,
-    registry,
 )
 from . import families
 from .rope_types import (

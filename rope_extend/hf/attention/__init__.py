@@ -50,14 +50,13 @@ the cache length after the layer's own update, so its queries see empty slots, w
 
 from __future__ import annotations
 
-from ..config import text_config
+from ..reading import text_config
 from .forward import attention_forward
 from .installation import install, kernel, remove
 from .kernels import passes_kernel
 from .masks import Mask
 from .passes import Call
 from .plan import plans
-from .positions import PositionKeeper
 from .registration import is_registered_name, registered_name
 from .state import (
     INNER,
@@ -67,6 +66,7 @@ from .state import (
     PROBE_HOOK,
     WORKSPACE_ATTR,
     AttentionPlan,
+    PositionKeeper,
     attention_modules,
 )
 

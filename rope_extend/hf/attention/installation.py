@@ -12,7 +12,7 @@ from torch import nn
 
 from .. import layout as rope_layout
 from .. import mrope, slots
-from ..config import naming, text_config
+from ..reading import naming, text_config
 from .kernels import passes_kernel
 from .plan import _plan_modules
 from .positions import keep_positions

@@ -22,8 +22,8 @@ from ...errors import UnsupportedModelError
 from .. import causal as causality
 from .. import families
 from .. import layout as rope_layout
-from ..config import text_config
-from ..families import LOCAL_LAYER_TYPES
+from ..families.context import LOCAL_LAYER_TYPES
+from ..reading import text_config
 from .forward import _runner
 from .registration import is_registered_name
 from .state import INNER, AttentionPlan, attention_modules
