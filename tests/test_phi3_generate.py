@@ -21,7 +21,7 @@ from packaging.version import Version
 
 import rope_extend
 from rope_extend import UnsupportedModelError
-from rope_extend.hf import cache_arg, generation
+from rope_extend.hf import cache_name, generation
 from tests.tiny import tiny_model
 
 L = 32  # the tiny Phi-3's original_max_position_embeddings: the switch is at L + 1 tokens
@@ -100,12 +100,12 @@ def test_the_defect_it_mends_and_where_the_family_has_it():
     ids = prompt(L + 1)
     with torch.no_grad():
         seen = model(ids[:, :L], use_cache=True)
-    cache = cache_arg.returned(seen)
+    cache = cache_name.returned(seen)
     assert isinstance(cache, DynamicCache) and cache.get_seq_length() == L
 
     def fed(model) -> int:
-        inputs = model.prepare_inputs_for_generation(ids, next_sequence_length=1, **cache_arg.cache_kwargs(cache))
-        assert cache_arg.passed(inputs) is None  # dropped, on both versions: the prefix is computed again
+        inputs = model.prepare_inputs_for_generation(ids, next_sequence_length=1, **cache_name.cache_kwargs(cache))
+        assert cache_name.passed(inputs) is None  # dropped, on both versions: the prefix is computed again
         return inputs["input_ids"].shape[1]
 
     assert fed(model) == (L + 1 if FIXED_IN_524 else 1)
@@ -165,7 +165,7 @@ def test_a_switch_that_stays_partial_is_refused_naming_the_version():
     class Partial(type(phi3())):
         def prepare_inputs_for_generation(self, input_ids, *args, **kwargs):
             inputs = super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
-            if cache_arg.passed(inputs) is None and inputs.get("input_ids") is not None:
+            if cache_name.passed(inputs) is None and inputs.get("input_ids") is not None:
                 inputs["input_ids"] = inputs["input_ids"][:, -1:]  # what 5.17 does, whatever it is asked
             return inputs
 

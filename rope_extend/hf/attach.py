@@ -5,7 +5,7 @@ into the config and the frequency buffers) and a model built from a config that 
 type (``hf.register``'s ``post_init``: transformers computed the buffers through rope-extend's init function).
 Both then need the same things, in the same order, with the same checks: each rotary module's frequency sets
 (``entry``: its buffer must hold the frequencies the config implies), the rotary runtime (float32 frequencies,
-dynamic methods) and the cache keeper of the dynamic ones (``hf.cache``), the attention method's plans
+dynamic methods) and the cache keeper of the dynamic ones (``hf.cache_keeper``), the attention method's plans
 (``hf.attention``), ``generate``'s length reminder dropped for a method without a length limit, and the
 recompute of the Phi-3 families' ``generate`` at ``L`` made whole (``hf.generation``). ``attach`` does them and says what it installed, so that ``unpatch`` can take it off.
 """
@@ -19,7 +19,7 @@ from typing import Any
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from . import attention, cache, generation, rotary
+from . import attention, cache_keeper, generation, rotary
 from .reading import SHIPPED_ATTR, rotary_geometry, rotating, text_config
 
 logger = logging.getLogger("rope_extend")
@@ -64,7 +64,7 @@ class Attached:
 
     def detach(self) -> None:
         for decoder, hook in self.hooks:
-            cache.remove(decoder, hook)
+            cache_keeper.remove(decoder, hook)
         if self.attention is not None:
             self.attention.remove()
         if self.generation is not None:
@@ -94,7 +94,7 @@ def attach(model: nn.Module, rotaries: list[RotaryPlan], scaling, planned, modul
     attached = Attached()
     for planned_rotary in rotaries:
         runtime = rotary.install(planned_rotary.module, planned_rotary.entries)
-        hook = cache.install(model, runtime, planned_rotary.config)
+        hook = cache_keeper.install(model, runtime, planned_rotary.config)
         if hook is not None:
             attached.hooks.append(hook)
     if planned:

@@ -30,7 +30,7 @@ import functools
 from transformers.generation.stopping_criteria import MaxLengthCriteria
 
 from ..errors import UnsupportedModelError
-from . import cache_arg, families
+from . import cache_name, families
 
 ATTR = "_get_stopping_criteria"  # GenerationMixin's method that builds MaxLengthCriteria (5.17 and 5.24)
 PREPARE = "prepare_inputs_for_generation"  # what generate calls before each forward (5.17 and 5.24)
@@ -60,7 +60,7 @@ def install(model) -> bool:
 def _partial(inputs: dict, ids, cache) -> bool:
     """Whether ``inputs`` (what ``prepare_inputs_for_generation`` made of ``ids`` and ``cache``) drop a cache that
     had seen tokens and feed fewer than all of ``ids``: the forward would compute the prefix from those alone."""
-    if cache is None or ids is None or cache_arg.passed(inputs) is not None:
+    if cache is None or ids is None or cache_name.passed(inputs) is not None:
         return False
     fed = inputs.get("input_ids")
     seen = cache.get_seq_length() if callable(getattr(cache, "get_seq_length", None)) else 0
@@ -72,7 +72,7 @@ def _prepare_inputs(model, *args, **kwargs):
     tokens, the same asked again for the whole sequence (see the module docstring)."""
     prepare = getattr(type(model), PREPARE)
     inputs = prepare(model, *args, **kwargs)
-    ids, cache = args[0] if args else kwargs.get("input_ids"), cache_arg.passed(kwargs)
+    ids, cache = args[0] if args else kwargs.get("input_ids"), cache_name.passed(kwargs)
     if not _partial(inputs, ids, cache):
         return inputs
     inputs = prepare(model, *args, **{**kwargs, "next_sequence_length": None})
@@ -132,7 +132,7 @@ def own_switch_is_partial(config) -> bool | None:
         cache = DynamicCache()
         seen = torch.zeros(1, 1, PROBE_LENGTH, 1)
         cache.update(seen, seen, 0)
-        inputs = getattr(type(model), PREPARE)(model, ids, next_sequence_length=1, **cache_arg.cache_kwargs(cache))
+        inputs = getattr(type(model), PREPARE)(model, ids, next_sequence_length=1, **cache_name.cache_kwargs(cache))
     except Exception:  # noqa: BLE001  (any failure to build or ask the probe: the answer is unknown, said so)
         return None
     return _partial(inputs, ids, cache)

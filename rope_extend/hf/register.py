@@ -10,7 +10,7 @@ the only module that imports this one, makes every change, and undoes it).
   ``configure`` (``yarn`` with ``logn``) loads without transformers' "Unrecognized keys" warning;
 - ``wrapped_post_init``: ``PreTrainedModel.post_init`` followed by ``attach_from_config``, so that a model built
   from a config naming a rope-extend type gets rope-extend's rotary runtime (with the cache keeper of
-  ``hf.cache``), and one naming an attention method or ``logn`` gets rope-extend's attention (``hf.attention``);
+  ``hf.cache_keeper``), and one naming an attention method or ``logn`` gets rope-extend's attention (``hf.attention``);
   models without one are untouched.
 """
 
@@ -76,7 +76,7 @@ def attach_from_config(model: nn.Module) -> None:
     Runs from transformers' ``post_init`` (see ``hf.register``); the buffers transformers computed through
     rope-extend's registered init function stay. The runtime goes in as ``patch`` puts it (``hf.attach``, with the
     same checks): the language model's rotary modules (``rotary.rotary_modules``; a model without one is left
-    alone), their dynamic behaviour (with the cache keeper, ``hf.cache``) and float32 guard, the attention method
+    alone), their dynamic behaviour (with the cache keeper, ``hf.cache_keeper``) and float32 guard, the attention method
     its config names (planned at the first forward: the weights are not loaded yet), and ``generate``'s reminder.
     A rotary module that already has its runtime (an inner model's ``post_init`` ran first) is passed over.
     """

@@ -211,7 +211,7 @@ def bucket(length: int, original: int) -> int:
     """The length dynamic frequencies are computed at: ``length`` up to ``L``, beyond it the next boundary of
     the grid ``b_0 = L``, ``b_(k+1) = b_k + ceil(b_k / 16)`` (steps of about 6%).
 
-    Cached keys are re-rotated when the frequencies change (``hf.cache``); on this grid that happens about 23
+    Cached keys are re-rotated when the frequencies change (``hf.cache_keeper``); on this grid that happens about 23
     times between ``L`` and ``4L`` whatever ``L`` is, instead of at every new token, which bounds the work
     and the rounding. Cached and uncached forwards use the same grid, so they agree.
     """

@@ -1,7 +1,7 @@
 """A dynamic method decoding with a KV cache, on every RoPE family of transformers' registry: exact or refused.
 
 A dynamic method's frequencies follow the sequence length, so the keys a cache already holds must be turned to the
-new frequencies at each forward (``hf.cache.CacheKeeper``). Its documented semantics (docs/serving.md) are those
+new frequencies at each forward (``hf.cache_keeper.CacheKeeper``). Its documented semantics (docs/serving.md) are those
 of ``tests.matrix.reference.References.frozen``: a token's hidden states are those of the forward that fed it,
 and every cached key carries the frequencies in use. For each family ``build`` makes, ``dynamic`` (x4, ``L`` = 16)
 is fed a prompt below ``L`` and then chunks of 1 to 9 tokens past it through the model's own cache; after each
