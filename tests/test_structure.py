@@ -302,3 +302,88 @@ def test_the_re_export_rule_finds_both_forms(tmp_path, monkeypatch):
     (package / "e.py").write_text("from rope_extend import y\n")
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", package)
     assert reexports() == {"rope_extend.a": {"y"}}
+
+
+# ------------------------------------------------------------------------------------------ names on transformers
+NAMES = "rope_extend.hf.names"
+# strings spelled like rope-extend's attribute names that are not placed on a transformers object: a context
+# variable's name, a key of an exported config.json, the layout probe's attention-registry name, a vLLM plugin's key
+NOT_ATTRIBUTES = {"rope_extend_whole", "rope_extend_adaptive", "rope_extend_probe", "rope_extend_segment"}
+NOT_TRANSFORMERS = {"rope_extend.export.vllm_plugin"}  # places its names on vLLM's objects, in its own process
+
+
+def _constants(tree: ast.Module) -> dict[str, str]:
+    """A module's top-level string constants, ``{name: value}``."""
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            out.update((t.id, node.value.value) for t in node.targets if isinstance(t, ast.Name))
+    return out
+
+
+def _placed_names(name: str, path: Path, tree: ast.Module) -> list[tuple[int, ast.expr]]:
+    """``(line, name expression)`` of every attribute a module places on, reads from or takes off another object
+    by name: ``x.__dict__[k]``, ``x.__dict__.get/pop/setdefault(k)``, ``setattr/getattr(x, k)``, ``object.__setattr__
+    (x, k, v)``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "__dict__":
+            found.append((node.lineno, node.slice))
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            on_dict = isinstance(func, ast.Attribute) and func.attr in ("get", "pop", "setdefault")
+            if on_dict and isinstance(func.value, ast.Attribute) and func.value.attr == "__dict__":
+                found.append((node.lineno, node.args[0]))
+            elif (
+                isinstance(func, ast.Name)
+                and func.id in ("setattr", "getattr", "hasattr", "delattr")
+                or isinstance(func, ast.Attribute)
+                and func.attr == "__setattr__"
+                and len(node.args) > 1
+            ):
+                found.append((node.lineno, node.args[1]))
+    return found
+
+
+def misplaced_names() -> list[str]:
+    """Attribute names spelled as rope-extend's (``rope_extend...``) that do not come from ``hf.names``: a literal,
+    or a constant defined in the module or imported from another. A local variable (``setattr(owner, key, value)``
+    over a recorded list) and transformers' own names (``families.MSCALE_FUNCTION``) are not rope-extend's."""
+    parsed = _parsed()
+    constants = {name: _constants(tree) for name, (_, tree) in parsed.items()}
+    out = []
+    for name, (path, tree) in parsed.items():
+        if name == NAMES or name in NOT_TRANSFORMERS:
+            continue
+        imported = _imported_names(name, path, tree)
+        for line, key in _placed_names(name, path, tree):
+            where = f"{path.relative_to(PACKAGE).as_posix()}:{line}"
+            if isinstance(key, ast.Constant) and isinstance(key.value, str) and "rope_extend" in key.value:
+                out.append(f"{where} {key.value!r}")
+            elif isinstance(key, ast.Name) and imported.get(key.id) != NAMES:
+                source = imported.get(key.id, name)
+                if "rope_extend" in constants.get(source, {}).get(key.id, ""):
+                    out.append(f"{where} {key.id}")
+    return out
+
+
+def test_attribute_names_on_transformers_objects_come_from_hf_names():
+    """Every name rope-extend places on a model, config, module or cache is listed in ``hf.names`` once (there were
+    about a dozen, defined across eight modules); each module imports it from there."""
+    assert misplaced_names() == []
+    spelled = {
+        f"{path.relative_to(PACKAGE).as_posix()}: {node.value}"
+        for name, (path, tree) in _parsed().items()
+        if name != NAMES and name not in NOT_TRANSFORMERS
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if node.value.startswith(("rope_extend_", "_rope_extend_")) and node.value not in NOT_ATTRIBUTES
+    }
+    assert spelled == set(), f"rope-extend attribute names spelled outside hf.names: {sorted(spelled)}"
+
+
+def test_hf_names_lists_each_name_once():
+    from rope_extend.hf import names
+
+    values = [v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)]
+    assert len(values) >= 15 and len(set(values)) == len(values)

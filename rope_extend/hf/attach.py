@@ -20,7 +20,8 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from . import attention, cache_keeper, generation, rotary
-from .reading import SHIPPED_ATTR, rotary_geometry, rotating, text_config
+from .names import SHIPPED_ATTR
+from .reading import rotary_geometry, rotating, text_config
 
 logger = logging.getLogger("rope_extend")
 

@@ -28,8 +28,8 @@ from ..errors import RopeExtendError, UnsupportedModelError
 from ..methods import registry
 from ..methods._scaling import check_keep_shipped
 from . import families
+from .names import SHIPPED_ATTR
 from .reading import (
-    SHIPPED_ATTR,
     family_keys,
     frequencies,
     head_dim,

@@ -22,7 +22,7 @@ from ..errors import NotPatchedError, RopeExtendError
 from . import config as hf_config
 from . import rotary
 from .attach import Attached, attach
-from .names import PATCH_STATE
+from .names import PATCH_STATE, ROTARY_INSTALLED
 from .patch_plan import ModuleSnapshot, PatchPlan, pristine_copy
 from .reading import rope_dict
 from .rope_types import rope_type_of
@@ -165,7 +165,7 @@ def _snapshot_module(module: nn.Module, config) -> ModuleSnapshot:
 
 
 def _restorable(key: str) -> bool:
-    return (not key.startswith("_") or key in rotary.INSTALLED) and key not in _SKIP_ATTRS
+    return (not key.startswith("_") or key in ROTARY_INSTALLED) and key not in _SKIP_ATTRS
 
 
 def _put_attrs(module: nn.Module, attrs: dict[str, Any]) -> None:

@@ -32,6 +32,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from . import cache_name, causal, rotary
+from .names import TABLES_ATTR
 
 PROBE_NAME = "rope_extend_probe"
 PROBE_TOKENS = 12
@@ -85,9 +86,6 @@ class _Table:
     def rows(self, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         index = (delta - self.first).long()
         return self.cos.index_select(0, index), self.sin.index_select(0, index)
-
-
-TABLES_ATTR = "rope_extend_cos_sin"  # on a rotary module: {(buffer name, sign, device, dtype): _Table}
 
 
 @dataclass(frozen=True)

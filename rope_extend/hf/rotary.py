@@ -37,7 +37,6 @@ from . import families
 from .reading import frequencies, rope_dict, text_config
 from .rope_types import rope_type_of, split_rope_type
 
-INSTALLED = ("forward", "_apply", "rope_init_fn")  # instance attributes the runtime sets on a rotary module
 # (first, last position) of the whole sequence while a forward holds only a shard of it (``whole_sequence``)
 _WHOLE: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("rope_extend_whole", default=None)
 
@@ -360,7 +359,7 @@ def set_frequencies(module: nn.Module, layer_type: str | None, freqs: torch.Tens
 
 def install(module: nn.Module, entries: dict[str | None, Entry]) -> RotaryRuntime:
     runtime = RotaryRuntime(module, entries)
-    # instance attributes that shadow the class's, by design (listed in INSTALLED)
+    # instance attributes that shadow the class's, by design (listed in ROTARY_INSTALLED)
     module.forward = runtime
     module._apply = runtime.apply  # type: ignore[method-assign]
     if "rope_init_fn" in module.__dict__ and None in entries:

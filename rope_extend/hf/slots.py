@@ -25,8 +25,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from .layout import cache_argument
-
-WATCH_ATTR = "_rope_extend_watch"  # on the decoder: (Watch, pre-hook handle, hook handle)
+from .names import WATCH_ATTR
 
 
 class Watch:

@@ -50,6 +50,7 @@ the cache length after the layer's own update, so its queries see empty slots, w
 
 from __future__ import annotations
 
+from ..names import PLAN_ATTR, POSITIONS_HOOK, PROBE_HOOK, WORKSPACE_ATTR
 from ..reading import text_config
 from .forward import attention_forward
 from .installation import install, kernel, remove
@@ -61,10 +62,6 @@ from .registration import is_registered_name, registered_name
 from .state import (
     INNER,
     NAME,
-    PLAN_ATTR,
-    POSITIONS_HOOK,
-    PROBE_HOOK,
-    WORKSPACE_ATTR,
     AttentionPlan,
     PositionKeeper,
     attention_modules,
