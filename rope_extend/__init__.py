@@ -30,13 +30,13 @@ from .version import __version__
 if TYPE_CHECKING:  # the names for type checkers; at run time lazy_exports imports them on first use
     from . import bundled
     from .errors import RopeExtendException as RopeExtendException
-    from .hf.cache_arg import cache_kwargs
+    from .hf.cache_name import cache_kwargs
     from .hf.config import configure, rope_parameters
+    from .hf.sinks import SinkCache
     from .methods import get as get_method
     from .methods import inv_freq
     from .methods import names as method_names
     from .patching import patch, patched, unpatch
-    from .sinks import SinkCache
 
 # imported on first use, so that ``import rope_extend`` (and the command line's --help) does not import torch
 # and transformers' model code
@@ -44,7 +44,7 @@ lazy_exports(
     __name__,
     {
         "bundled": (".bundled", None),
-        "cache_kwargs": (".hf.cache_arg", "cache_kwargs"),
+        "cache_kwargs": (".hf.cache_name", "cache_kwargs"),
         "configure": (".hf.config", "configure"),
         "rope_parameters": (".hf.config", "rope_parameters"),
         "get_method": (".methods", "get"),
@@ -53,7 +53,7 @@ lazy_exports(
         "patch": (".patching", "patch"),
         "patched": (".patching", "patched"),
         "unpatch": (".patching", "unpatch"),
-        "SinkCache": (".sinks", "SinkCache"),
+        "SinkCache": (".hf.sinks", "SinkCache"),
         "RopeExtendException": (".errors", "RopeExtendException"),  # deprecated: RopeExtendBaseError
     },
 )

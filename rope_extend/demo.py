@@ -153,8 +153,7 @@ def evaluate(
     from . import bundled
     from .evaluation.compare import run_suite
     from .evaluation.suite import MethodSpec, make_suite
-    from .evaluation.tasks.passkey import PasskeyOptions
-    from .evaluation.tasks.perplexity import PerplexityOptions
+    from .evaluation.tasks.options import PasskeyOptions, PerplexityOptions
 
     specs = []
     for m in methods:
@@ -177,7 +176,8 @@ def evaluate(
 def finetune(out: Path, L: int, plan: Plan, seed: int):
     """Run the tiny recipe on documents generated for 4x ``L``; returns the fine-tuned model folder."""
     from .bundled.build import write_pretraining_data
-    from .training import load_args, train
+    from .training import train
+    from .training.args import load_args
 
     data = write_pretraining_data(out / "data-4x", seed=seed + 1, documents=plan.documents, context=int(FACTOR * L))
     args = load_args(

@@ -194,7 +194,7 @@ def plain_model(loaded):
     into a plain model of the same config (and dtype)."""
     from transformers import AutoModelForCausalLM
 
-    from .hf.config import attn_implementation
+    from .hf.reading import attn_implementation
 
     if getattr(loaded, "hf_quantizer", None) is None:
         return loaded

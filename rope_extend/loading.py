@@ -19,8 +19,8 @@ from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 
 from . import fetch, resources
-from .errors import RopeExtendError
-from .untrusted import decode_json, open_regular, read_object, read_up_to, shown
+from .errors import RopeExtendError, shown
+from .untrusted import decode_json, open_regular, read_object, read_up_to
 
 DTYPES = {
     "float32": torch.float32,

@@ -28,8 +28,7 @@ from typing import Any, Literal
 
 import yaml
 
-from .errors import RopeExtendError, close_matches
-from .untrusted import shown  # the one bounded repr: an error shows a value in a few hundred characters
+from .errors import RopeExtendError, close_matches, shown
 from .yaml_loader import (
     load_yaml,
     read_yaml,  # noqa: F401  (recipes and suites read their files through schema)

@@ -30,8 +30,8 @@ from typing import Any
 
 import yaml
 
-from .errors import RopeExtendError
-from .untrusted import read_text, shown
+from .errors import RopeExtendError, shown
+from .untrusted import read_text
 
 MAX_DEPTH = 64  # a recipe nests 3 levels; PyYAML's recursion would end near 300
 MAX_ALIASED = 100_000  # characters (and values) repeated by aliases in one document

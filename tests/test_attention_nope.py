@@ -26,7 +26,8 @@ from rope_extend.hf import layout as Lo
 from rope_extend.hf import rotary as R
 from rope_extend.hf.attention import passes
 from rope_extend.hf.attention import positions as query_positions
-from rope_extend.hf.config import LOCAL_LAYER_TYPES, rotary_geometry, text_config
+from rope_extend.hf.families.context import LOCAL_LAYER_TYPES
+from rope_extend.hf.reading import rotary_geometry, text_config
 from rope_extend.methods.attention import logn_scale
 from tests.families.test_attention_families import _reference_logits
 from tests.families.tiny import build, model_class, tiny_config

@@ -1,4 +1,4 @@
-"""Dynamic methods with a KV cache: cached keys re-rotated when the frequencies change (rope_extend.hf.cache)."""
+"""Dynamic methods with a KV cache: cached keys re-rotated when the frequencies change (rope_extend.hf.cache_keeper)."""
 
 import pytest
 import torch
@@ -6,9 +6,9 @@ import transformers as T
 
 import rope_extend
 from rope_extend import cache_kwargs
-from rope_extend.hf import cache as C
+from rope_extend.hf import cache_keeper as C
 from rope_extend.hf import rotary as R
-from rope_extend.hf.config import rotary_geometry, scaled_layer_types, text_config
+from rope_extend.hf.reading import rotary_geometry, scaled_layer_types, text_config
 from tests.tiny import tiny_config, tiny_model
 
 L = 64  # tiny models trained at 64 tokens: 256 new tokens after a 40-token prompt cross L and 4L
@@ -163,7 +163,7 @@ def test_a_cache_is_never_advised_to_the_user_who_gave_it():
     ``tests/families/test_cached_dynamic.py``.)"""
     from transformers import cache_utils as cu
 
-    from rope_extend.hf import cache as keeper
+    from rope_extend.hf import cache_keeper as keeper
 
     dynamic, static = T.DynamicCache(), T.StaticCache(config=tiny_model("llama").config, max_cache_len=8)
     assert keeper._alternatives(dynamic, "sliding_attention") == []  # a StaticCache's sliding layers cannot turn

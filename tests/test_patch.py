@@ -8,7 +8,7 @@ import transformers as T
 
 import rope_extend
 from rope_extend import NotPatchedError, RopeExtendError, UnsupportedModelError, cache_kwargs
-from rope_extend.hf import cache_arg
+from rope_extend.hf import cache_name
 from tests.tiny import FAMILIES, tiny_config, tiny_model
 
 L = 256  # the tiny models' max_position_embeddings
@@ -181,7 +181,7 @@ def test_dynamic_frequencies_follow_the_longest_position_of_the_sequence():
     with torch.no_grad():
         out = model(inputs(600)[:1], use_cache=True)
         assert torch.equal(emb.inv_freq, expected(600))
-        model(torch.tensor([[5]]), **cache_kwargs(cache_arg.returned(out)), position_ids=torch.tensor([[600]]))
+        model(torch.tensor([[5]]), **cache_kwargs(cache_name.returned(out)), position_ids=torch.tensor([[600]]))
         assert torch.equal(emb.inv_freq, expected(601))
         model(torch.tensor([[5]]), position_ids=torch.tensor([[300]]))  # not a new sequence: keeps the longest
         assert torch.equal(emb.inv_freq, expected(601))

@@ -21,7 +21,7 @@ from packaging.version import Version
 
 import rope_extend
 from rope_extend import UnsupportedModelError
-from rope_extend.hf import cache_arg, generation
+from rope_extend.hf import cache_name, generation, names
 from tests.tiny import tiny_model
 
 L = 32  # the tiny Phi-3's original_max_position_embeddings: the switch is at L + 1 tokens
@@ -100,19 +100,19 @@ def test_the_defect_it_mends_and_where_the_family_has_it():
     ids = prompt(L + 1)
     with torch.no_grad():
         seen = model(ids[:, :L], use_cache=True)
-    cache = cache_arg.returned(seen)
+    cache = cache_name.returned(seen)
     assert isinstance(cache, DynamicCache) and cache.get_seq_length() == L
 
     def fed(model) -> int:
-        inputs = model.prepare_inputs_for_generation(ids, next_sequence_length=1, **cache_arg.cache_kwargs(cache))
-        assert cache_arg.passed(inputs) is None  # dropped, on both versions: the prefix is computed again
+        inputs = model.prepare_inputs_for_generation(ids, next_sequence_length=1, **cache_name.cache_kwargs(cache))
+        assert cache_name.passed(inputs) is None  # dropped, on both versions: the prefix is computed again
         return inputs["input_ids"].shape[1]
 
     assert fed(model) == (L + 1 if FIXED_IN_524 else 1)
     rope_extend.patch(model, "yarn", factor=2.0)
     assert fed(model) == L + 1
     rope_extend.unpatch(model)  # transformers' own again
-    assert generation.PREPARE not in model.__dict__
+    assert names.PREPARE_INPUTS not in model.__dict__
     assert fed(model) == (L + 1 if FIXED_IN_524 else 1)
 
 
@@ -134,10 +134,10 @@ def test_a_model_built_from_a_saved_patched_config_is_mended_too(tmp_path, metho
     rope_extend.patch(model, method, **({"factor": 2.0} if method == "yarn" else {}))
     model.save_pretrained(tmp_path)
     built = type(model).from_pretrained(tmp_path, attn_implementation="sdpa").eval()
-    assert generation.PREPARE in built.__dict__
+    assert names.PREPARE_INPUTS in built.__dict__
     cached, uncached = cached_and_uncached(built, prompt())
     assert torch.equal(cached.sequences, uncached.sequences) and gap(cached, uncached) < TOLERANCE
-    assert generation.PREPARE not in phi3().__dict__
+    assert names.PREPARE_INPUTS not in phi3().__dict__
 
 
 @pytest.mark.parametrize("family", ["phimoe", "phi4_multimodal"])
@@ -165,7 +165,7 @@ def test_a_switch_that_stays_partial_is_refused_naming_the_version():
     class Partial(type(phi3())):
         def prepare_inputs_for_generation(self, input_ids, *args, **kwargs):
             inputs = super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
-            if cache_arg.passed(inputs) is None and inputs.get("input_ids") is not None:
+            if cache_name.passed(inputs) is None and inputs.get("input_ids") is not None:
                 inputs["input_ids"] = inputs["input_ids"][:, -1:]  # what 5.17 does, whatever it is asked
             return inputs
 
@@ -252,7 +252,7 @@ def test_configure_warns_where_the_folder_would_run_as_plain_transformers(tmp_pa
     assert _without_rope_extend(out) == ("equal" if FIXED_IN_524 else "parted")  # warned exactly where they part
     built = transformers.AutoModelForCausalLM.from_pretrained(out).eval()  # what the warning advises: here, with
     cached, uncached = cached_and_uncached(built, prompt())  # rope_extend imported, the switch is made whole
-    assert generation.PREPARE in built.__dict__ and torch.equal(cached.sequences, uncached.sequences)
+    assert names.PREPARE_INPUTS in built.__dict__ and torch.equal(cached.sequences, uncached.sequences)
     out, err = _configure(tmp_path, capsys, "yarn", "--factor", "2")
     assert err == "" and _without_rope_extend(out) == "refused: KeyError"
     assert _configure(tmp_path, capsys, "rerope")[1] == ""

@@ -343,7 +343,7 @@ def test_the_shipped_context_of_a_linear_factor_follows_the_family():
     style Llama ships linear x4 with 4096, the length before it (``C`` = 16384). A factor counts from ``C``."""
     import transformers as T
 
-    from rope_extend.hf.config import original_length, shipped_context
+    from rope_extend.hf.reading import original_length, shipped_context
 
     rope = {
         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},

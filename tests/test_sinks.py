@@ -13,7 +13,7 @@ import transformers as T
 
 import rope_extend
 from rope_extend import RopeExtendError, SinkCache, UnsupportedModelError, cache_kwargs
-from rope_extend.hf import cache_arg
+from rope_extend.hf import cache_name
 from tests.tiny import tiny_model
 
 SINKS, WINDOW = 3, 13
@@ -325,13 +325,13 @@ def test_both_argument_names():
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
-        mine, cache = run(**{cache_arg.name(): True})
+        mine, cache = run(**{cache_name.name(): True})
     assert cache.get_seq_length() == 30 and cache.evicted == 18
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         old, _ = run(past_key_values=True)
     assert torch.equal(mine, old)
-    if cache_arg.name() == "cache":
+    if cache_name.name() == "cache":
         with pytest.warns(FutureWarning, match="past_key_values"):
             run(past_key_values=True)
         new, _ = run(cache=True)
@@ -340,7 +340,7 @@ def test_both_argument_names():
         with pytest.raises(RopeExtendError, match="names the cache argument past_key_values"):
             run(cache=True)
     out = model(seq[:, :3], use_cache=True, **cache_kwargs(SinkCache(model, 4, 8)))
-    assert isinstance(cache_arg.returned(out), SinkCache)
+    assert isinstance(cache_name.returned(out), SinkCache)
 
 
 def _sink_example():

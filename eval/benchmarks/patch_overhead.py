@@ -8,7 +8,7 @@
    decode steps, in alternating order so drift and noise hit both alike. Ratio: patched / unpatched,
    medians; target <= 1.02.
 2. ``--dynamic``: cached decoding across the original length, where dynamic methods change their
-   frequencies and re-rotate the cached keys (``rope_extend.hf.cache``): a prompt of ``L/2`` tokens, then
+   frequencies and re-rotate the cached keys (``rope_extend.hf.cache_keeper``): a prompt of ``L/2`` tokens, then
    ``--dynamic-steps`` decode steps up to ``4L`` (``L = steps / 3.5``), for static ``yarn`` and for
    ``dynamic``, ``dynamic_yarn`` and ``longrope`` (factor 4), interleaved per repeat. Ratio: mean decode-step
    time over yarn's (target <= 1.05), and the worst single step over yarn's median step.
@@ -28,7 +28,7 @@ import torch
 import transformers as T
 
 import rope_extend
-from rope_extend.hf import cache_arg
+from rope_extend.hf import cache_name
 
 
 def build(args):
@@ -61,12 +61,12 @@ def run(model, ids, decode_steps, device):
     out = model(ids, use_cache=True)
     sync(device)
     prefill = time.perf_counter() - start
-    cache = cache_arg.returned(out)
+    cache = cache_name.returned(out)
     token = out.logits[:, -1:].argmax(-1)
     start = time.perf_counter()
     for _ in range(decode_steps):
-        out = model(token, **cache_arg.cache_kwargs(cache), use_cache=True)
-        cache = cache_arg.returned(out)
+        out = model(token, **cache_name.cache_kwargs(cache), use_cache=True)
+        cache = cache_name.returned(out)
         token = out.logits[:, -1:].argmax(-1)
     sync(device)
     return prefill, time.perf_counter() - start
@@ -76,15 +76,15 @@ def run(model, ids, decode_steps, device):
 def decode_steps(model, ids, steps, device) -> list[float]:
     """Per-step times of ``steps`` cached greedy decode steps after a prefill of ``ids``."""
     out = model(ids, use_cache=True)
-    cache, token, times = cache_arg.returned(out), out.logits[:, -1:].argmax(-1), []
+    cache, token, times = cache_name.returned(out), out.logits[:, -1:].argmax(-1), []
     for _ in range(steps):
         sync(device)
         start = time.perf_counter()
-        out = model(token, **cache_arg.cache_kwargs(cache), use_cache=True)
+        out = model(token, **cache_name.cache_kwargs(cache), use_cache=True)
         token = out.logits[:, -1:].argmax(-1)
         sync(device)
         times.append(time.perf_counter() - start)
-        cache = cache_arg.returned(out)
+        cache = cache_name.returned(out)
     return times
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from ..io import atomic_path
-from . import MODEL_DIR, sha256
+from ..io import atomic_path, sha256
+from . import MODEL_DIR
 
 COMMANDS = """\
 rope-extend bundled-data --out runs/bundled-data          # the mixed documents and the tokenizer

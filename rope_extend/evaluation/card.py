@@ -44,7 +44,7 @@ import torch
 
 from ..errors import RopeExtendError
 from ..export import export
-from ..hf.config import text_config
+from ..hf.reading import text_config
 from ..io import write_json, write_text, writing
 from ..loading import load_model, load_tokenizer, model_config
 from ..patching import patch, unpatch

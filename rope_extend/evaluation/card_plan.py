@@ -33,7 +33,8 @@ from typing import Any
 from ..documents import read_documents
 from ..errors import RopeExtendError
 from ..export import routes
-from ..hf.config import rotary_geometry, text_config
+from ..export.targets.base import EXPORTED
+from ..hf.reading import rotary_geometry, text_config
 from ..patching import patched
 from .card_options import CardOptions
 from .data import default_texts
@@ -161,7 +162,7 @@ def _served(model, scaling, options: CardOptions) -> str | None:
         return "--no-engine"
     missing = check_engine(options)
     decision = routes.decide(scaling, "gguf", *rotary_geometry(text_config(model.config)))
-    if decision.status != routes.EXPORTED:
+    if decision.status != EXPORTED:
         return decision.message(scaling.method.name, "gguf")
     if missing:
         return f"{' and '.join(missing)} not installed: {INSTALL}"

@@ -14,6 +14,7 @@ from typing import Any
 from .. import schema
 from ..errors import RopeExtendError
 from ..hf import config as hf_config
+from ..hf.reading import text_config
 from ..io import claim_output_dir, write_text
 from ..loading import load_model, load_tokenizer
 from ..patching import patched, unpatch
@@ -32,7 +33,7 @@ def apply(model, spec: MethodSpec) -> None:
 
 def check_methods(model, suite: Suite) -> None:
     """Every method of the suite against the model's config, before the first one runs."""
-    config = hf_config.text_config(model.config)
+    config = text_config(model.config)
     for spec in suite.methods:
         if spec.scales:
             hf_config.plan(config, spec.method, **spec.patch_kwargs())

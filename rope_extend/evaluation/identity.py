@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-_CACHE_ATTR = "_rope_extend_digest"
+from ..hf.names import DIGEST
 
 
 def _update(h, tensor) -> None:
@@ -54,7 +54,7 @@ def model_digest(model) -> str:
         type(model).__name__,
         tuple((name, t.data_ptr(), t._version, tuple(t.shape), str(t.dtype)) for name, t in state.items()),
     )
-    cached = getattr(model, _CACHE_ATTR, None)
+    cached = getattr(model, DIGEST, None)
     if cached is not None and cached[0] == key:
         return cached[1]
     h = hashlib.sha256(type(model).__name__.encode() + b"\0" + _config_bytes(model))
@@ -63,13 +63,13 @@ def model_digest(model) -> str:
         _update(h, tensor)
     digest = h.hexdigest()[:16]
     with contextlib.suppress(AttributeError, TypeError):  # an object that takes no attributes: computed each time
-        object.__setattr__(model, _CACHE_ATTR, (key, digest))
+        object.__setattr__(model, DIGEST, (key, digest))
     return digest
 
 
 def forget_digest(model) -> None:
     """Drop the cached digest (after writing weights through ``tensor.data``, which torch does not count)."""
-    model.__dict__.pop(_CACHE_ATTR, None)
+    model.__dict__.pop(DIGEST, None)
 
 
 def tokenizer_digest(tokenizer) -> str:

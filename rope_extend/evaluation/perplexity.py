@@ -31,8 +31,8 @@ import torch.nn.functional as F
 
 from ..errors import RopeExtendError
 from ..hf import head as hf_head
-from ..hf.config import attn_implementation
 from ..hf.head import LMHead
+from ..hf.reading import attn_implementation
 from . import runner
 from .engines import is_engine
 from .records import short_hash

@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import untrusted
-from ..errors import RopeExtendBaseError, RopeExtendError
-from ..hf.config import config_scaling, scaled_layer_types, text_config
+from ..errors import RopeExtendBaseError, RopeExtendError, shown
+from ..hf.reading import config_scaling, scaled_layer_types, text_config
 from ..patching import patched
-from ..untrusted import shown
 from ..version import __version__
 from .engines import is_engine
 from .identity import model_digest

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import RopeExtendError
 from ..hf import window
-from ..hf.config import attn_implementation, text_config
+from ..hf.reading import attn_implementation, text_config
 from .engines import is_engine
 from .identity import tokenizer_digest
 from .records import RecordLog, run_info, setting_id

@@ -25,6 +25,7 @@ from .. import resources, schema
 from ..errors import RopeExtendError
 from ..scaling import ScalingSpec
 from ..schema import option
+from ..yaml_loader import read_yaml
 from .tasks.base import Task, tasks
 
 
@@ -127,7 +128,7 @@ def parse_suite(data: Any, *, path: str | Path | None = None, overrides: Sequenc
 def load_suite(path: str | Path, overrides: Sequence[str] = ()) -> Suite:
     """A suite file, or the name of a shipped suite (``smoke``)."""
     path = resources.find_suite(path)
-    return parse_suite(schema.read_yaml(path, what="suite"), path=path, overrides=overrides)
+    return parse_suite(read_yaml(path, what="suite"), path=path, overrides=overrides)
 
 
 @overload

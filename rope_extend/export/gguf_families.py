@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedModelError
-from ..hf.config import rotary_geometry
+from ..hf.reading import rotary_geometry
 from .forms import LLAMA3, LONGROPE, YARN, Form, yarn_attn_factor
 
 ROPE_FREQS, LONG, SHORT = "rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"

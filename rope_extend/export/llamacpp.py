@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from ..errors import RopeExtendError, UnsupportedModelError
-from ..hf.config import text_config
+from ..hf.reading import text_config
 from .forms import DEFAULT, LINEAR, LLAMA3, LONGROPE, YARN, Form, yarn_attn_factor
 from .gguf_families import LONG, ROPE_FREQS, SHORT, Family, check_rope, family, head_dim, problems, rotary_dim, shifted
 

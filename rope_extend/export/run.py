@@ -6,13 +6,14 @@ from pathlib import Path
 
 from .. import locking
 from ..errors import RopeExtendError, UnsupportedModelError
-from ..hf.config import config_scaling, nested_layer_types, plan, rotary_geometry, text_config
+from ..hf.config import plan
+from ..hf.reading import config_scaling, nested_layer_types, rotary_geometry, text_config
 from ..io import check_writable, remove_abandoned
 from ..loading import check_weights, load_config, resolve_name
 from ..patching import patched
-from .routes import APPROXIMATE, REFUSED, Decision, decide
+from .routes import decide
 from .targets import TARGETS
-from .targets.base import INFO, ExportJob, ExportOptions, ExportResult
+from .targets.base import APPROXIMATE, INFO, REFUSED, Decision, ExportJob, ExportOptions, ExportResult
 
 __all__ = ["INFO", "ExportResult", "export"]
 

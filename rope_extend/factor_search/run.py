@@ -43,12 +43,11 @@ from typing import Any
 
 import torch
 
-from .. import untrusted
-from ..errors import RopeExtendError
+from ..errors import RopeExtendError, shown
 from ..evaluation.perplexity import window_nll
 from ..evaluation.runner import check_reachable
-from ..hf import config as hf_config
 from ..hf import head as hf_head
+from ..hf.reading import original_length, rotary_geometry, scaled_layer_types, text_config
 from ..hf.window import sliding_window_widened
 from ..io import claim_output_dir, write_json
 from ..methods import registry
@@ -107,10 +106,10 @@ def seed_factors(method: str, dim: int, base: float, factor: float, original_len
 
 def geometry(model) -> tuple[int, float, int]:
     """``(rotary dimension, base, L)`` of ``model``'s scaled layers."""
-    config = hf_config.text_config(model.config)
-    layer_type = next((t for t in hf_config.scaled_layer_types(config) if t is not None), None)
-    dim, base = hf_config.rotary_geometry(config, layer_type)
-    return dim, base, hf_config.original_length(config)
+    config = text_config(model.config)
+    layer_type = next((t for t in scaled_layer_types(config) if t is not None), None)
+    dim, base = rotary_geometry(config, layer_type)
+    return dim, base, original_length(config)
 
 
 def _settings(model, docs, *, factor, dim, base, length, population, seed, fitness, space) -> dict[str, Any]:
@@ -273,7 +272,7 @@ def _open_state(out, settings: dict, run: _Run, *, resume: bool, overwrite: bool
                     f"resume it with --fitness {saved}, or search with this fitness into a new --out"
                 )
             diff = [
-                f"{k}: {untrusted.shown(state['settings'].get(k), 80)} there, {settings[k]!r} now"
+                f"{k}: {shown(state['settings'].get(k), 80)} there, {settings[k]!r} now"
                 for k in sorted(settings)
                 if state["settings"].get(k) != settings[k]
             ]

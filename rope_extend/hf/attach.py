@@ -5,7 +5,7 @@ into the config and the frequency buffers) and a model built from a config that 
 type (``hf.register``'s ``post_init``: transformers computed the buffers through rope-extend's init function).
 Both then need the same things, in the same order, with the same checks: each rotary module's frequency sets
 (``entry``: its buffer must hold the frequencies the config implies), the rotary runtime (float32 frequencies,
-dynamic methods) and the cache keeper of the dynamic ones (``hf.cache``), the attention method's plans
+dynamic methods) and the cache keeper of the dynamic ones (``hf.cache_keeper``), the attention method's plans
 (``hf.attention``), ``generate``'s length reminder dropped for a method without a length limit, and the
 recompute of the Phi-3 families' ``generate`` at ``L`` made whole (``hf.generation``). ``attach`` does them and says what it installed, so that ``unpatch`` can take it off.
 """
@@ -19,26 +19,63 @@ from typing import Any
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from . import attention, cache, generation, rotary
-from .config import rotary_geometry, rotating, text_config
-from .reading import SHIPPED_ATTR
+from . import attention, cache_keeper, generation, rotary
+from .names import SHIPPED_ATTR
+from .reading import rotary_geometry, rotating, text_config
 
 logger = logging.getLogger("rope_extend")
 
 
+@dataclass(frozen=True)
+class RotaryPlan:
+    """One rotary module to run rope-extend's runtime: the config its frequencies come from and its frequency sets
+    (``{layer_type: Entry}``), each checked against the module's buffer (``entry``)."""
+
+    module: nn.Module
+    config: Any
+    entries: dict[str | None, rotary.Entry]
+
+
+@dataclass(frozen=True)
+class AttentionInstall:
+    """An attention method in a model: the text ``config`` it was installed for, the implementation the model ran
+    before (``inner``, which the layers it leaves alone keep) and the attention modules given a plan."""
+
+    model: nn.Module
+    config: Any
+    inner: str
+    modules: list[nn.Module]
+
+    def kernel(self) -> str:
+        """What runs the patched layers' attention now (``hf.attention.kernel``)."""
+        return attention.kernel(self.model, self.config, self.inner, self.modules)
+
+    def remove(self) -> None:
+        attention.remove(self.model, self.config, self.inner, self.modules)
+
+
 @dataclass
 class Attached:
-    """What ``attach`` installed: the cache keepers ``(decoder, hook key)``, the attention method ``(model, config,
-    implementation before, modules)`` and the model whose ``generate`` no longer warns past ``L``."""
+    """What ``attach`` installed: the cache keepers ``(decoder, hook key)``, the attention method and the model
+    whose ``generate`` no longer warns past ``L`` (or recomputes the Phi-3 switch); ``detach`` takes them off."""
 
     hooks: list[tuple[nn.Module, int]] = field(default_factory=list)
-    attention: tuple[Any, Any, str, list[nn.Module]] | None = None
+    attention: AttentionInstall | None = None
     generation: nn.Module | None = None
 
+    def detach(self) -> None:
+        for decoder, hook in self.hooks:
+            cache_keeper.remove(decoder, hook)
+        if self.attention is not None:
+            self.attention.remove()
+        if self.generation is not None:
+            generation.remove(self.generation)
 
-def entry(module: nn.Module, config, scaling, layer_type) -> rotary.Entry:
+
+def entry(module: nn.Module, config, scaling, layer_type, computed=None) -> rotary.Entry:
     """The runtime's entry for ``module``'s frequency set ``layer_type`` scaled by ``scaling``, with the rotary
-    dimension and base that ``config`` implies; refuses a module whose buffer holds another number of frequencies
+    dimension and base that ``config`` implies (``computed``: its frequencies and attention scale at ``L`` when the
+    caller has them, ``hf.config.ConfigEdit.frequencies``, so they are not computed again); refuses a module whose buffer holds another number of frequencies
     (a rotary layout rope-extend does not know, which it would scale wrong)."""
     dim, base = rotary_geometry(config, layer_type)
     buffer = rotary.buffers(module)[rotary.buffer_name(layer_type)]
@@ -47,31 +84,32 @@ def entry(module: nn.Module, config, scaling, layer_type) -> rotary.Entry:
             f"{type(module).__name__}.{rotary.buffer_name(layer_type)} has {buffer.numel()} frequencies but the config "
             f"implies a rotary dimension of {dim} ({dim // 2} frequencies): unsupported rotary layout"
         )
-    return rotary.Entry(scaling, dim, base, rotating(config, layer_type))
+    first = None if computed is None else (computed[0].clone(), computed[1])  # each module owns its buffer
+    return rotary.Entry(scaling, dim, base, rotating(config, layer_type), first=first)
 
 
-def attach(model: nn.Module, runtimes, scaling, planned, modules: list[nn.Module]) -> Attached:
-    """Install rope-extend's runtime in ``model``: for each ``(rotary module, config, {layer_type: Entry})`` of
-    ``runtimes`` the rotary runtime and its cache keeper, then the attention plans ``planned`` (``hf.attention.
+def attach(model: nn.Module, rotaries: list[RotaryPlan], scaling, planned, modules: list[nn.Module]) -> Attached:
+    """Install rope-extend's runtime in ``model``: for each of ``rotaries`` the rotary runtime and its cache keeper, then the attention plans ``planned`` (``hf.attention.
     plans``; none for a frequency method) of ``scaling``, whose layers rotate with the text rotary ``modules``,
     and ``generate``'s reminder for an unbounded method. Everything is planned and checked before it is called."""
     attached = Attached()
-    for module, config, entries in runtimes:
-        hook = cache.install(model, rotary.install(module, entries), config)
+    for planned_rotary in rotaries:
+        runtime = rotary.install(planned_rotary.module, planned_rotary.entries)
+        hook = cache_keeper.install(model, runtime, planned_rotary.config)
         if hook is not None:
             attached.hooks.append(hook)
     if planned:
-        config = attention.text_config(rotary.module_config(model, modules[0]))
+        config = text_config(rotary.module_config(model, modules[0]))
         inner = planned[0][1].inner
         attention.install(model, config, planned, scaling, modules)
-        attached.attention = (model, config, inner, [m for m, _ in planned])
+        attached.attention = AttentionInstall(model, config, inner, [m for m, _ in planned])
         param = next(model.parameters(), None)
         device = param.device if param is not None else None
         # a model still on meta (built by from_pretrained before its weights) is not where it will run
         if (
             device is not None
             and device.type not in ("cpu", "meta")
-            and attention.kernel(*attached.attention).startswith("torch_tiles")
+            and attached.attention.kernel().startswith("torch_tiles")
         ):
             logger.warning(
                 "%s runs its attention passes in plain torch over key tiles on %s (no fused kernel with a "

@@ -2,7 +2,7 @@
 
 rope-extend's runtime reads positions and cache lengths on the host to decide what to compute: the attention
 methods lay out their passes by them (``hf.attention``), the dynamic methods' cache keeper turns cached keys when
-the length crosses a step (``hf.cache``). Traced, each such read is a graph break in the middle of transformers'
+the length crosses a step (``hf.cache_keeper``). Traced, each such read is a graph break in the middle of transformers'
 code, and dynamo resumes there with the values it read as guards, recompiling as they change. Marked with
 ``eager`` instead, the whole function runs as plain Python between two graphs, exactly as without compile; under
 ``fullgraph=True`` dynamo refuses it before running anything, with ``reason`` in its message.

@@ -1,10 +1,11 @@
 """Writing a transformers config's rotary settings, and the names callers read a config by.
 
 - ``configure`` puts a scaling into ``config.rope_parameters`` and raises ``max_position_embeddings``
-  (``plan`` validates the request, ``write`` writes it); ``snapshot``/``restore`` undo that exactly.
+  (``edit`` validates the request and computes the edit once, ``ConfigEdit.apply`` writes it);
+  ``snapshot``/``restore`` undo that exactly.
 - Reading a config is ``hf.reading`` (geometry, ``L``, the shipped context, the scaling a config names) and the
-  rope dict's vocabulary is ``hf.rope_types``; the names callers use are re-exported here. Each family's quirks
-  are rules in ``hf.families``, asked by what they are about (``families.ask``).
+  rope dict's vocabulary is ``hf.rope_types``: callers import those names from there. Each family's quirks are
+  rules in ``hf.families``, asked by what they are about (``families.ask``).
 
 A scaling the model ships with (Llama 3.1's ``llama3``, GPT-OSS's ``yarn``, Phi-3's ``longrope``) is replaced, the
 factor counting from the context it gives (``shipped_context``), or, with ``keep_shipped=True`` under an attention
@@ -18,18 +19,17 @@ import copy
 import dataclasses
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..methods import registry
 from ..methods._scaling import check_keep_shipped
 from . import families
-from .families import LOCAL_LAYER_TYPES
+from .names import SHIPPED_ATTR
 from .reading import (
-    SHIPPED_ATTR,
-    attn_implementation,
-    config_scaling,
-    family,
     family_keys,
     frequencies,
     head_dim,
@@ -48,7 +48,6 @@ from .rope_types import (
     SHIPPED_KEY,
     keepable,
     own_rope_type,
-    rope_type_keys,
     rope_type_of,
     scaled_rope_dict,
     split_rope_type,
@@ -123,7 +122,7 @@ def _kept_one(config, params: dict[str, Any]) -> registry.Scaling | None:
 
 
 def snapshot(config) -> dict[str, Any]:
-    """What ``write`` changes, to put back with ``restore``."""
+    """What ``ConfigEdit.apply`` changes, to put back with ``restore``."""
     return {
         "rope_parameters": copy.deepcopy(config.rope_parameters),
         "max_position_embeddings": config.max_position_embeddings,
@@ -148,10 +147,44 @@ def restore(config, snap: dict[str, Any]) -> None:
         config.__dict__[SHIPPED_ATTR] = snap[SHIPPED_ATTR]
 
 
+@dataclass(frozen=True)
+class ConfigEdit:
+    """A scaling's write into one config, computed once (``edit``): the values written (``values``: attribute ->
+    value), the frequencies and attention scale of each scaled layer type at ``L`` (``frequencies``, from the same
+    computation that checked the parameters against the geometry), and ``scaled``, a copy of the config with the
+    values written, which transformers' own validation of the config class accepted. ``apply`` writes the values
+    into a config; ``snapshot``/``restore`` undo that."""
+
+    scaling: registry.Scaling
+    values: dict[str, Any]
+    frequencies: dict[str | None, tuple[torch.Tensor, float]]
+    scaled: Any
+
+    def apply(self, config) -> None:
+        """Write the edit into ``config`` (the config it was computed from, or one equal to it)."""
+        for key, value in self.values.items():
+            setattr(config, key, copy.deepcopy(value) if key == "rope_parameters" else value)
+
+
 def plan(
     config, method: str, *, factor=None, target_length=None, original_max_position_embeddings=None, **params
 ) -> registry.Scaling:
-    """Validate a configure/patch request against ``config`` and return the scaling; touches nothing.
+    """Validate a configure/patch request against ``config`` and return the scaling; touches nothing
+    (``edit(...).scaling``)."""
+    return edit(
+        config,
+        method,
+        factor=factor,
+        target_length=target_length,
+        original_max_position_embeddings=original_max_position_embeddings,
+        **params,
+    ).scaling
+
+
+def edit(
+    config, method: str, *, factor=None, target_length=None, original_max_position_embeddings=None, **params
+) -> ConfigEdit:
+    """Validate a configure/patch request against ``config`` and compute its edit; touches nothing.
 
     ``keep_shipped=True`` (attention methods): the scaling the model ships with (``kept_scaling``) stays, and the
     method counts from the shipped context ``C`` (``Scaling.shipped``); nothing to keep is a no-op."""
@@ -206,33 +239,39 @@ def plan(
             f"every forward, so transformers' own {m.rope_type} would never switch to its long frequencies once "
             "saved and reloaded"
         )
+    computed = {}
     for lt in layer_types:
         dim, base = rotary_geometry(config, lt)
-        _, scale = scaling.compute(dim, base)  # raises on a parameter that does not fit the geometry (longrope)
+        with torch.device("cpu"):  # not on meta inside from_pretrained's meta-device context
+            # raises on a parameter that does not fit the geometry (longrope); the runtime starts from these
+            computed[lt] = frequencies(scaling, dim, base, rotating(config, lt))
+        scale = computed[lt][1]
         if scale_keys and scaling.compute(dim, base, 4 * scaling.target_length)[1] != scale:
             raise UnsupportedModelError(
                 f"{type(config).__name__} reads one attention scale per side of L from rope_parameters "
                 f"({' and '.join(scale_keys)}), but {m.name}'s attention scale changes with the "
                 "length"
             )
-    _check_transformers_accepts(config, scaling)
-    return scaling
+    values = _values(config, scaling, computed)
+    scaled = copy.deepcopy(config)  # the one copy: transformers checks it here, and ``patch`` rebuilds from it
+    done = ConfigEdit(scaling, values, computed, scaled)
+    done.apply(scaled)
+    _check_transformers_accepts(config, scaled)
+    return done
 
 
-def _check_transformers_accepts(config, scaling: registry.Scaling) -> None:
+def _check_transformers_accepts(config, scaled) -> None:
     """Refuse a scaling the config class's own validation rejects (Cosmos3 Edge allows only ``default``): the
     patched model could not be saved, nor a configured config loaded. A config that fails already is let be."""
     validate = getattr(config, "validate", None)
     if not callable(validate):
         return
-    probe = copy.deepcopy(config)
     try:
         validate()
     except Exception:  # noqa: BLE001 - the unscaled config is the family's own business
         return
-    write(probe, scaling)
     try:
-        probe.validate()
+        scaled.validate()
     except Exception as exc:
         reason = str(getattr(exc, "__cause__", None) or exc).strip().splitlines()[-1]
         raise UnsupportedModelError(
@@ -246,8 +285,10 @@ def _shipped_name(config) -> str:
     return " / ".join(sorted(str(n) for n in names)) + " scaling"
 
 
-def write(config, scaling: registry.Scaling) -> None:
-    """Put ``scaling`` into ``config`` (the global rope dicts) and set ``max_position_embeddings`` to the target."""
+def _values(config, scaling: registry.Scaling, computed: dict) -> dict[str, Any]:
+    """What writing ``scaling`` into ``config`` sets: the global rope dicts, ``max_position_embeddings`` at the
+    target, ``L``, and the context a later configure counts from; ``computed`` holds each layer type's frequencies
+    and attention scale."""
     shipped = shipped_context(config)
     params = copy.deepcopy(config.rope_parameters)
     scale_keys = families.ask("scale_keys", config)
@@ -260,18 +301,20 @@ def write(config, scaling: registry.Scaling) -> None:
         if scale_keys:  # it also reads L there, for linear too
             new["original_max_position_embeddings"] = scaling.original_max_position_embeddings
             for key in scale_keys:
-                new[key] = scaling.compute(*rotary_geometry(config, lt))[1]
+                new[key] = computed[lt][1]
         if lt is None:
             params = new
         else:
             params[lt] = new
+    values: dict[str, Any] = {}
     if config.__dict__.get("head_dim", _MISSING) is None and not own_rope_type(scaling.method.rope_type):
         # transformers' yarn and longrope read getattr(config, "head_dim", default), which is None here (Mixtral)
-        config.head_dim = head_dim(config)
-    config.original_max_position_embeddings = scaling.pretraining_length
-    config.max_position_embeddings = scaling.target_length
-    config.rope_parameters = params
-    setattr(config, SHIPPED_ATTR, shipped)  # what a later configure counts from (never this write's target)
+        values["head_dim"] = head_dim(config)
+    values["original_max_position_embeddings"] = scaling.pretraining_length
+    values["max_position_embeddings"] = scaling.target_length
+    values["rope_parameters"] = params
+    values[SHIPPED_ATTR] = shipped  # what a later configure counts from (never this write's target)
+    return values
 
 
 def configure(config, method: str, *, factor=None, target_length=None, original_max_position_embeddings=None, **params):
@@ -285,7 +328,7 @@ def configure(config, method: str, *, factor=None, target_length=None, original_
     """
     cfg = text_config(config)
     with naming(config, method):
-        scaling = plan(
+        planned = edit(
             cfg,
             method,
             factor=factor,
@@ -293,7 +336,7 @@ def configure(config, method: str, *, factor=None, target_length=None, original_
             original_max_position_embeddings=original_max_position_embeddings,
             **params,
         )
-    write(cfg, scaling)
+    planned.apply(cfg)
     return config
 
 
@@ -316,36 +359,3 @@ def rope_parameters(
         params=params,
     )
     return scaled_rope_dict({"rope_theta": float(rope_theta)}, scaling)
-
-
-# what callers (patch, evaluation, export, tests) read a config by: this module's own, and the reading and
-# rope-type names re-exported from hf.reading, hf.rope_types and hf.families
-__all__ = [
-    "LOCAL_LAYER_TYPES",
-    "attn_implementation",
-    "config_scaling",
-    "configure",
-    "family",
-    "family_keys",
-    "frequencies",
-    "kept_scaling",
-    "naming",
-    "nested_layer_types",
-    "original_length",
-    "own_rope_type",
-    "plan",
-    "restore",
-    "rope_dict",
-    "rope_parameters",
-    "rope_type_keys",
-    "rope_type_of",
-    "rotary_geometry",
-    "rotating",
-    "scaled_layer_types",
-    "scaled_rope_dict",
-    "shipped_context",
-    "snapshot",
-    "split_rope_type",
-    "text_config",
-    "write",
-]

@@ -30,10 +30,8 @@ import functools
 from transformers.generation.stopping_criteria import MaxLengthCriteria
 
 from ..errors import UnsupportedModelError
-from . import cache_arg, families
-
-ATTR = "_get_stopping_criteria"  # GenerationMixin's method that builds MaxLengthCriteria (5.17 and 5.24)
-PREPARE = "prepare_inputs_for_generation"  # what generate calls before each forward (5.17 and 5.24)
+from . import cache_name, families
+from .names import PREPARE_INPUTS, STOPPING_CRITERIA
 
 
 def unbounded(scaling) -> bool:
@@ -51,16 +49,16 @@ def _stopping_criteria(model, *args, **kwargs):
 
 def install(model) -> bool:
     """Drop the max-length reminder from ``model``'s generations; False where it has no ``generate``."""
-    if not callable(getattr(type(model), ATTR, None)):
+    if not callable(getattr(type(model), STOPPING_CRITERIA, None)):
         return False
-    model.__dict__[ATTR] = functools.partial(_stopping_criteria, model)
+    model.__dict__[STOPPING_CRITERIA] = functools.partial(_stopping_criteria, model)
     return True
 
 
 def _partial(inputs: dict, ids, cache) -> bool:
     """Whether ``inputs`` (what ``prepare_inputs_for_generation`` made of ``ids`` and ``cache``) drop a cache that
     had seen tokens and feed fewer than all of ``ids``: the forward would compute the prefix from those alone."""
-    if cache is None or ids is None or cache_arg.passed(inputs) is not None:
+    if cache is None or ids is None or cache_name.passed(inputs) is not None:
         return False
     fed = inputs.get("input_ids")
     seen = cache.get_seq_length() if callable(getattr(cache, "get_seq_length", None)) else 0
@@ -70,9 +68,9 @@ def _partial(inputs: dict, ids, cache) -> bool:
 def _prepare_inputs(model, *args, **kwargs):
     """The model's own ``prepare_inputs_for_generation``; where it dropped the cache and kept only the unseen
     tokens, the same asked again for the whole sequence (see the module docstring)."""
-    prepare = getattr(type(model), PREPARE)
+    prepare = getattr(type(model), PREPARE_INPUTS)
     inputs = prepare(model, *args, **kwargs)
-    ids, cache = args[0] if args else kwargs.get("input_ids"), cache_arg.passed(kwargs)
+    ids, cache = args[0] if args else kwargs.get("input_ids"), cache_name.passed(kwargs)
     if not _partial(inputs, ids, cache):
         return inputs
     inputs = prepare(model, *args, **{**kwargs, "next_sequence_length": None})
@@ -91,11 +89,11 @@ def _prepare_inputs(model, *args, **kwargs):
 def install_recompute(model) -> bool:
     """Make ``model``'s ``generate`` recompute the whole prefix where its family drops the cache mid-sequence
     (see the module docstring); False where the family does not (or ``model`` has no ``generate``)."""
-    if not callable(getattr(type(model), PREPARE, None)):
+    if not callable(getattr(type(model), PREPARE_INPUTS, None)):
         return False
     if not families.ask("generate_swaps_cache", getattr(model, "config", None)):
         return False
-    model.__dict__[PREPARE] = functools.partial(_prepare_inputs, model)
+    model.__dict__[PREPARE_INPUTS] = functools.partial(_prepare_inputs, model)
     return True
 
 
@@ -132,12 +130,14 @@ def own_switch_is_partial(config) -> bool | None:
         cache = DynamicCache()
         seen = torch.zeros(1, 1, PROBE_LENGTH, 1)
         cache.update(seen, seen, 0)
-        inputs = getattr(type(model), PREPARE)(model, ids, next_sequence_length=1, **cache_arg.cache_kwargs(cache))
+        inputs = getattr(type(model), PREPARE_INPUTS)(
+            model, ids, next_sequence_length=1, **cache_name.cache_kwargs(cache)
+        )
     except Exception:  # noqa: BLE001  (any failure to build or ask the probe: the answer is unknown, said so)
         return None
     return _partial(inputs, ids, cache)
 
 
 def remove(model) -> None:
-    model.__dict__.pop(ATTR, None)
-    model.__dict__.pop(PREPARE, None)
+    model.__dict__.pop(STOPPING_CRITERIA, None)
+    model.__dict__.pop(PREPARE_INPUTS, None)

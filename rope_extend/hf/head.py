@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import RopeExtendError
-from .config import text_config
+from .reading import text_config
 
 
 def unwrap(model: nn.Module) -> nn.Module:

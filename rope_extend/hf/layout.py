@@ -31,7 +31,8 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from . import cache_arg, causal, rotary
+from . import cache_name, causal, rotary
+from .names import TABLES_ATTR
 
 PROBE_NAME = "rope_extend_probe"
 PROBE_TOKENS = 12
@@ -61,7 +62,7 @@ KNOWN_KWARGS = frozenset(
 )
 
 
-cache_argument = cache_arg.passed  # the cache a decoder's forward was called with, under either name
+cache_argument = cache_name.passed  # the cache a decoder's forward was called with, under either name
 
 
 @dataclass
@@ -85,9 +86,6 @@ class _Table:
     def rows(self, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         index = (delta - self.first).long()
         return self.cos.index_select(0, index), self.sin.index_select(0, index)
-
-
-TABLES_ATTR = "rope_extend_cos_sin"  # on a rotary module: {(buffer name, sign, device, dtype): _Table}
 
 
 @dataclass(frozen=True)
@@ -307,7 +305,7 @@ def probe(
         decoder.eval()
         with torch.no_grad():
             store = _probe_cache(config) if cached else None
-            extra = cache_arg.cache_kwargs(store) if store is not None else {}
+            extra = cache_name.cache_kwargs(store) if store is not None else {}
             decoder(input_ids=ids, position_ids=positions, use_cache=store is not None, **extra)
     except (TypeError, ValueError, RuntimeError, KeyError, AttributeError, IndexError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""

@@ -34,10 +34,9 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from . import layout as rope_layout
-from .config import family, nested_layer_types, rope_dict
+from .names import GUARD_ATTR, LENGTH_ATTR
+from .reading import family, nested_layer_types, rope_dict
 
-GUARD_ATTR = "rope_extend_mrope"  # on the text decoder and its attention modules: the model's Guard
-LENGTH_ATTR = "_rope_extend_mrope_length"  # on a KV cache: (Guard, its length after the last forward it saw)
 AXES = {3: "temporal, height and width", 4: "four XD-RoPE"}
 
 

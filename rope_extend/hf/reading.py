@@ -25,16 +25,17 @@ from typing import Any
 import torch
 
 from ..errors import RopeExtendError, UnsupportedModelError
-from ..methods import (
+from ..methods import registry
+from ..methods._common import (
     check_factor,
     check_int,
     check_length,
     check_number,
     check_original_length,
     check_partial_rotary_factor,
-    registry,
 )
 from . import families
+from .names import SHIPPED_ATTR
 from .rope_types import (
     BASE_KEYS,
     PROPORTIONAL,
@@ -45,9 +46,6 @@ from .rope_types import (
     split_rope_type,
     transformers_rope_type_keys,
 )
-
-# The context a config was written for, recorded by hf.config.write (what a later configure counts from).
-SHIPPED_ATTR = "rope_extend_shipped_context"
 
 
 # ----------------------------------------------------------------------------------------------- errors

@@ -10,7 +10,7 @@ the only module that imports this one, makes every change, and undoes it).
   ``configure`` (``yarn`` with ``logn``) loads without transformers' "Unrecognized keys" warning;
 - ``wrapped_post_init``: ``PreTrainedModel.post_init`` followed by ``attach_from_config``, so that a model built
   from a config naming a rope-extend type gets rope-extend's rotary runtime (with the cache keeper of
-  ``hf.cache``), and one naming an attention method or ``logn`` gets rope-extend's attention (``hf.attention``);
+  ``hf.cache_keeper``), and one naming an attention method or ``logn`` gets rope-extend's attention (``hf.attention``);
   models without one are untouched.
 """
 
@@ -76,12 +76,13 @@ def attach_from_config(model: nn.Module) -> None:
     Runs from transformers' ``post_init`` (see ``hf.register``); the buffers transformers computed through
     rope-extend's registered init function stay. The runtime goes in as ``patch`` puts it (``hf.attach``, with the
     same checks): the language model's rotary modules (``rotary.rotary_modules``; a model without one is left
-    alone), their dynamic behaviour (with the cache keeper, ``hf.cache``) and float32 guard, the attention method
+    alone), their dynamic behaviour (with the cache keeper, ``hf.cache_keeper``) and float32 guard, the attention method
     its config names (planned at the first forward: the weights are not loaded yet), and ``generate``'s reminder.
     A rotary module that already has its runtime (an inner model's ``post_init`` ran first) is passed over.
     """
     modules = [m for _, m in rotary.rotary_modules(model, required=False)]
-    runtimes, in_attention, named = [], None, None
+    runtimes: list[attach.RotaryPlan] = []
+    in_attention, named = None, None
     for module in modules:
         config = getattr(module, "config", None)
         if "forward" in module.__dict__ or config is None or not getattr(config, "rope_parameters", None):
@@ -102,7 +103,7 @@ def attach_from_config(model: nn.Module) -> None:
             if own_rope_type(params.get("rope_type")):
                 entries[lt] = attach.entry(module, config, config_scaling(config, lt), lt)
         if entries:
-            runtimes.append((module, config, entries))
+            runtimes.append(attach.RotaryPlan(module, config, entries))
     planned = []
     if in_attention is not None:
         with naming(named, in_attention.method.name):

@@ -33,10 +33,10 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..methods import registry
-from . import config as hf_config
 from . import families
+from .reading import frequencies, rope_dict, text_config
+from .rope_types import rope_type_of, split_rope_type
 
-INSTALLED = ("forward", "_apply", "rope_init_fn")  # instance attributes the runtime sets on a rotary module
 # (first, last position) of the whole sequence while a forward holds only a shard of it (``whole_sequence``)
 _WHOLE: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("rope_extend_whole", default=None)
 
@@ -105,7 +105,7 @@ def rotary_modules(model: nn.Module, required: bool = True) -> list[tuple[str, n
             "'RotaryEmbedding', as in transformers' Llama, Mistral, Qwen, Gemma and Phi models): nothing to scale"
         )
     config = getattr(model, "config", None)
-    text = hf_config.text_config(config) if config is not None else None
+    text = text_config(config) if config is not None else None
     # the text config itself, or a copy of it (Granite SWA builds one rotary module per rope_theta from copies)
     mine = [(n, m) for n, m in found if text is not None and type(getattr(m, "config", None)) is type(text)]
     if mine:
@@ -126,7 +126,7 @@ def module_config(model: nn.Module, module: nn.Module):
     config = getattr(module, "config", None)
     if config is None:
         config = getattr(model, "config", None)
-        config = hf_config.text_config(config) if config is not None else None
+        config = text_config(config) if config is not None else None
     if config is None or not getattr(config, "rope_parameters", None):
         raise UnsupportedModelError(
             f"cannot find the rope_parameters of {type(module).__name__}: neither it nor the model has a config "
@@ -154,10 +154,7 @@ def check_rebuilds(module: nn.Module, config) -> None:
     type (Gemma 3, DeepSeek-V4): its ``longrope_frequency_update`` raises ``UnboundLocalError`` at the second
     call past ``L`` (the second long forward, or the second step of generation)."""
     if _LONGROPE_PER_LAYER_BUG and module_layer_types(module) != [None]:
-        types = {
-            hf_config.split_rope_type(hf_config.rope_type_of(hf_config.rope_dict(config, lt) or {}))[1]
-            for lt in module_layer_types(module)
-        }
+        types = {split_rope_type(rope_type_of(rope_dict(config, lt) or {}))[1] for lt in module_layer_types(module)}
         if "longrope" in types:
             import transformers
 
@@ -213,7 +210,7 @@ def bucket(length: int, original: int) -> int:
     """The length dynamic frequencies are computed at: ``length`` up to ``L``, beyond it the next boundary of
     the grid ``b_0 = L``, ``b_(k+1) = b_k + ceil(b_k / 16)`` (steps of about 6%).
 
-    Cached keys are re-rotated when the frequencies change (``hf.cache``); on this grid that happens about 23
+    Cached keys are re-rotated when the frequencies change (``hf.cache_keeper``); on this grid that happens about 23
     times between ``L`` and ``4L`` whatever ``L`` is, instead of at every new token, which bounds the work
     and the rounding. Cached and uncached forwards use the same grid, so they agree.
     """
@@ -235,10 +232,11 @@ class Entry:
     rotating: int | None = None  # proportional RoPE: the frequencies past this many stay zero
     seen: int | None = None  # dynamic methods: the longest length of the current sequence
     static: tuple[torch.Tensor, float] | None = None  # static methods: computed once
+    first: tuple[torch.Tensor, float] | None = None  # the frequencies at ``L`` when the planner computed them
 
     def __post_init__(self):
         if not self.scaling.dynamic:
-            self.static = self.compute()
+            self.static = self.first if self.first is not None else self.compute()
 
     @property
     def dynamic(self) -> bool:
@@ -250,7 +248,9 @@ class Entry:
 
     def initial(self) -> tuple[torch.Tensor, float]:
         """The frequencies before any forward: the static ones, or the dynamic ones at ``L``."""
-        return self.static if self.static is not None else self.compute()
+        if self.static is not None:
+            return self.static
+        return self.first if self.first is not None else self.compute()
 
     def current(self) -> tuple[torch.Tensor, float]:
         """The frequencies in use: the static ones, or the dynamic ones at the length seen so far."""
@@ -260,7 +260,7 @@ class Entry:
 
     def compute(self, seq_len: int | None = None) -> tuple[torch.Tensor, float]:
         with torch.device("cpu"):  # not on meta when built inside from_pretrained's meta-device context
-            return hf_config.frequencies(self.scaling, self.dim, self.base, self.rotating, seq_len)
+            return frequencies(self.scaling, self.dim, self.base, self.rotating, seq_len)
 
 
 class RotaryRuntime:
@@ -359,7 +359,7 @@ def set_frequencies(module: nn.Module, layer_type: str | None, freqs: torch.Tens
 
 def install(module: nn.Module, entries: dict[str | None, Entry]) -> RotaryRuntime:
     runtime = RotaryRuntime(module, entries)
-    # instance attributes that shadow the class's, by design (listed in INSTALLED)
+    # instance attributes that shadow the class's, by design (listed in ROTARY_INSTALLED)
     module.forward = runtime
     module._apply = runtime.apply  # type: ignore[method-assign]
     if "rope_init_fn" in module.__dict__ and None in entries:
@@ -404,7 +404,7 @@ def original_frequencies(module: nn.Module, config, name: str, device) -> torch.
 
     stem = name.removesuffix("inv_freq").removesuffix("original_").removesuffix("_")
     layer_type = stem or None
-    rope_type = hf_config.rope_dict(config, layer_type).get("rope_type", "default")
+    rope_type = rope_dict(config, layer_type).get("rope_type", "default")
     # the rotary class's static method (torch types a module attribute Tensor | Module)
     default = cast(Callable[..., tuple[torch.Tensor, float]], module.compute_default_rope_parameters)
     init = default if rope_type == "default" else ROPE_INIT_FUNCTIONS[rope_type]

@@ -1,7 +1,7 @@
 """Turning the keys a KV cache already holds, in each layer's own rotation: the one mechanism under both keepers.
 
 RoPE rotations compose, so a cached key, rotated to its position when it was computed, is brought to what it
-would be now by one more rotation of each rotary pair by an angle ``a``: ``hf.cache.CacheKeeper`` turns by
+would be now by one more rotation of each rotary pair by an angle ``a``: ``hf.cache_keeper.CacheKeeper`` turns by
 ``p (theta' - theta)`` when dynamic frequencies change (times ``m' / m`` when the attention scale changes with
 them), ``sinks.SinkKeeper`` by ``-e theta`` when ``e`` tokens are evicted before the kept ones. Both need the same
 three things, which live here so that they cannot drift apart:

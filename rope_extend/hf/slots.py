@@ -15,7 +15,7 @@ attention function never sees the cache (transformers 5.24 passes no ``cache_pos
 ``Watch``, a forward pre-hook on the decoder, records the cache each forward receives, and ``filled`` reads the
 layer's length after its update: ``StaticLayer.cumulative_length``, a tensor (the cache keeps it on the device
 so that compiled decoding does not recompile), which the caller reads on the host. One forward at a time per
-model: like the cache keepers (``hf.cache``), the watch holds the cache of the forward running now.
+model: like the cache keepers (``hf.cache_keeper``), the watch holds the cache of the forward running now.
 """
 
 from __future__ import annotations
@@ -25,8 +25,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from .layout import cache_argument
-
-WATCH_ATTR = "_rope_extend_watch"  # on the decoder: (Watch, pre-hook handle, hook handle)
+from .names import WATCH_ATTR
 
 
 class Watch:

@@ -31,8 +31,8 @@ from torch import nn
 from ..errors import RopeExtendError, UnsupportedModelError
 from .head import unwrap
 from .layout import decoder_of
+from .names import TILES_ATTR
 
-MARK = "rope_extend_tiles"  # on a tiled MLP: the tiles asked for (None: DeepSpeed's rule); with the instance forward
 # submodules (or attributes) whose presence means experts and a router rather than one per-token MLP
 MOE_NAMES = ("experts", "router", "shared_expert", "shared_experts", "moe")
 
@@ -158,7 +158,7 @@ def tile_mlps(model: nn.Module, tiles: int | None = None, *, processes: int = 1)
             "one process, or set memory.tiled_mlp: false"
         )
     for index, mlp in enumerate(mlps):
-        if MARK in vars(mlp) or "forward" in vars(mlp):
+        if TILES_ATTR in vars(mlp) or "forward" in vars(mlp):
             raise UnsupportedModelError(
                 f"memory.tiled_mlp: decoder layer {index}'s MLP already has its own forward (tiled before, or changed "
                 "by other code); undo that first"
@@ -166,7 +166,7 @@ def tile_mlps(model: nn.Module, tiles: int | None = None, *, processes: int = 1)
     tiled = _tiled_mlp_class()
     for mlp in mlps:
         mlp.forward = _tiled_forward(mlp, tiles, tiled)
-        setattr(mlp, MARK, tiles)
+        setattr(mlp, TILES_ATTR, tiles)
 
     def undo() -> None:
         for mlp in mlps:
@@ -177,8 +177,8 @@ def tile_mlps(model: nn.Module, tiles: int | None = None, *, processes: int = 1)
 
 def _untile(module: nn.Module) -> None:
     state = vars(module)
-    if MARK in state:
-        del state[MARK]
+    if TILES_ATTR in state:
+        del state[TILES_ATTR]
         state.pop("forward", None)
 
 
@@ -190,4 +190,4 @@ def untile(model: nn.Module) -> None:
 
 def tiled(model: nn.Module) -> bool:
     """Whether any MLP of ``model`` is tiled now."""
-    return any(MARK in vars(m) for m in model.modules())
+    return any(TILES_ATTR in vars(m) for m in model.modules())

@@ -12,8 +12,8 @@ import logging
 from typing import Any, Literal
 
 from ..errors import RopeExtendError
-from .config import text_config
-from .families import LOCAL_LAYER_TYPES
+from .families.context import LOCAL_LAYER_TYPES
+from .reading import text_config
 
 logger = logging.getLogger("rope_extend")
 

@@ -21,6 +21,7 @@ from ..documents import SampleBy
 from ..errors import RopeExtendError
 from ..scaling import ScalingSpec
 from ..schema import option
+from ..yaml_loader import read_yaml
 
 
 class RecipeError(RopeExtendError):
@@ -421,7 +422,7 @@ def load_args(recipe: str | Path | dict | None = None, overrides: list[str] | di
     validated ``TrainArgs``."""
     if isinstance(recipe, (str, Path)):
         path = resources.find_recipe(recipe, RecipeError)
-        data = _beside_recipe(schema.read_yaml(path, what="recipe", error=RecipeError), path)
+        data = _beside_recipe(read_yaml(path, what="recipe", error=RecipeError), path)
         where = f"recipe {path.name}"
     else:
         data, where = dict(recipe or {}), "recipe"

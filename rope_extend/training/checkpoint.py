@@ -35,8 +35,9 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
+from ..errors import shown
 from ..io import atomic_path, claim_output_dir, finish_swap
-from ..untrusted import read_object, shown
+from ..untrusted import read_object
 from ..yaml_loader import read_yaml
 from .args import RecipeError, TrainArgs, to_dict
 

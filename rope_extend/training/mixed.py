@@ -6,7 +6,7 @@ The saved model's config holds one scaling, which engines apply at every length,
 the original rope within ``L`` (``check_served``: ``longrope`` with ``attention_factor: 1``, whose short factors
 are all 1, or a dynamic method; a static method such as yarn is refused). Here the switch is per micro-batch,
 exact, and needs no second copy of the weights: a micro-batch whose
-positions all lie within the model's original length ``L`` runs inside ``patching.original_rope`` (the rotary
+positions all lie within the model's original length ``L`` runs inside ``hf.installed.original_rope`` (the rotary
 modules compute exactly as before ``patch``: original frequencies, attention scale 1 where it was), every other
 one with the patched rope (``rope``: searched LongRoPE factors, say). Of the micro-batches
 of the run, numbered ``i = step x G + micro``, those with ``floor((i + 1) f) > floor(i f)`` are short, a share
@@ -25,9 +25,9 @@ import math
 
 import torch
 
-from ..hf import config as hf_config
 from ..hf.head import unwrap
-from ..patching import original_rope
+from ..hf.installed import original_rope
+from ..hf.reading import original_length, text_config
 from .args import RecipeError, TrainArgs
 from .data import Batches
 
@@ -69,7 +69,7 @@ def check_served(model, length: int, name: str) -> None:
     attention scale ``sqrt(1 + ln s / ln L)``, which engines apply at every length (``name``: the scaling, for the
     message). Checked on the model's own
     logits for a probe of ``min(L, 32)`` tokens, patched against ``original_rope``, to the bit."""
-    probe = torch.arange(min(length, 32))[None] % int(hf_config.text_config(model.config).vocab_size)
+    probe = torch.arange(min(length, 32))[None] % int(text_config(model.config).vocab_size)
     training = model.training
     model.eval()  # no dropout: the two forwards must be comparable
     try:
@@ -91,7 +91,7 @@ def check_served(model, length: int, name: str) -> None:
 def mixed_batches(args: TrainArgs, long: Batches, model) -> MixedBatches:
     """``long`` (the recipe's batches) mixed with short ones, for ``model`` as ``rope`` patched it."""
     base = unwrap(model)
-    length = hf_config.original_length(hf_config.text_config(base.config))
+    length = original_length(text_config(base.config))
     if long.pose_target_length is None and args.data.max_seq_length <= length:
         raise RecipeError(
             f"mixed.enabled: every window (data.max_seq_length {args.data.max_seq_length}) lies within the original "

@@ -9,7 +9,7 @@ from rope_extend import RopeExtendError, resources
 from rope_extend.cli import main
 from rope_extend.evaluation.compare import run_suite
 from rope_extend.evaluation.suite import load_suite, parse_suite
-from rope_extend.hf.config import rotary_geometry
+from rope_extend.hf.reading import rotary_geometry
 from tests.evaluation.conftest import make_text
 
 SUITES = sorted(resources.SUITES.glob("*.yaml"))

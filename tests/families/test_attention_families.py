@@ -39,7 +39,8 @@ import rope_extend
 from rope_extend import RopeExtendBaseError
 from rope_extend.hf import attention as A
 from rope_extend.hf import layout as Lo
-from rope_extend.hf.config import LOCAL_LAYER_TYPES, text_config
+from rope_extend.hf.families.context import LOCAL_LAYER_TYPES
+from rope_extend.hf.reading import text_config
 from tests.families import snapshot
 from tests.families.tiny import build, text_inputs
 from tests.test_attention import relative

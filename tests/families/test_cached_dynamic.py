@@ -1,7 +1,7 @@
 """A dynamic method decoding with a KV cache, on every RoPE family of transformers' registry: exact or refused.
 
 A dynamic method's frequencies follow the sequence length, so the keys a cache already holds must be turned to the
-new frequencies at each forward (``hf.cache.CacheKeeper``). Its documented semantics (docs/serving.md) are those
+new frequencies at each forward (``hf.cache_keeper.CacheKeeper``). Its documented semantics (docs/serving.md) are those
 of ``tests.matrix.reference.References.frozen``: a token's hidden states are those of the forward that fed it,
 and every cached key carries the frequencies in use. For each family ``build`` makes, ``dynamic`` (x4, ``L`` = 16)
 is fed a prompt below ``L`` and then chunks of 1 to 9 tokens past it through the model's own cache; after each
@@ -118,6 +118,31 @@ def _quiet():
         yield
 
 
+# families whose own build or cached decode fails before rope-extend touches them, as measured (transformers 5.17 and 5.24;
+# the exception each raises unpatched, from the family's own code: a config its strict validation rejects, an input
+# the tiny model lacks, an output without a cache): each is skipped with its exception named. A family listed here
+# that decodes, or that raises another exception, fails.
+UNPATCHED_FAILS = {
+    "apertus1p5": "StrictDataclassClassValidationError",
+    "blt": "TypeError",
+    "dory": "StrictDataclassClassValidationError",
+    "evolla": "FutureWarning",
+    "gemma3n_text": "RuntimeError",
+    "granite4_vision": "AttributeError",
+    "idefics": "ValueError",
+    "llama4": "AttributeError",
+    "recurrent_gemma": "AttributeError",
+    "t5gemma2": "ValueError",
+}
+# families whose own cached decode is more than TOLERANCE off their uncached forward, unpatched (measured: bamba
+# 1.5e-3, diffusion_gemma 1.0, hrm_text 2.0e-5, paligemma 2.9e-3): there is no exact reference to hold rope-extend to
+OWN_GAP = frozenset({"bamba", "diffusion_gemma", "hrm_text", "paligemma"})
+# families on which ``patch`` refuses ``dynamic`` itself (the families snapshot pins each message)
+REFUSED_AT_PATCH = frozenset({"beam", "cosmos3_edge", "ernie4_5_vl_moe", "zamba2"})
+MIN_DECODED = 120  # families decoded exactly: 155 measured on transformers 5.24; 5.17 has fewer in its registry
+DECODED: set[str] = set()  # filled by the sweep, counted by test_enough_families_decode
+
+
 @pytest.mark.parametrize("family", rope_families())
 def test_dynamic_cached_decode_is_exact_or_refused(family):
     try:
@@ -125,14 +150,20 @@ def test_dynamic_cached_decode_is_exact_or_refused(family):
         own = _worst_gap(model, family)
     except Unbuildable as exc:
         pytest.skip(f"{family} is not buildable here: {exc}")
-    except Exception as exc:  # noqa: BLE001 - the families snapshot pins which families build and run
-        pytest.skip(f"{family} does not decode with a cache here, unpatched: {type(exc).__name__}")
-    if own > TOLERANCE:
+    except Exception as exc:
+        if UNPATCHED_FAILS.get(family) != type(exc).__name__:
+            raise
+        pytest.skip(f"{family} does not build or decode with a cache here, unpatched: {type(exc).__name__}")
+    assert family not in UNPATCHED_FAILS, f"{family} decodes with a cache unpatched now: take it off UNPATCHED_FAILS"
+    if family in OWN_GAP:
+        assert own > TOLERANCE, f"{family}'s own cached decode is exact now ({own:.1e}): take it off OWN_GAP"
         pytest.skip(f"{family}'s own cached decode is {own:.1e} off its uncached forward, unpatched")
-    try:
-        rope_extend.patch(model, "dynamic", factor=FACTOR, original_max_position_embeddings=L)
-    except (UnsupportedModelError, rope_extend.RopeExtendError) as exc:
-        pytest.skip(f"dynamic is refused on {family} at patch time (the families snapshot pins it): {exc}")
+    assert own <= TOLERANCE, f"{family}'s own cached decode is {own:.1e} off its uncached forward, unpatched"
+    if family in REFUSED_AT_PATCH:
+        with pytest.raises(UnsupportedModelError, match=f"^{family}: cannot apply 'dynamic'"):
+            rope_extend.patch(model, "dynamic", factor=FACTOR, original_max_position_embeddings=L)
+        return
+    rope_extend.patch(model, "dynamic", factor=FACTOR, original_max_position_embeddings=L)
     try:
         if family in REFUSED:
             with pytest.raises(UnsupportedModelError) as refused:
@@ -147,8 +178,18 @@ def test_dynamic_cached_decode_is_exact_or_refused(family):
         except UnsupportedModelError as exc:
             pytest.fail(f"{family} is refused but not listed in REFUSED: {exc}")
         assert gap <= TOLERANCE, f"{family}: dynamic cached decode is {gap:.2e} off the frozen reference"
+        DECODED.add(family)
     finally:
         rope_extend.unpatch(model)
+
+
+def test_enough_families_decode(request):
+    """The sweep above decoded at least ``MIN_DECODED`` families exactly (a build or a helper that broke for many
+    families would otherwise leave a sweep of refusals and skips that passes)."""
+    swept = [i for i in request.session.items if i.originalname == "test_dynamic_cached_decode_is_exact_or_refused"]
+    if len(swept) < len(rope_families()):
+        pytest.skip("the whole sweep did not run in this session (a -k or node selection): nothing to count")
+    assert len(DECODED) >= MIN_DECODED, f"only {len(DECODED)} families decoded exactly: {sorted(DECODED)}"
 
 
 HYBRIDS = ("qwen3_next", "lfm2", "falcon_h1", "granitemoehybrid")  # delta nets, convolutions, Mamba beside, between

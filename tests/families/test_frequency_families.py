@@ -26,6 +26,7 @@ import torch
 import rope_extend
 from rope_extend import RopeExtendError, UnsupportedModelError
 from rope_extend.hf import config as C
+from rope_extend.hf import reading, rope_types
 from rope_extend.hf import rotary as R
 from rope_extend.hf.rotary import bucket, rotary_modules
 from tests.families import snapshot
@@ -78,7 +79,7 @@ def _params(method, model) -> dict:
         rotary_modules(model)
     except UnsupportedModelError:
         return {"short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
-    text, mine = C.text_config(model.config), {n for n, _ in rotary_modules(model)}
+    text, mine = reading.text_config(model.config), {n for n, _ in rotary_modules(model)}
     sizes = [v.numel() for k, v in _buffers(model).items() if k.rsplit(".", 1)[0] in mine and _scaled(text, k)]
     sizes = sizes or [8]
     n = sizes[0]
@@ -98,7 +99,7 @@ def _layer_type(key: str) -> str | None:
 
 
 def _scaled(text, key: str) -> bool:
-    return _layer_type(key) in C.scaled_layer_types(text)
+    return _layer_type(key) in reading.scaled_layer_types(text)
 
 
 def _expected(method, params, config, key, before, seq_len=None):
@@ -106,11 +107,13 @@ def _expected(method, params, config, key, before, seq_len=None):
     proportional RoPE has them)."""
     lt = _layer_type(key)
     text = config
-    base = C.rope_dict(text, lt)["rope_theta"]
+    base = reading.rope_dict(text, lt)["rope_theta"]
     n = before.numel()
     plain, _ = rope_extend.inv_freq("linear", 2 * n, base, 1.0, L)
     zero = before == 0
-    if C.split_rope_type(C.rope_type_of(C.rope_dict(text, lt)))[1] == "default":  # the geometry is read right
+    if (
+        rope_types.split_rope_type(rope_types.rope_type_of(reading.rope_dict(text, lt)))[1] == "default"
+    ):  # the geometry is read right
         assert torch.equal(torch.where(zero, 0.0, plain), before), f"{key}: plain RoPE is not the model's buffer"
     freqs, scale = rope_extend.inv_freq(method, 2 * n, base, FACTOR, L, seq_len=seq_len, **params)
     return torch.where(zero, 0.0, freqs), scale
@@ -178,7 +181,9 @@ def frequency_cell(family, method) -> str:
 def test_rewritten_rope_dict_keeps_family_keys_and_drops_the_old_types_own():
     """The old type's keys come from transformers' validator; every other key stays (llama_4_scaling_beta,
     mrope_section); a proportional layer stays proportional."""
-    assert {"beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor"} <= C.rope_type_keys("yarn")
+    assert {"beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor"} <= rope_types.rope_type_keys(
+        "yarn"
+    )
     old = {
         "rope_type": "yarn",
         "rope_theta": 1e6,
@@ -190,14 +195,14 @@ def test_rewritten_rope_dict_keeps_family_keys_and_drops_the_old_types_own():
         "mrope_section": [2, 3, 3],
     }
     scaling = rope_extend.get_method("linear")
-    new = C.scaled_rope_dict(old, C.plan(_config(old), "linear", factor=2.0))
+    new = rope_types.scaled_rope_dict(old, C.plan(_config(old), "linear", factor=2.0))
     # the shipped yarn x16 reaches 65536; linear x2 counts from there: 131072 = 32 x the pretraining 4096
     assert scaling.rope_type == new["rope_type"] == "linear" and new["factor"] == 32.0
     assert new["llama_4_scaling_beta"] == 0.1 and new["mrope_section"] == [2, 3, 3] and new["rope_theta"] == 1e6
     assert "beta_fast" not in new and "mscale_all_dim" not in new
     assert new["original_max_position_embeddings"] == 4096  # the family reads it there (llama-4 scale)
     prop = {"rope_type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.25}
-    new = C.scaled_rope_dict(prop, C.plan(_config(prop), "yarn", factor=2.0))
+    new = rope_types.scaled_rope_dict(prop, C.plan(_config(prop), "yarn", factor=2.0))
     assert new["rope_type"] == "proportional_yarn" and new["partial_rotary_factor"] == 0.25
 
 

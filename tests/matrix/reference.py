@@ -34,8 +34,8 @@ import torch
 import transformers as T
 
 import rope_extend
-from rope_extend.hf.config import rotary_geometry, scaled_layer_types, text_config
 from rope_extend.hf.layout import decoder_of
+from rope_extend.hf.reading import rotary_geometry, scaled_layer_types, text_config
 from tests import tiny
 from tests.families import tiny as families
 from tests.families.test_attention_families import _reference_logits

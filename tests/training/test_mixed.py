@@ -9,7 +9,7 @@ import torch
 import rope_extend
 from rope_extend import resources
 from rope_extend.hf.head import unwrap
-from rope_extend.patching import original_rope
+from rope_extend.hf.installed import original_rope
 from rope_extend.training import load_args, train
 from rope_extend.training.args import RecipeError
 from rope_extend.training.loop import setup

@@ -8,6 +8,7 @@ from typing import Any
 
 from ...errors import RopeExtendError
 from ...untrusted import head, read_json
+from ..targets.mlx import ENGINE as MLX_ENGINE
 from . import engines, gguf_file, gguf_read, mlx, reference
 from .rope import FACTOR_RTOL, FREQ_RTOL, SCALE_RTOL, Rope, close, differences
 
@@ -165,7 +166,7 @@ def _engine_layers(kind: str, path: Path, overrides, length: int | None):
             raise RopeExtendError(f"{path}: {exc}") from None
     if kind == "mlx":  # mlx-lm reads the JSON itself, not through transformers (``mlx``): what it says comes first
         got, served, said = mlx.layers(path, length)
-        return got, served, mlx.ENGINE, traps(reference.load(path)) + said
+        return got, served, MLX_ENGINE, traps(reference.load(path)) + said
     config = reference.load(path, overrides)
     warnings = traps(config)
     if kind == "transformers":

@@ -4,7 +4,7 @@ the families it writes, each as its llama.cpp architecture, in ``gguf_families``
 from __future__ import annotations
 
 from ...errors import RopeExtendError
-from ...hf.config import nested_layer_types
+from ...hf.reading import nested_layer_types
 from ...io import normal_permissions, writing
 from ...loading import load_model, load_tokenizer
 from ...methods import registry

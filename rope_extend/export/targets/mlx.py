@@ -34,6 +34,7 @@ import math
 from typing import Any
 
 from ...errors import RopeExtendError, UnsupportedModelError
+from ...hf.names import SHIPPED_ATTR
 from ...methods import registry
 from ...methods.longrope import longrope_attention_scale
 from ..configs import FolderTarget
@@ -56,7 +57,7 @@ def yarn_mscale(scale: float, factor: float) -> float:
 class MlxTarget(FolderTarget):
     name = "mlx"
     engine = ENGINE
-    dropped = ("rope_extend_shipped_context",)
+    dropped = (SHIPPED_ATTR,)
 
     def decide(self, scaling: registry.Scaling | None, form: Form | None, base: float) -> Decision | None:
         if form is None or scaling is None:

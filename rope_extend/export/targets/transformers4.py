@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...hf.names import SHIPPED_ATTR
 from ...methods import registry
 from ..configs import FolderTarget
 from ..forms import DEFAULT, DYNAMIC, LONGROPE, Form
@@ -24,7 +25,7 @@ from .base import APPROXIMATE, Decision
 class Transformers4Target(FolderTarget):
     name = "transformers4"
     engine = "transformers 4"
-    dropped = ("rope_extend_shipped_context",)
+    dropped = (SHIPPED_ATTR,)
 
     def decide(self, scaling: registry.Scaling | None, form: Form | None, base: float) -> Decision | None:
         if scaling is None or scaling.method.name != "dynamic":

@@ -36,7 +36,7 @@ import dataclasses
 from typing import Any
 
 from ...errors import UnsupportedModelError
-from ...hf.config import config_scaling
+from ...hf.reading import config_scaling
 from ...methods import registry
 from .. import adaptive, vllm_plugin
 from ..configs import FolderTarget, model_dtype

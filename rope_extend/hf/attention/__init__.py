@@ -50,23 +50,20 @@ the cache length after the layer's own update, so its queries see empty slots, w
 
 from __future__ import annotations
 
-from ..config import text_config
+from ..names import PLAN_ATTR, POSITIONS_HOOK, PROBE_HOOK, WORKSPACE_ATTR
+from ..reading import text_config
 from .forward import attention_forward
 from .installation import install, kernel, remove
 from .kernels import passes_kernel
 from .masks import Mask
 from .passes import Call
 from .plan import plans
-from .positions import PositionKeeper
 from .registration import is_registered_name, registered_name
 from .state import (
     INNER,
     NAME,
-    PLAN_ATTR,
-    POSITIONS_HOOK,
-    PROBE_HOOK,
-    WORKSPACE_ATTR,
     AttentionPlan,
+    PositionKeeper,
     attention_modules,
 )
 

@@ -16,10 +16,11 @@ from torch import nn
 from ...errors import UnsupportedModelError
 from .. import causal as causality
 from .. import compiled, mrope, slots
+from ..names import PLAN_ATTR
 from .masks import Mask, _additive
 from .passes import Call, _attend
 from .positions import _logn, _query_positions, _query_slots
-from .state import NAME, PLAN_ATTR, AttentionPlan
+from .state import NAME, AttentionPlan
 
 
 def attention_forward(

@@ -12,12 +12,13 @@ from torch import nn
 
 from .. import layout as rope_layout
 from .. import mrope, slots
-from ..config import naming, text_config
+from ..names import INNER_ATTR, PLAN_ATTR, POSITIONS_HOOK, PROBE_HOOK, TABLES_ATTR, WORKSPACE_ATTR
+from ..reading import naming, text_config
 from .kernels import passes_kernel
 from .plan import _plan_modules
 from .positions import keep_positions
 from .registration import is_registered_name, registered_name
-from .state import PLAN_ATTR, POSITIONS_HOOK, PROBE_HOOK, WORKSPACE_ATTR, attention_modules
+from .state import attention_modules
 
 
 def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
@@ -27,14 +28,14 @@ def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
     Args:
         model: the model ``plans`` planned.
         config: its config; its ``_attn_implementation`` becomes ``registered_name`` of the model's own, kept
-            as ``_rope_extend_inner`` for ``remove``.
+            as ``names.INNER_ATTR`` for ``remove``.
         planned: ``plans``' answer.
         scaling: the scaling planned for (M-RoPE's runtime and the deferred probe read it).
         rotary: the model's rotary modules.
     """
     config = text_config(config)
     if not is_registered_name(config._attn_implementation):
-        config._rope_extend_inner = config._attn_implementation
+        setattr(config, INNER_ATTR, config._attn_implementation)
     decoder = rope_layout.decoder_of(model)
     watch = slots.install(decoder)
     for module, plan in planned:
@@ -42,11 +43,11 @@ def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
         module.__dict__[PLAN_ATTR] = plan
     mrope.install(model, config, scaling, list(rotary))
     mrope.attach(model, [module for module, _ in planned])
-    name = config._attn_implementation = registered_name(config._rope_extend_inner)
+    name = config._attn_implementation = registered_name(getattr(config, INNER_ATTR))
     pending = any(plan.active and plan.layout is None for _, plan in planned)
     keep_positions(decoder, planned)
     if pending and PROBE_HOOK not in decoder.__dict__:
-        inner = config._rope_extend_inner
+        inner = getattr(config, INNER_ATTR)
         for module in decoder.modules():  # an inner model's own (its post_init ran first: Llama 4's text model)
             earlier = module.__dict__.pop(PROBE_HOOK, None)  # is superseded: its probe would run inside this one's
             if earlier is not None:
@@ -113,7 +114,7 @@ def remove(model: nn.Module, config, inner: str, modules) -> None:
     for module in modules:
         plan = module.__dict__.pop(PLAN_ATTR, None)
         if plan is not None and plan.layout is not None:  # its frequency set's cos/sin tables and work space
-            plan.layout.rotary.__dict__.pop(rope_layout.TABLES_ATTR, None)
+            plan.layout.rotary.__dict__.pop(TABLES_ATTR, None)
             plan.layout.rotary.__dict__.pop(WORKSPACE_ATTR, None)
     decoder = rope_layout.decoder_of(model)
     hook = decoder.__dict__.pop(PROBE_HOOK, None)
@@ -125,4 +126,4 @@ def remove(model: nn.Module, config, inner: str, modules) -> None:
         keeper[1].remove()
     mrope.remove(model, modules)
     config._attn_implementation = inner
-    config.__dict__.pop("_rope_extend_inner", None)
+    config.__dict__.pop(INNER_ATTR, None)

@@ -29,9 +29,10 @@ from torch import nn
 
 from ...errors import RopeExtendError
 from ...methods.attention import logn_scale
+from ..names import WORKSPACE_ATTR
 from .kernels import _autograd, _merge, _partial, compute_dtype
 from .masks import Mask
-from .state import NAME, WORKSPACE_ATTR, AttentionPlan
+from .state import NAME, AttentionPlan
 
 BLOCK = 512  # query rows per block
 ROTATE = 4096  # keys rotated at a time (float32 work space)

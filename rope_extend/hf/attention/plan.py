@@ -22,8 +22,9 @@ from ...errors import UnsupportedModelError
 from .. import causal as causality
 from .. import families
 from .. import layout as rope_layout
-from ..config import text_config
-from ..families import LOCAL_LAYER_TYPES
+from ..families.context import LOCAL_LAYER_TYPES
+from ..names import INNER_ATTR
+from ..reading import text_config
 from .forward import _runner
 from .registration import is_registered_name
 from .state import INNER, AttentionPlan, attention_modules
@@ -65,7 +66,7 @@ def plans(
     config = text_config(config)
     inner = config._attn_implementation
     if is_registered_name(inner):
-        inner = getattr(config, "_rope_extend_inner", "sdpa")
+        inner = getattr(config, INNER_ATTR, "sdpa")
     if inner not in INNER:
         raise _refuse(
             config,

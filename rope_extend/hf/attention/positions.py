@@ -14,7 +14,8 @@ from torch import nn
 
 from ...methods.attention import logn_scale
 from .. import slots
-from .state import POSITIONS_HOOK, AttentionPlan, PositionKeeper
+from ..names import POSITIONS_HOOK
+from .state import AttentionPlan, PositionKeeper
 
 
 def keep_positions(decoder: nn.Module, planned) -> None:

@@ -1,7 +1,7 @@
 """What a patched attention module carries, and the names rope-extend's attention is known by.
 
 One state object per patched module: its ``AttentionPlan``, kept in the module's ``__dict__`` under
-``PLAN_ATTR`` (``install`` puts it there, ``remove`` takes it away). The rotary module the layers share keeps the
+``PLAN_ATTR`` (``install`` puts it there, ``remove`` takes it away; every such name is in ``hf.names``). The rotary module the layers share keeps the
 passes' work space under ``WORKSPACE_ATTR``; the decoder keeps the probe hook under ``PROBE_HOOK`` and its
 ``PositionKeeper`` under ``POSITIONS_HOOK``. The bottom of the package: it imports nothing else of it.
 """
@@ -20,10 +20,6 @@ from .. import layout as rope_layout
 from .. import slots
 
 NAME = "rope_extend"
-PLAN_ATTR = "rope_extend_attention"
-WORKSPACE_ATTR = "rope_extend_workspace"  # on a rotary module: {(thread, key group, dtype, device): flat tensor}
-PROBE_HOOK = "_rope_extend_probe_hook"  # on the decoder: the forward pre-hook that probes a model planned unprobed
-POSITIONS_HOOK = "_rope_extend_positions_hook"  # on the decoder: (PositionKeeper, its hook handle)
 INNER = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
 
 

@@ -10,7 +10,7 @@ transformers adds is found without a change here.
 
 What it is for: a state summarizes every token the layer has seen, so no token can be taken out of it
 (``SinkCache`` refuses such a model); and it holds no key that a rotation could turn (the dynamic methods' cache
-keeper turns only the attention layers' keys, ``hf.cache``).
+keeper turns only the attention layers' keys, ``hf.cache_keeper``).
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from . import compiled, families, mrope
 from . import layout as rope_layout
-from .config import family, nested_layer_types, text_config
+from .reading import family, nested_layer_types, text_config
 from .rotary import RotaryRuntime, frequency_buffer, next_seen, scale_name
 from .rotate_keys import KeyRotator, turn_layer
 
