@@ -16,7 +16,7 @@ from ..tasks.base import options_for
 from ..tasks.options import RulerOptions
 from .scoring import score, tables
 from .sizing import Haystack, PromptFormat, RulerPrompt, build_prompt
-from .tasks import ESSAY, GENERATE, VERSION, check_tasks
+from .subtasks import ESSAY, GENERATE, VERSION, check_tasks
 
 
 @dataclass
