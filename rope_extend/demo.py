@@ -113,18 +113,20 @@ def _clock(seconds: float) -> str:
 
 
 @dataclass
-class Plan:
+class Effort:
+    """How much the demo measures and trains: the quick run's or the full one's."""
+
     trials: int
     ppl_docs: int
     steps: int
     documents: int
 
     @staticmethod
-    def of(quick: bool) -> Plan:
+    def of(quick: bool) -> Effort:
         return (
-            Plan(trials=3, ppl_docs=2, steps=12, documents=150)
+            Effort(trials=3, ppl_docs=2, steps=12, documents=150)
             if quick
-            else Plan(trials=20, ppl_docs=8, steps=200, documents=3000)
+            else Effort(trials=20, ppl_docs=8, steps=200, documents=3000)
         )
 
 
@@ -142,7 +144,7 @@ def evaluate(
     tokenizer,
     methods: list[str],
     lengths: list[int],
-    plan: Plan,
+    effort: Effort,
     out: Path,
     *,
     seed: int,
@@ -166,30 +168,30 @@ def evaluate(
     suite = make_suite(
         model="bundled",
         methods=specs,
-        passkey=PasskeyOptions(lengths=lengths, trials=plan.trials, seed=seed),
-        perplexity=PerplexityOptions(lengths=lengths, data=str(bundled.EVAL_CORPUS), max_docs=plan.ppl_docs),
+        passkey=PasskeyOptions(lengths=lengths, trials=effort.trials, seed=seed),
+        perplexity=PerplexityOptions(lengths=lengths, data=str(bundled.EVAL_CORPUS), max_docs=effort.ppl_docs),
     )
     on_method = None if stages is None else _stage_per_method(stages)
     return run_suite(suite, out=out, model=model, tokenizer=tokenizer, on_method=on_method)["records"]
 
 
-def finetune(out: Path, L: int, plan: Plan, seed: int):
+def finetune(out: Path, L: int, effort: Effort, seed: int):
     """Run the tiny recipe on documents generated for 4x ``L``; returns the fine-tuned model folder."""
     from .bundled.build import write_pretraining_data
     from .training import train
     from .training.args import load_args
 
-    data = write_pretraining_data(out / "data-4x", seed=seed + 1, documents=plan.documents, context=int(FACTOR * L))
+    data = write_pretraining_data(out / "data-4x", seed=seed + 1, documents=effort.documents, context=int(FACTOR * L))
     args = load_args(
         "bundled-yarn-4x",
         [
             f"data.path={data / 'train.jsonl'}",
             f"output_dir={out / 'finetune'}",
             "overwrite_output_dir=true",
-            f"max_steps={plan.steps}",
+            f"max_steps={effort.steps}",
             f"seed={seed}",
-            f"save_steps={plan.steps}",
-            f"warmup_steps={max(1, plan.steps // 20)}",
+            f"save_steps={effort.steps}",
+            f"warmup_steps={max(1, effort.steps // 20)}",
         ],
     )
     return train(args).final_dir
@@ -233,23 +235,23 @@ def run(out: Path, *, quick: bool, seed: int, overwrite: bool, finetune_too: boo
         out, kind="demo", owned=OWNED.__contains__, overwrite=overwrite, how="pass --overwrite to replace it"
     )
     torch.manual_seed(seed)
-    plan = Plan.of(quick)
+    effort = Effort.of(quick)
     start = time.perf_counter()
     model, tokenizer = bundled.load()
     L = bundled.trained_length()
     lengths = [L, 2 * L, 4 * L, 8 * L]
     print(
-        f"[demo] bundled model trained at L={L}; lengths {lengths}; {plan.trials} passkey trials per length",
+        f"[demo] bundled model trained at L={L}; lengths {lengths}; {effort.trials} passkey trials per length",
         file=sys.stderr,
     )
-    plan_stages = [(m, COST["attention" if m in ATTENTION else "frequencies"]) for m in METHODS]
+    stage_costs = [(m, COST["attention" if m in ATTENTION else "frequencies"]) for m in METHODS]
     if finetune_too:
-        plan_stages += [(f"fine-tune ({plan.steps} steps)", COST["fine-tune"]), (FINETUNED, COST["frequencies"])]
-    stages = Stages(plan_stages, start)
-    records = evaluate(model, tokenizer, METHODS, lengths, plan, out / "zero-shot", seed=seed, stages=stages)
+        stage_costs += [(f"fine-tune ({effort.steps} steps)", COST["fine-tune"]), (FINETUNED, COST["frequencies"])]
+    stages = Stages(stage_costs, start)
+    records = evaluate(model, tokenizer, METHODS, lengths, effort, out / "zero-shot", seed=seed, stages=stages)
     if finetune_too:
         stages.next()
-        tuned_dir = finetune(out, L, plan, seed)
+        tuned_dir = finetune(out, L, effort, seed)
         from .loading import load_model, load_tokenizer
 
         tuned, tuned_tok = load_model(str(tuned_dir)), load_tokenizer(str(tuned_dir))
@@ -258,7 +260,7 @@ def run(out: Path, *, quick: bool, seed: int, overwrite: bool, finetune_too: boo
             tuned_tok,
             ["none"],
             lengths,
-            plan,
+            effort,
             out / "fine-tuned",
             seed=seed,
             labels={"none": FINETUNED},
@@ -271,10 +273,10 @@ def run(out: Path, *, quick: bool, seed: int, overwrite: bool, finetune_too: boo
             "length; attention methods (self_extend group 16, dual_chunk, rerope with log-n) keep plain RoPE"
         ),
         (
-            f"passkey: {plan.trials} trials per length; perplexity: {plan.ppl_docs} held-out "
+            f"passkey: {effort.trials} trials per length; perplexity: {effort.ppl_docs} held-out "
             "documents, one truncated window each"
         ),
-        (f"`{FINETUNED}`: recipe bundled-yarn-4x, {plan.steps} steps"),
+        (f"`{FINETUNED}`: recipe bundled-yarn-4x, {effort.steps} steps"),
         f"seed {seed}; {'quick' if quick else 'full'} run",
     ]
     files = write_report(

@@ -15,6 +15,15 @@ An entry may be lazy, ``register_lazy(name, "package.module:attribute")``: its n
 module imported on first ``get``, so that a command line can list the export targets without loading torch
 (as lm-evaluation-harness registers its model types by module path). Iterating a registry gives its names,
 as a dict does, so ``name in registry`` and ``", ".join(registry)`` read as they did on the tuples before.
+
+Every extension point uses it one way (``tests/test_structure.py`` holds them to it): scaling methods
+(``methods.registry.METHODS``), family rules (``hf.families.rule.RULES``), evaluation tasks
+(``evaluation.tasks.base.TASKS``) and export targets (``export.targets.TARGETS``) each have one registry, whose
+built-in entries are module constants listed by path, in order, under its definition (lm-eval's lazy model
+types), so that a name is known before its module is imported; an entry of one's own is ``register(entry)``
+(peft's ``register_peft_method``). A module registers nothing when imported, so no import order holds the
+registration order; and no function wraps a registry's methods (where an older name is kept for callers, it is
+the registry's bound method itself).
 """
 
 from __future__ import annotations
@@ -142,10 +151,14 @@ class Registry(Generic[T]):
 
     def _load(self, name: str, lazy: _Lazy) -> T:
         item = lazy.load()
-        if self._check is not None:
-            self._check(item)
+        if getattr(item, "name", name) != name:  # the path would name one thing and the registry another
+            raise RopeExtendError(f"{_a(self.kind)} listed as {name!r} at {lazy.path} is named {item.name!r}")
+        # in place before ``check`` runs, so that a check reading every entry (``values``) finds this one loaded
+        # instead of loading it again; taken back if the check or a listener refuses it
         self._items[name] = item
         try:
+            if self._check is not None:
+                self._check(item)
             for listener in self._listeners:
                 listener(item)
         except Exception:

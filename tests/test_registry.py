@@ -75,3 +75,27 @@ def test_unregister_listeners_hear_loaded_entries_once_they_are_gone():
     assert things.unregister("first") is first and heard == [(first, False)]
     assert things.unregister("lazy") is None and things.unregister("first") is None
     assert heard == [(first, False)]  # a lazy entry never loaded was installed nowhere; an absent one is nothing
+
+
+def test_a_lazy_entry_named_otherwise_at_its_path_is_refused_and_stays_listed():
+    things = Registry("thing")
+    things.register_lazy("wrong", "tests.test_registry:OTHER")  # an entry named "other"
+    things.register_lazy("named", "tests.test_registry:NAMED")
+    with pytest.raises(
+        RopeExtendError, match=r"a thing listed as 'wrong' at tests.test_registry:OTHER is named 'other'"
+    ):
+        things.get("wrong")
+    assert things.names() == ["wrong", "named"] and things.get("named") is NAMED
+
+
+def test_a_check_reading_every_entry_sees_the_one_loading_as_loaded():
+    seen = []
+    things = Registry("thing", check=lambda item: seen.append([t.name for t in things.values()]))
+    things.register_lazy("named", "tests.test_registry:NAMED")
+    things.register_lazy("other", "tests.test_registry:OTHER")
+    assert [t.name for t in things.values()] == ["named", "other"]
+    assert seen == [["named", "other"], ["named", "other"]]  # each check ran once, with both entries loaded
+
+
+NAMED = SimpleNamespace(name="named")
+OTHER = SimpleNamespace(name="other")

@@ -387,3 +387,84 @@ def test_hf_names_lists_each_name_once():
 
     values = [v for k, v in vars(names).items() if k.isupper() and isinstance(v, str)]
     assert len(values) >= 15 and len(set(values)) == len(values)
+
+
+# The four extension points register one way (rope_extend.registry's docstring): one Registry each, the built-in
+# entries listed by module path under it, nothing registered as a side effect of an import, and no function that
+# only wraps a registry's method.
+REGISTRIES = {
+    "rope_extend.methods.registry": "METHODS",
+    "rope_extend.hf.families.rule": "RULES",
+    "rope_extend.evaluation.tasks.base": "TASKS",
+    "rope_extend.export.targets": "TARGETS",
+}
+REGISTRY_METHODS = {"register", "register_lazy", "unregister", "get", "names", "values", "on_register", "on_unregister"}
+
+
+def _registering(tree: ast.Module) -> list[str]:
+    """The ``.register*`` methods a module calls when imported (in its top-level statements, not in a function or
+    class body)."""
+    out = []
+    for statement in tree.body:
+        if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            calls = [n for n in ast.walk(statement) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+            out += [c.func.attr for c in calls if c.func.attr.startswith("register")]
+    return out
+
+
+def _wrapping(tree: ast.Module) -> list[str]:
+    """The functions whose body (a docstring aside) is one ``return REGISTRY.method(...)``."""
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+        call = body[0].value if len(body) == 1 and isinstance(body[0], (ast.Return, ast.Expr)) else None
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr in REGISTRY_METHODS:
+            owner = call.func.value
+            if getattr(owner, "id", None) in REGISTRIES.values() or getattr(owner, "attr", None) in REGISTRIES.values():
+                out.append(node.name)
+    return out
+
+
+def _package_trees() -> dict[str, ast.Module]:
+    return {_module_name(p): ast.parse(p.read_text(encoding="utf-8")) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_built_in_entries_are_listed_by_path_under_their_registry():
+    registering = {name: found for name, tree in _package_trees().items() if (found := _registering(tree))}
+    assert registering == {module: ["register_lazy"] for module in REGISTRIES}
+
+
+def test_no_function_wraps_a_registry():
+    wrapping = {name: found for name, tree in _package_trees().items() if (found := _wrapping(tree))}
+    assert wrapping == {}
+
+
+def test_the_registration_checks_can_fail():
+    tree = ast.parse(
+        "RULES.register(Rule('x', 'scale_keys', f))\n"
+        "def f():\n    TASKS.register(t)\n"
+        "def get(name):\n    'doc'\n    return registry.METHODS.get(name)\n"
+        "def other(name):\n    return METHODS.get(name) or None\n"
+    )
+    assert _registering(tree) == ["register"] and _wrapping(tree) == ["f", "get"]
+
+
+def test_each_registry_lists_its_built_ins_before_importing_them():
+    """In a fresh interpreter every built-in entry is listed and none loaded until asked for; each loads as the
+    entry its name says."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib\n"
+        "from rope_extend.registry import Registry, _Lazy\n"
+        f"for module, name in {REGISTRIES!r}.items():\n"
+        "    registry = getattr(importlib.import_module(module), name)\n"
+        "    assert isinstance(registry, Registry) and len(registry) >= 4, (module, registry)\n"
+        "    assert all(isinstance(item, _Lazy) for item in registry._items.values()), (module, registry)\n"
+        "    assert [item.name for item in registry.values()] == registry.names(), module\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -128,25 +128,9 @@ def perplexity(
     engine = is_engine(model)  # a served file: the engine scores each window (engines.EngineModel.nll)
     head = None if engine else hf_head.lm_head(model, decoder=True)
     runner.check_reachable(model, max(lengths), cache=False)  # before tokenizing the documents
-    texts = [t for t in texts if t and t.strip()]
-    if not texts:
-        raise RopeExtendError("no texts given: perplexity needs at least one non-empty document")
-    docs = [tokenizer(t, add_special_tokens=True)["input_ids"] for t in texts[: max_docs or None]]
-    longest = max(len(d) for d in docs)
-    for length in lengths:
-        if length < 2:
-            raise RopeExtendError(f"length {length} is too short: a window needs at least 2 tokens")
-        if length > longest:
-            raise RopeExtendError(
-                f"length {length} cannot be reached: the longest of the {len(docs)} documents has {longest} tokens "
-                f"of this tokenizer; give longer texts or lengths <= {longest}"
-            )
+    docs = _documents(tokenizer, texts, lengths, max_docs)
     if head is not None:  # a transformers model (an engine has no head to check)
-        hf_head.check(model, head, max(docs, key=len))
-        if attn_implementation(getattr(model, "config", None)) == "eager":
-            logging.getLogger("rope_extend").warning(
-                "the model uses eager attention (L x L scores in memory); load it with attn_implementation='sdpa'"
-            )
+        _check_head(model, head, docs)
     device = None if engine else next(model.parameters()).device
 
     def score(ids, score_from: int) -> tuple[float, int]:
@@ -185,6 +169,38 @@ def perplexity(
         sliding_window=options.sliding_window,
         unit="doc",
     )
+    return _result(done, docs, lengths)
+
+
+def _documents(tokenizer, texts: Iterable[str], lengths: list[int], max_docs: int | None) -> list[list[int]]:
+    """The non-empty texts tokenized (special tokens included), once every length is one a document reaches."""
+    texts = [t for t in texts if t and t.strip()]
+    if not texts:
+        raise RopeExtendError("no texts given: perplexity needs at least one non-empty document")
+    docs = [tokenizer(t, add_special_tokens=True)["input_ids"] for t in texts[: max_docs or None]]
+    longest = max(len(d) for d in docs)
+    for length in lengths:
+        if length < 2:
+            raise RopeExtendError(f"length {length} is too short: a window needs at least 2 tokens")
+        if length > longest:
+            raise RopeExtendError(
+                f"length {length} cannot be reached: the longest of the {len(docs)} documents has {longest} tokens "
+                f"of this tokenizer; give longer texts or lengths <= {longest}"
+            )
+    return docs
+
+
+def _check_head(model, head: LMHead, docs: list[list[int]]) -> None:
+    """The LM head against the model's own logits (``hf.head.check``), and a warning for eager attention."""
+    hf_head.check(model, head, max(docs, key=len))
+    if attn_implementation(getattr(model, "config", None)) == "eager":
+        logging.getLogger("rope_extend").warning(
+            "the model uses eager attention (L x L scores in memory); load it with attn_implementation='sdpa'"
+        )
+
+
+def _result(done: list[dict], docs: list[list[int]], lengths: list[int]) -> PerplexityResult:
+    """The token-weighted perplexity per length from the records (every document's NLLs summed, then divided)."""
     ppl, tokens = {}, {}
     for length in lengths:
         rows = [r for r in done if r["length"] == length]

@@ -20,9 +20,10 @@ from typing import Any
 
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..io import MARKER, copy_folder, normal_permissions, write_json, writing
+from ..methods.engine_form import DEFAULT, LINEAR, LLAMA3, LONGROPE, YARN, Form
 from ..untrusted import read_object
 from ..version import __version__
-from .forms import DEFAULT, DYNAMIC, LINEAR, LLAMA3, LONGROPE, YARN, Form, yarn_attn_factor
+from .forms import DYNAMIC, yarn_attn_factor
 from .targets import TARGETS
 from .targets.base import INFO, ExportJob, ExportResult, ExportTarget
 

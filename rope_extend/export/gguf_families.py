@@ -40,7 +40,8 @@ import torch
 
 from ..errors import UnsupportedModelError
 from ..hf.reading import rotary_geometry
-from .forms import LLAMA3, LONGROPE, YARN, Form, yarn_attn_factor
+from ..methods.engine_form import LLAMA3, LONGROPE, YARN, Form
+from .forms import yarn_attn_factor
 
 ROPE_FREQS, LONG, SHORT = "rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"
 LOCAL, GLOBAL = "sliding_attention", "full_attention"  # transformers' layer types

@@ -44,7 +44,8 @@ import torch
 
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..hf.reading import text_config
-from .forms import DEFAULT, LINEAR, LLAMA3, LONGROPE, YARN, Form, yarn_attn_factor
+from ..methods.engine_form import DEFAULT, LINEAR, LLAMA3, LONGROPE, YARN, Form
+from .forms import yarn_attn_factor
 from .gguf_families import LONG, ROPE_FREQS, SHORT, Family, check_rope, family, head_dim, problems, rotary_dim, shifted
 
 LLAMACPP_VERSION = "llama.cpp 0c1e57098 (llama-cpp-python 0.3.36)"

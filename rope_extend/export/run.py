@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .. import locking
 from ..errors import RopeExtendError, UnsupportedModelError
@@ -128,6 +130,32 @@ def export(
     out = Path(out)
     _check_out(out)
     target.check(opts)  # before anything is read
+    read = _read(model, target, trust_remote_code)
+    amounts = {
+        "factor": factor,
+        "target_length": target_length,
+        "original_max_position_embeddings": original_max_position_embeddings,
+    }
+    scaling = _scaling(read.loaded, read.text, method, amounts, params, read.layer)
+    decision = _decide(scaling, to, read, opts)
+    return _write(target, _job(read, scaling, decision, out, tokenizer, opts))
+
+
+@dataclass(frozen=True)
+class _Read:
+    """What ``export`` reads of the model before it decides: where it came from and its rotary geometry."""
+
+    source: Path | None  # the folder, when ``model`` was one (or a name rope-extend knows)
+    config: Any  # the model's config
+    text: Any  # its text config (``hf.config.text_config``)
+    loaded: Any  # the loaded model, or None for a folder
+    layer: str | None  # the layer type whose rope the target exports (``ExportTarget.rope_layer``)
+    dim: int
+    base: float
+
+
+def _read(model, target, trust_remote_code: bool) -> _Read:
+    """The config (and the model, when loaded) ``export`` was given, with the rotary geometry the target exports."""
     source = None
     if isinstance(model, (str, Path)):
         source = Path(resolve_name(str(model)))
@@ -138,37 +166,46 @@ def export(
     cfg = text_config(config)
     layer = target.rope_layer(cfg)
     dim, base = _geometry(cfg, layer)
-    amounts = {
-        "factor": factor,
-        "target_length": target_length,
-        "original_max_position_embeddings": original_max_position_embeddings,
-    }
-    scaling = _scaling(loaded, cfg, method, amounts, params, layer)
+    return _Read(source, config, cfg, loaded, layer, dim, base)
+
+
+def _decide(scaling, to: str, read: _Read, opts: ExportOptions) -> Decision:
+    """How ``to`` serves ``scaling`` (``routes.decide``), refused unless it serves it exactly or, with
+    ``approximate``, approximately; ``buckets`` only where the engine serves the method per request."""
     name = scaling.method.name if scaling is not None else "none"
-    decision: Decision = decide(scaling, to, dim, base)
-    if decision.status == REFUSED or (decision.status == APPROXIMATE and not approximate):
+    decision: Decision = decide(scaling, to, read.dim, read.base)
+    if decision.status == REFUSED or (decision.status == APPROXIMATE and not opts.approximate):
         raise RopeExtendError(decision.message(name, to))
-    if buckets is not None and not (decision.adaptive and not approximate):
+    if opts.buckets is not None and not (decision.adaptive and not opts.approximate):
         raise RopeExtendError("buckets goes with dynamic_yarn exported to vllm (without --approximate)")
-    if decision.adaptive and approximate:  # the static fallback: YaRN at the target for every request
+    if decision.adaptive and opts.approximate:  # the static fallback: YaRN at the target for every request
         decision = Decision(APPROXIMATE, decision.served, decision.served.changes)
-    job = ExportJob(
+    return decision
+
+
+def _job(read: _Read, scaling, decision: Decision, out: Path, tokenizer, opts: ExportOptions) -> ExportJob:
+    """Everything the target's ``write`` needs."""
+    return ExportJob(
         out=out,
-        model=loaded,
+        model=read.loaded,
         tokenizer=tokenizer,
-        source=source,
-        config=config,
-        text=cfg,
+        source=read.source,
+        config=read.config,
+        text=read.text,
         scaling=scaling,
-        method=name,
+        method=scaling.method.name if scaling is not None else "none",
         decision=decision,
-        length=scaling.target_length if scaling is not None else int(cfg.max_position_embeddings),
-        dim=dim,
-        base=base,
+        length=scaling.target_length if scaling is not None else int(read.text.max_position_embeddings),
+        dim=read.dim,
+        base=read.base,
         notes=[decision.reason] if decision.status == APPROXIMATE else [],
         options=opts,
     )
-    with locking.beside(out):  # one export per path: a second one would silently replace the first
-        _check_out(out)  # again, holding the lock: an export that ended meanwhile has made it
-        remove_abandoned(out)  # what an export into the same path that was killed left behind
+
+
+def _write(target, job: ExportJob) -> ExportResult:
+    """``target.write(job)``, holding the lock on ``job.out``."""
+    with locking.beside(job.out):  # one export per path: a second one would silently replace the first
+        _check_out(job.out)  # again, holding the lock: an export that ended meanwhile has made it
+        remove_abandoned(job.out)  # what an export into the same path that was killed left behind
         return target.write(job)

@@ -123,8 +123,8 @@ def _change_transformers() -> None:
 
     for method in map(registry.get, registry.names()):
         _install_rope_types(method)
-    registry.on_register(_install_rope_types)  # a method registered later reaches transformers too
-    registry.on_unregister(_remove_rope_types)  # and one unregistered leaves it
+    registry.METHODS.on_register(_install_rope_types)  # a method registered later reaches transformers too
+    registry.METHODS.on_unregister(_remove_rope_types)  # and one unregistered leaves it
     for model_type in families.model_types_for("longrope_only"):
         if model_type in CONFIG_MAPPING and families.ask("longrope_only", CONFIG_MAPPING[model_type]):
             cls = CONFIG_MAPPING[model_type]

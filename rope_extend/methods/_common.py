@@ -149,6 +149,9 @@ class Method:
     in_transformers: bool = False  # `rope_type` is transformers' own type, with the same numbers
     attention: bool = False  # plain RoPE frequencies; the method changes positions in attention (methods.attention)
     source: str = ""
+    # (scaling, dim, base, at) -> the methods.engine_form.Form serving engines compute it in, or None where none
+    # does; None: no engine knows the method (an attention method: positions change inside attention)
+    engine_form: Callable[..., Any] | None = None
 
     def __repr__(self) -> str:
         return f"Method({self.name!r}, rope_type={self.rope_type!r})"

@@ -369,4 +369,3 @@ LEAKY_REROPE = Method(
     attention=True,
     source="Su 2023, ReRoPE (leaky)",
 )
-METHODS = (SELF_EXTEND, DUAL_CHUNK, REROPE, LEAKY_REROPE)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from ._common import Geometry, Method, rope_frequencies
+from ._scaling import Scaling
+from .engine_form import LINEAR, Form
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,11 @@ def linear(params: LinearParams, geo: Geometry, factor: float, seq_len: int | No
     return rope_frequencies(geo.dim, geo.base) / factor, 1.0
 
 
+def linear_form(scaling: Scaling, dim: int, base: float, at: int) -> Form:
+    """Every engine's ``linear``, exactly."""
+    return Form(LINEAR, float(base), scaling.factor, scaling.original_max_position_embeddings)
+
+
 METHOD = Method(
     "linear",
     LinearParams,
@@ -31,4 +38,5 @@ METHOD = Method(
     rope_type="linear",
     in_transformers=True,
     source="Chen et al. 2023, Positional Interpolation",
+    engine_form=linear_form,
 )

@@ -15,6 +15,8 @@ import torch
 
 from ..errors import RopeExtendError
 from ._common import Geometry, Method, check_number, rope_frequencies
+from ._scaling import Scaling
+from .engine_form import LLAMA3, Form
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,13 @@ def llama3(params: Llama3Params, geo: Geometry, factor: float, seq_len: int | No
     return torch.where(medium, blended, scaled), 1.0
 
 
+def llama3_form(scaling: Scaling, dim: int, base: float, at: int) -> Form:
+    """Every engine's ``llama3``, exactly."""
+    p = scaling.params
+    values = {"low_freq_factor": float(p.low_freq_factor), "high_freq_factor": float(p.high_freq_factor)}
+    return Form(LLAMA3, float(base), scaling.factor, scaling.original_max_position_embeddings, 1.0, values)
+
+
 METHOD = Method(
     "llama3",
     Llama3Params,
@@ -51,4 +60,5 @@ METHOD = Method(
     rope_type="llama3",
     in_transformers=True,
     source="Llama 3.1 (Meta 2024)",
+    engine_form=llama3_form,
 )

@@ -14,6 +14,8 @@ import torch
 
 from ..errors import RopeExtendError
 from ._common import Geometry, Method, check_number
+from ._scaling import Scaling
+from .engine_form import LONGROPE, Form
 
 
 def _factors(name: str, value) -> tuple[float, ...]:
@@ -100,6 +102,17 @@ def longrope(params: LongRopeParams, geo: Geometry, factor: float, seq_len: int 
     return inv_freq, float(scale)
 
 
+def longrope_form(scaling: Scaling, dim: int, base: float, at: int) -> Form:
+    """Every engine's ``longrope`` (short and long factors switched at ``L``), with the attention scale at the
+    target."""
+    p = scaling.params
+    scale = scaling.compute(dim, base, scaling.target_length)[1]
+    if p.short_factor is None or p.long_factor is None:  # LongRopeParams refuses either missing when built
+        raise ValueError("longrope parameters without short_factor or long_factor")
+    values = {"short_factor": list(p.short_factor), "long_factor": list(p.long_factor)}
+    return Form(LONGROPE, float(base), scaling.factor, scaling.original_max_position_embeddings, scale, values)
+
+
 METHOD = Method(
     "longrope",
     LongRopeParams,
@@ -108,4 +121,5 @@ METHOD = Method(
     dynamic=True,
     in_transformers=True,
     source="Ding et al. 2024, LongRoPE; Phi-3",
+    engine_form=longrope_form,
 )

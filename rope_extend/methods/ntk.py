@@ -13,6 +13,8 @@ import torch
 
 from ..errors import RopeExtendError
 from ._common import Geometry, Method, check_number, rope_frequencies
+from ._scaling import Scaling
+from .engine_form import DEFAULT, Form
 
 
 def ntk_base(base: float, alpha: float, dim: int) -> float:
@@ -60,7 +62,34 @@ def dynamic(params: DynamicParams, geo: Geometry, factor: float, seq_len: int | 
     return rope_frequencies(geo.dim, ntk_base(geo.base, alpha, geo.dim)), 1.0
 
 
-NTK = Method("ntk", NTKParams, ntk, rope_type="ntk", source="bloc97 2023; YaRN paper eq. 16")
+def ntk_form(scaling: Scaling, dim: int, base: float, at: int) -> Form:
+    """Plain RoPE at the base ``b * alpha ** (d / (d - 2))`` (bloc97 2023): every engine takes it, exactly."""
+    s, alpha = scaling.factor, scaling.params.alpha
+    alpha = s if alpha is None else alpha
+    return Form(DEFAULT, ntk_base(float(base), alpha, dim), s, scaling.original_max_position_embeddings)
+
+
+def dynamic_form(scaling: Scaling, dim: int, base: float, at: int) -> Form:
+    """Dynamic NTK made static: the base the patched model uses for a sequence of the target's length (the same
+    function at the same rounded length ``at``: past ``L`` the patched model computes dynamic frequencies at the
+    next length of its re-rotation grid, so at ``L = 256``, ``T = 1024`` its alpha is 13.44, not the 13.0 of
+    ``s T / L - (s - 1)`` at ``T`` itself), so that the served model is the patched one at the target. Below the
+    target it differs (there the patched model is plain RoPE up to ``L``), so engines take it only on request."""
+    s, length = scaling.factor, scaling.original_max_position_embeddings
+    alpha = dynamic_alpha(s, length, at)
+    return Form(
+        DEFAULT,
+        ntk_base(float(base), alpha, dim),
+        s,
+        length,
+        changes=f"dynamic NTK made static at the target {scaling.target_length} (base x {alpha:g}^(d/(d-2)), the "
+        f"patched model's base at the target: it computes dynamic frequencies at {at}, the target rounded up to its "
+        f"re-rotation grid): below the target every position uses this base, where rope-extend's dynamic is "
+        f"plain RoPE up to L={length}",
+    )
+
+
+NTK = Method("ntk", NTKParams, ntk, rope_type="ntk", source="bloc97 2023; YaRN paper eq. 16", engine_form=ntk_form)
 DYNAMIC = Method(
     # Not transformers' `dynamic`: that one measures length against max_position_embeddings.
     "dynamic",
@@ -69,4 +98,5 @@ DYNAMIC = Method(
     rope_type="dynamic_ntk",
     dynamic=True,
     source="emozilla 2023; YaRN paper section 3.3",
+    engine_form=dynamic_form,
 )

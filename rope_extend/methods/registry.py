@@ -8,13 +8,6 @@ import torch
 
 from ..errors import RopeExtendError
 from ..registry import Registry
-from . import attention as _attention
-from . import linear as _linear
-from . import llama3 as _llama3
-from . import longrope as _longrope
-from . import ntk as _ntk
-from . import string as _string
-from . import yarn as _yarn
 from ._common import Geometry, Method, check_factor, check_length, rotary_dim
 from ._scaling import Scaling, resolve
 
@@ -22,90 +15,38 @@ from ._scaling import Scaling, resolve
 def _new_rope_type(method: Method) -> None:
     """Two methods cannot write one ``rope_type``: a config naming it would not say which."""
     for other in METHODS.values():
-        if other.rope_type == method.rope_type:
+        if other is not method and other.rope_type == method.rope_type:
             raise RopeExtendError(f"rope_type {method.rope_type!r} is already used by method {other.name!r}")
 
 
 # the scaling methods; ``hf.transformers_changes`` listens, installing each one's rope type in transformers, so
 # that after ``import rope_extend`` a config naming it validates, builds and reloads (the registry stays free of
-# transformers)
+# transformers). A method of one's own: ``METHODS.register(Method(...))``; its name and its ``rope_type`` must
+# both be new (a clash with another method, or with a rope type transformers has, is refused and not registered).
 METHODS: Registry[Method] = Registry("method", check=_new_rope_type)
-
-
-def on_register(listener) -> None:
-    """Call ``listener(method)`` for every method registered after this call (``hf.transformers_changes``
-    listens)."""
-    METHODS.on_register(listener)
-
-
-def on_unregister(listener) -> None:
-    """Call ``listener(method)`` for every method unregistered after this call (``hf.transformers_changes`` listens)."""
-    METHODS.on_unregister(listener)
-
-
-def register(method: Method) -> Method:
-    """Add a method. Its name and its config ``rope_type`` must both be new. After ``import rope_extend`` its
-    rope type is installed in transformers at once (as the built-in ones are at import), so a config that
-    names it validates, builds and reloads; one transformers cannot take is not registered.
-
-    Args:
-        method: the ``Method`` (name, parameters dataclass, frequency function, ``rope_type``).
-
-    Returns:
-        ``method``.
-
-    Raises:
-        RopeExtendError: the name or the ``rope_type`` is taken (by another method, or by transformers).
-    """
-    return METHODS.register(method)
-
-
-for _m in (
-    _linear.METHOD,
-    _ntk.NTK,
-    _ntk.DYNAMIC,
-    _yarn.NTK_BY_PARTS,
-    _yarn.YARN,
-    _yarn.DYNAMIC_YARN,
-    _llama3.METHOD,
-    _longrope.METHOD,
-    *_attention.METHODS,
-    _string.STRING,
+for _name, _path in (  # the built-in methods, in the order of tables and help texts
+    ("linear", "linear:METHOD"),
+    ("ntk", "ntk:NTK"),
+    ("dynamic", "ntk:DYNAMIC"),
+    ("ntk_by_parts", "yarn:NTK_BY_PARTS"),
+    ("yarn", "yarn:YARN"),
+    ("dynamic_yarn", "yarn:DYNAMIC_YARN"),
+    ("llama3", "llama3:METHOD"),
+    ("longrope", "longrope:METHOD"),
+    ("self_extend", "attention:SELF_EXTEND"),
+    ("dual_chunk", "attention:DUAL_CHUNK"),
+    ("rerope", "attention:REROPE"),
+    ("leaky_rerope", "attention:LEAKY_REROPE"),
+    ("string", "string:STRING"),
 ):
-    register(_m)
+    METHODS.register_lazy(_name, f"{__package__}.{_path}")
 
-
-def unregister(name: str) -> Method | None:
-    """Remove a method; after ``import rope_extend`` its rope types leave transformers too (``hf.transformers_changes``),
-    so a config naming it no longer builds.
-
-    Args:
-        name: the method's name.
-
-    Returns:
-        The method removed, or None if none was registered under ``name``.
-    """
-    return METHODS.unregister(name)
-
-
-def names() -> list[str]:
-    """The registered method names, in registration order."""
-    return METHODS.names()
-
-
-def get(name: Any) -> Method:
-    """The method called ``name``.
-
-    Args:
-        name: a method name.
-
-    Returns:
-        The registered ``Method``.
-
-    Raises:
-        RopeExtendError: an unknown name; the message names the closest known one and all of them.
-    """
-    return METHODS.get(name)
+# the names callers used before there was one registry (``rope_extend.get_method`` and ``method_names`` are
+# ``get`` and ``names``): the registry's own methods, not functions wrapping them
+register = METHODS.register
+unregister = METHODS.unregister
+names = METHODS.names
+get = METHODS.get
 
 
 def by_rope_type(rope_type: str) -> Method | None:
@@ -165,8 +106,6 @@ __all__ = [
     "get",
     "inv_freq",
     "names",
-    "on_register",
-    "on_unregister",
     "register",
     "resolve",
     "unregister",

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ..errors import RopeExtendError
+from . import engine_form
 from ._common import Geometry, Method, check_number, rope_frequencies
+from ._scaling import Scaling
+from .engine_form import Form
 
 
 def correction_range(
@@ -146,12 +150,37 @@ def dynamic_yarn(params: DynamicYarnParams, geo: Geometry, factor: float, seq_le
     return yarn(params, geo, s, seq_len)
 
 
+def yarn_form(scaling: Scaling, dim: int, base: float, at: int) -> Form:
+    """Every engine's YaRN: ``ntk_by_parts`` is YaRN with the attention factor 1 (section 3.2), exactly.
+    ``dynamic_yarn`` changes with the length: YaRN at ``s`` is the standard static form every engine and a model
+    fine-tuned with YaRN at ``s`` share, which is ``dynamic_yarn``'s ``l / L`` at ``l = T``; below the target it
+    differs (unless ``finetuned``), and the patched model rounds ``l`` up to its grid (``at``) at the target too
+    (YaRN at ``1052 / 256 = 4.11`` at ``L = 256``, ``T = 1024``), so engines take it only on request."""
+    p, s, length = scaling.params, scaling.factor, scaling.original_max_position_embeddings
+    scale = yarn_attention_scale(p, s) if isinstance(p, YarnParams) else 1.0
+    values: dict[str, Any] = {
+        "beta_fast": float(p.beta_fast),
+        "beta_slow": float(p.beta_slow),
+        "truncate": bool(p.truncate),
+    }
+    changes = ""
+    if isinstance(p, DynamicYarnParams) and not p.finetuned:
+        changes = (
+            f"dynamic YaRN made static at factor {s:g}: below the target every position uses YaRN at "
+            f"{s:g}, where rope-extend's dynamic_yarn is plain RoPE up to L={length} "
+            "(the same as finetuned=true from L on); at the target itself the patched model, which rounds "
+            f"the length up to its re-rotation grid, runs YaRN at {at / length:.4g}"
+        )
+    return Form(engine_form.YARN, float(base), s, length, float(scale), values, changes)
+
+
 NTK_BY_PARTS = Method(
     "ntk_by_parts",
     NTKByPartsParams,
     ntk_by_parts,
     rope_type="ntk_by_parts",
     source="Peng et al. 2023, YaRN section 3.2",
+    engine_form=yarn_form,
 )
 YARN = Method(
     "yarn",
@@ -160,6 +189,7 @@ YARN = Method(
     rope_type="yarn",
     in_transformers=True,
     source="Peng et al. 2023, YaRN section 3.4",
+    engine_form=yarn_form,
 )
 DYNAMIC_YARN = Method(
     "dynamic_yarn",
@@ -168,4 +198,5 @@ DYNAMIC_YARN = Method(
     rope_type="dynamic_yarn",
     dynamic=True,
     source="Peng et al. 2023, YaRN section 3.3",
+    engine_form=yarn_form,
 )

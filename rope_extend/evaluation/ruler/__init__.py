@@ -78,7 +78,7 @@ from .sizing import (
     ruler_step,
     sample_rng,
 )
-from .tasks import (
+from .subtasks import (
     CWE_PREFIX,
     CWE_TEMPLATE,
     DEPTHS,

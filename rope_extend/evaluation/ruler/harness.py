@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from ...errors import RopeExtendError
@@ -15,7 +16,7 @@ from ..tasks.base import options_for
 from ..tasks.options import RulerOptions
 from .scoring import score, tables
 from .sizing import Haystack, PromptFormat, RulerPrompt, build_prompt
-from .tasks import ESSAY, GENERATE, VERSION, check_tasks
+from .subtasks import ESSAY, GENERATE, VERSION, check_tasks
 
 
 @dataclass
@@ -78,57 +79,20 @@ def ruler(
     check_effective_options(threshold, reference_length, keep)
     retrieval.check_can_generate(model)
     fmt = PromptFormat(tokenizer, options.chat_template)
-    for t, n in (budgets or {}).items():
-        if t not in GENERATE or isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise RopeExtendError(f"budgets[{t!r}] must be a positive number of tokens of a RULER task, got {n!r}")
-    budget = {t: max_new_tokens or (budgets or {}).get(t) or GENERATE[t] for t in names}
+    budget = _budget(names, budgets, max_new_tokens)
     runner.check_reachable(model, max(lengths), cache=True)  # the length holds the generated tokens
-    hay = Haystack(haystack)
-    built: dict[tuple[str, int, int], RulerPrompt] = {}
-
-    def prompt(task: str, length: int, sample: int) -> RulerPrompt:
-        key = (task, length, sample)
-        if key not in built:
-            built[key] = build_prompt(
-                tokenizer,
-                task,
-                length,
-                seed=seed,
-                sample=sample,
-                haystack=hay,
-                chat_template=fmt,
-                max_new_tokens=budget[task],
-            )
-        return built[key]
-
+    prompts = _Prompts(tokenizer, seed, Haystack(haystack), fmt, budget)
     for task in names:  # a length a task cannot reach fails before any work
         for length in {min(lengths), max(lengths)}:
-            prompt(task, length, 0)
-    digest = hay.digest() if any(t in ESSAY for t in names) else None
-    jobs = []
-    for task in names:
-        for length in lengths:
-            for i in range(samples):
-                job = {"ruler_task": task, "length": length, "sample": i, "max_new_tokens": budget[task]}
-                if task in ESSAY:
-                    job["haystack"] = digest
-                jobs.append(job)
-
-    def measure(job: dict) -> dict:
-        task = job["ruler_task"]
-        p = prompt(task, job["length"], job["sample"])
-        built.pop((task, job["length"], job["sample"]), None)
-        output = retrieval.greedy(model, tokenizer, p.input_ids, job["max_new_tokens"])
-        got = score(task, output, p.answers)
-        return {
-            "answers": p.answers,
-            "output": output,
-            "score": got,
-            "correct": got == 1.0,
-            "units": p.units,
-            "prompt_tokens": len(p),
-        }
-
+            prompts.get(task, length, 0)
+    digest = prompts.haystack.digest() if any(t in ESSAY for t in names) else None
+    jobs = [
+        {"ruler_task": task, "length": length, "sample": i, "max_new_tokens": budget[task]}
+        | ({"haystack": digest} if task in ESSAY else {})
+        for task in names
+        for length in lengths
+        for i in range(samples)
+    ]
     setting = {"seed": seed, "protocol": "ruler-synthetic", "template": fmt.setting(), "words": ruler_words.digest()}
     done = runner.run(
         model,
@@ -136,7 +100,7 @@ def ruler(
         task="ruler",
         setting=setting,
         jobs=jobs,
-        measure=measure,
+        measure=partial(_measure, model, tokenizer, prompts),
         longest=max(lengths),
         records=records,
         resume=resume,
@@ -150,3 +114,56 @@ def ruler(
     table = tables(done)
     eff = effective_lengths(table["average"], threshold=threshold, reference_length=reference_length, keep=keep)
     return RulerResult(done, table["accuracy"], table["scores"], table["empty"], table["average"], table["tasks"], eff)
+
+
+def _budget(names: list[str], budgets: dict[str, int] | None, max_new_tokens: int | None) -> dict[str, int]:
+    """The tokens to generate per task: ``max_new_tokens``, else ``budgets``' (checked), else RULER's own."""
+    for t, n in (budgets or {}).items():
+        if t not in GENERATE or isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise RopeExtendError(f"budgets[{t!r}] must be a positive number of tokens of a RULER task, got {n!r}")
+    return {t: max_new_tokens or (budgets or {}).get(t) or GENERATE[t] for t in names}
+
+
+@dataclass
+class _Prompts:
+    """RULER's prompts, each built once (the reachability check builds some before the run) and dropped once
+    measured."""
+
+    tokenizer: Any
+    seed: int
+    haystack: Haystack
+    fmt: PromptFormat
+    budget: dict[str, int]
+    built: dict[tuple[str, int, int], RulerPrompt] = field(default_factory=dict)
+
+    def get(self, task: str, length: int, sample: int) -> RulerPrompt:
+        key = (task, length, sample)
+        if key not in self.built:
+            self.built[key] = build_prompt(
+                self.tokenizer,
+                task,
+                length,
+                seed=self.seed,
+                sample=sample,
+                haystack=self.haystack,
+                chat_template=self.fmt,
+                max_new_tokens=self.budget[task],
+            )
+        return self.built[key]
+
+
+def _measure(model, tokenizer, prompts: _Prompts, job: dict) -> dict:
+    """One sample: the prompt, the greedy answer and RULER's score of it."""
+    task = job["ruler_task"]
+    p = prompts.get(task, job["length"], job["sample"])
+    prompts.built.pop((task, job["length"], job["sample"]), None)
+    output = retrieval.greedy(model, tokenizer, p.input_ids, job["max_new_tokens"])
+    got = score(task, output, p.answers)
+    return {
+        "answers": p.answers,
+        "output": output,
+        "score": got,
+        "correct": got == 1.0,
+        "units": p.units,
+        "prompt_tokens": len(p),
+    }

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...errors import RopeExtendError
-from .tasks import METRIC, RULER_TASKS
+from .subtasks import METRIC, RULER_TASKS
 
 
 def postprocess(output: str) -> str:

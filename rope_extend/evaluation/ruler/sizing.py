@@ -13,7 +13,7 @@ from .. import ruler_words
 from ..data import default_texts
 from ..prompts import encode
 from ..records import short_hash
-from .tasks import GENERATE, NIAH, Draft, _cwe, _fwe, _niah, _vt, _vt_parts, fwe_counts, fwe_vocab
+from .subtasks import GENERATE, NIAH, Draft, _cwe, _fwe, _niah, _vt, _vt_parts, fwe_counts, fwe_vocab
 
 
 class PromptFormat:

@@ -11,10 +11,11 @@ four functions:
 - ``render(summary) -> lines``: its markdown from the summary (empty when its sections are absent);
 - ``plot(summary, out) -> {name: path}``: its pictures (none by default).
 
-``register_task(task)`` adds it to ``TASKS`` (the one ``rope_extend.registry.Registry``); from then on a suite takes a section of that name, ``rope-extend eval``
-has a subcommand of that name, and reports show it. Options that subclass ``TextOptions`` read texts (the
+``TASKS.register(task)`` adds it (``TASKS`` is a ``rope_extend.registry.Registry``); from then on a suite takes
+a section of that name, ``rope-extend eval`` has a subcommand of that name, and reports show it. Options that subclass ``TextOptions`` read texts (the
 one document reader) before the model is loaded, so bad data fails early. The built-in tasks are
-``passkey``, ``niah``, ``perplexity`` and ``ruler`` (one module each in this package); their options are in
+``passkey``, ``niah``, ``perplexity`` and ``ruler`` (one module each in this package, listed in ``TASKS`` by
+module path, so that their names are known before their modules are imported); their options are in
 ``options``, because each harness takes its task's options too (``options=``, or keywords built into them by
 ``options_for``).
 
@@ -54,6 +55,3 @@ __all__ = [
     "tasks",
     "unregister_task",
 ]
-
-# the built-in tasks register themselves, in the order of the report's sections
-from . import passkey, niah, perplexity, ruler  # noqa: F401, I001

@@ -92,28 +92,18 @@ RESERVED = frozenset(
 )
 
 
-# the tasks, in registration order (the order of the report's sections); a name is a suite key and a command
+# the tasks, in registration order (the order of the report's sections); a name is a suite key and a command.
+# A task of one's own: ``TASKS.register(Task(...))``; its name must be new, a Python identifier and not one of
+# ``RESERVED``.
 TASKS: Registry[Task] = Registry("evaluation task", reserved=RESERVED, identifiers=True)
+for _name in ("passkey", "niah", "perplexity", "ruler"):  # the built-in tasks, one module each in this package
+    TASKS.register_lazy(_name, f"{__package__}.{_name}:TASK")
 
-
-def register_task(task: Task) -> Task:
-    """Add ``task``; its name must be new, a Python identifier (a suite key), and not one of ``RESERVED``."""
-    return TASKS.register(task)
-
-
-def unregister_task(name: str) -> None:
-    """Remove a task (a test's toy task)."""
-    TASKS.unregister(name)
-
-
-def tasks() -> list[Task]:
-    """The registered tasks, in registration order (the order of the report's sections)."""
-    return TASKS.values()
-
-
-def get_task(name: str) -> Task:
-    """The task called ``name``; an unknown name raises, naming the closest known one and all of them."""
-    return TASKS.get(name)
+# the names callers used before there was one registry: the registry's own methods, not functions wrapping them
+register_task = TASKS.register
+unregister_task = TASKS.unregister
+get_task = TASKS.get
+tasks = TASKS.values  # the tasks, in registration order (imported)
 
 
 # ------------------------------------------------------------------------------------------ shared options

@@ -12,15 +12,13 @@ def run(model, tokenizer, options: NiahOptions, context: base.Context) -> list[d
     return niah(model, tokenizer, context.documents("niah"), options=options, **context.common()).records
 
 
-TASK = base.register_task(
-    base.Task(
-        name="niah",
-        help="needle in a haystack: length x depth heatmap, substring match",
-        title="Needle in a haystack",
-        options=NiahOptions,
-        run=run,
-        summarize=lambda records: _retrieval.summarize("niah", records),
-        render=lambda summary: _retrieval.render(summary, "niah", "Needle in a haystack accuracy"),
-        plot=lambda summary, out: _retrieval.heatmaps(summary, out, "niah", "Needle"),
-    )
+TASK = base.Task(
+    name="niah",
+    help="needle in a haystack: length x depth heatmap, substring match",
+    title="Needle in a haystack",
+    options=NiahOptions,
+    run=run,
+    summarize=lambda records: _retrieval.summarize("niah", records),
+    render=lambda summary: _retrieval.render(summary, "niah", "Needle in a haystack accuracy"),
+    plot=lambda summary, out: _retrieval.heatmaps(summary, out, "niah", "Needle"),
 )

@@ -102,7 +102,7 @@ class RulerOptions(base.TextOptions):
     sliding_window: SlidingWindowMode = option("auto", help=base.WINDOW_HELP)
 
     def __post_init__(self):
-        from ..ruler.tasks import check_tasks
+        from ..ruler.subtasks import check_tasks
 
         base.check_lengths(self)
         base.check_positive(self, "samples", "max_new_tokens")

@@ -26,15 +26,13 @@ def plot(summary: dict, out: Path) -> dict[str, Path]:
     return files
 
 
-TASK = base.register_task(
-    base.Task(
-        name="passkey",
-        help="passkey retrieval accuracy per length (and depth)",
-        title="Passkey retrieval",
-        options=PasskeyOptions,
-        run=run,
-        summarize=lambda records: _retrieval.summarize("passkey", records),
-        render=lambda summary: _retrieval.render(summary, "passkey", "Passkey retrieval accuracy", context=True),
-        plot=plot,
-    )
+TASK = base.Task(
+    name="passkey",
+    help="passkey retrieval accuracy per length (and depth)",
+    title="Passkey retrieval",
+    options=PasskeyOptions,
+    run=run,
+    summarize=lambda records: _retrieval.summarize("passkey", records),
+    render=lambda summary: _retrieval.render(summary, "passkey", "Passkey retrieval accuracy", context=True),
+    plot=plot,
 )

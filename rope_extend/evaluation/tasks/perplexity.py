@@ -64,15 +64,13 @@ def plot(summary: dict, out: Path) -> dict[str, Path]:
     return {"perplexity_plot": path}
 
 
-TASK = base.register_task(
-    base.Task(
-        name="perplexity",
-        help="token-weighted perplexity per length (chunked, no full logits)",
-        title="Perplexity",
-        options=PerplexityOptions,
-        run=run,
-        summarize=summarize,
-        render=render,
-        plot=plot,
-    )
+TASK = base.Task(
+    name="perplexity",
+    help="token-weighted perplexity per length (chunked, no full logits)",
+    title="Perplexity",
+    options=PerplexityOptions,
+    run=run,
+    summarize=summarize,
+    render=render,
+    plot=plot,
 )

@@ -178,15 +178,13 @@ def plot(summary: dict, out: Path) -> dict[str, Path]:
     return files
 
 
-TASK = base.register_task(
-    base.Task(
-        name="ruler",
-        help="RULER's synthetic tasks (needles, variable tracking, word counts) per length",
-        title="RULER synthetic tasks",
-        options=RulerOptions,
-        run=run,
-        summarize=summarize,
-        render=render,
-        plot=plot,
-    )
+TASK = base.Task(
+    name="ruler",
+    help="RULER's synthetic tasks (needles, variable tracking, word counts) per length",
+    title="RULER synthetic tasks",
+    options=RulerOptions,
+    run=run,
+    summarize=summarize,
+    render=render,
+    plot=plot,
 )

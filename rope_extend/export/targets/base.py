@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ...methods import registry
-from ..forms import LONGROPE, Form
+from ...methods.engine_form import LONGROPE, Form
 from . import TARGETS
 
 INFO = "rope-extend-export.json"  # written beside the exported config: what was exported, how, for which engine

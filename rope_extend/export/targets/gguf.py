@@ -9,8 +9,8 @@ from ...io import normal_permissions, writing
 from ...loading import load_model, load_tokenizer
 from ...methods import registry
 from ...methods._common import rope_frequencies
+from ...methods.engine_form import DEFAULT, Form
 from .. import llamacpp
-from ..forms import DEFAULT, Form
 from ..gguf_families import FAMILIES, rope_layer
 from .base import APPROXIMATE, Decision, ExportJob, ExportOptions, ExportResult, ExportTarget, longrope_switch
 

@@ -36,9 +36,9 @@ from typing import Any
 from ...errors import RopeExtendError, UnsupportedModelError
 from ...hf.names import SHIPPED_ATTR
 from ...methods import registry
+from ...methods.engine_form import DEFAULT, LINEAR, LLAMA3, LONGROPE, YARN, Form
 from ...methods.longrope import longrope_attention_scale
 from ..configs import FolderTarget
-from ..forms import DEFAULT, LINEAR, LLAMA3, LONGROPE, YARN, Form
 from .base import REFUSED, Decision, ExportJob, ExportResult, longrope_switch
 
 ENGINE = "mlx-lm 0.32.2"

@@ -19,8 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 from ...methods import registry
+from ...methods.engine_form import LINEAR, LONGROPE, YARN, Form
 from ..configs import FolderTarget
-from ..forms import LINEAR, LONGROPE, YARN, Form, yarn_attn_factor
+from ..forms import yarn_attn_factor
 from .base import REFUSED, Decision, longrope_switch, yarn_like
 
 

@@ -17,8 +17,9 @@ from typing import Any
 
 from ...hf.names import SHIPPED_ATTR
 from ...methods import registry
+from ...methods.engine_form import DEFAULT, LONGROPE, Form
 from ..configs import FolderTarget
-from ..forms import DEFAULT, DYNAMIC, LONGROPE, Form
+from ..forms import DYNAMIC
 from .base import APPROXIMATE, Decision
 
 

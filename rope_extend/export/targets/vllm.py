@@ -38,9 +38,9 @@ from typing import Any
 from ...errors import UnsupportedModelError
 from ...hf.reading import config_scaling
 from ...methods import registry
+from ...methods.engine_form import Form
 from .. import adaptive, vllm_plugin
 from ..configs import FolderTarget, model_dtype
-from ..forms import Form
 from .base import EXPORTED, REFUSED, Decision, ExportJob, ExportResult, longrope_switch, yarn_like
 
 PLUGIN_ENGINE = f"vllm {' or '.join(vllm_plugin.CHECKED)} with rope-extend's plugin"  # the adaptive export's

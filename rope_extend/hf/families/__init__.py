@@ -14,8 +14,8 @@ families. A transformers upgrade that changes a family changes its rule here.
 - ``recurrent``: the layers of hybrid families whose cache holds a recurrent or convolution state (linear
   attention, Mamba, short convolutions), which no eviction or rotation can change.
 
-Adding a rule: a ``Rule(name, quirk, answer, model_types)`` registered with ``RULES.register`` (a built-in one in
-one of these modules, imported below); ``tests/test_extension_points.py`` shows a toy one. Every change
+Adding a rule: a ``Rule(name, quirk, answer, model_types)`` registered with ``RULES.register`` (a built-in one is
+a constant in one of these modules, listed by module path under ``RULES`` in ``rule``); ``tests/test_extension_points.py`` shows a toy one. Every change
 ``import rope_extend`` makes to transformers is in ``hf.transformers_changes``, not here.
 """
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .rule import RULES, Rule, ask, constant
+from .rule import Rule, ask, constant
 
 # The function of transformers' MLA modeling modules that builds the softmax scale from the rope dict.
 MSCALE_FUNCTION = "yarn_apply_mscale"
@@ -73,8 +73,8 @@ def _reads_llama4_beta(config, params: dict[str, Any]) -> str | None:
     )
 
 
-RULES.register(Rule("phimoe_scale_keys", "scale_keys", constant(("short_mscale", "long_mscale")), ("phimoe",)))
-RULES.register(Rule("llama4_temperature", "own_temperature", _llama4_temperature))
-RULES.register(Rule("scale_keys_kept", "kept_reads", _reads_scale_keys))
-RULES.register(Rule("mla_softmax_scale_kept", "kept_reads", _builds_mla_scale))
-RULES.register(Rule("llama4_scaling_beta_kept", "kept_reads", _reads_llama4_beta))
+PHIMOE_SCALE_KEYS = Rule("phimoe_scale_keys", "scale_keys", constant(("short_mscale", "long_mscale")), ("phimoe",))
+LLAMA4_TEMPERATURE = Rule("llama4_temperature", "own_temperature", _llama4_temperature)
+SCALE_KEYS_KEPT = Rule("scale_keys_kept", "kept_reads", _reads_scale_keys)
+MLA_SOFTMAX_SCALE_KEPT = Rule("mla_softmax_scale_kept", "kept_reads", _builds_mla_scale)
+LLAMA4_SCALING_BETA_KEPT = Rule("llama4_scaling_beta_kept", "kept_reads", _reads_llama4_beta)

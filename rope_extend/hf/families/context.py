@@ -12,9 +12,11 @@
 
 from __future__ import annotations
 
-from .rule import RULES, Rule, constant
+from .rule import Rule, constant
 
 LOCAL_LAYER_TYPES = ("sliding_attention", "chunked_attention", "local_attention", "hybrid_sliding", "window_attention")
 MROPE_KEYS = frozenset({"mrope_section", "mrope_interleaved"})
 
-RULES.register(Rule("gemma3_linear_within_context", "linear_within_context", constant(True), ("gemma3_text",)))
+GEMMA3_LINEAR_WITHIN_CONTEXT = Rule(
+    "gemma3_linear_within_context", "linear_within_context", constant(True), ("gemma3_text",)
+)

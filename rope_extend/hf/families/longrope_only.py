@@ -15,7 +15,7 @@ from typing import Any
 
 from ...methods import registry
 from ..rope_types import rope_type_of, split_rope_type
-from .rule import RULES, Rule, constant
+from .rule import Rule, constant
 
 
 def _rope_extend_type(rope_type) -> bool:
@@ -63,7 +63,7 @@ def opened(cls) -> dict[str, Any]:
     return out
 
 
-RULES.register(Rule("phi3_longrope_only", "longrope_only", constant(True), ("phi3", "phi4_multimodal")))
+PHI3_LONGROPE_ONLY = Rule("phi3_longrope_only", "longrope_only", constant(True), ("phi3", "phi4_multimodal"))
 
 
 def _swaps_cache(config) -> str | None:
@@ -83,6 +83,6 @@ def _swaps_cache(config) -> str | None:
     )
 
 
-RULES.register(
-    Rule("phi3_generate_swaps_cache", "generate_swaps_cache", _swaps_cache, ("phi3", "phimoe", "phi4_multimodal"))
+PHI3_GENERATE_SWAPS_CACHE = Rule(
+    "phi3_generate_swaps_cache", "generate_swaps_cache", _swaps_cache, ("phi3", "phimoe", "phi4_multimodal")
 )

@@ -15,7 +15,7 @@ keeper turns only the attention layers' keys, ``hf.cache_keeper``).
 
 from __future__ import annotations
 
-from .rule import RULES, Rule
+from .rule import Rule
 
 # layers without attention or state (a feed-forward block), which transformers 5.17 gives a LinearAttentionLayer as a
 # placeholder that stays empty (5.24 a DummyLayer)
@@ -64,4 +64,4 @@ def describe(state: dict[int, str]) -> str:
     return f"{word} {' and '.join(parts)}"
 
 
-RULES.register(Rule("recurrent_state_layers", "state_layers", _state_layers))
+RECURRENT_STATE_LAYERS = Rule("recurrent_state_layers", "state_layers", _state_layers)

@@ -54,7 +54,20 @@ def _check(rule: Rule) -> None:
         raise RopeExtendError(f"family rule {rule.name!r}: answer must be callable, got {rule.answer!r}")
 
 
+# asked in registration order, so the first answer wins. A rule of one's own: ``RULES.register(Rule(...))``.
 RULES: Registry[Rule] = Registry("family rule", check=_check)
+for _name, _module in (  # the built-in rules, each in the module of its quirk
+    ("phimoe_scale_keys", "attention_scale"),
+    ("llama4_temperature", "attention_scale"),
+    ("scale_keys_kept", "attention_scale"),
+    ("mla_softmax_scale_kept", "attention_scale"),
+    ("llama4_scaling_beta_kept", "attention_scale"),
+    ("gemma3_linear_within_context", "context"),
+    ("phi3_longrope_only", "longrope_only"),
+    ("phi3_generate_swaps_cache", "longrope_only"),
+    ("recurrent_state_layers", "recurrent"),
+):
+    RULES.register_lazy(_name, f"{__package__}.{_module}:{_name.upper()}")
 
 
 def ask(quirk: str, holder: Any, *context: Any) -> Any:

@@ -1,5 +1,6 @@
-"""RULER's task specs and templates, and each task's draft: a sample as text (the user's turn, the answer prefix,
-the expected strings), drawn from an RNG and a haystack size. The protocol is in ``evaluation.ruler``'s docstring."""
+"""RULER's own sub-tasks (``subtasks``, not to be read as rope-extend's evaluation tasks, ``evaluation.tasks``):
+their specs and templates, and each one's draft: a sample as text (the user's turn, the answer prefix, the expected
+strings), drawn from an RNG and a haystack size. The protocol is in ``evaluation.ruler``'s docstring."""
 
 from __future__ import annotations
 
