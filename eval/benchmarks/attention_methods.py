@@ -71,14 +71,7 @@ def worker(
 
     dtype = getattr(torch, dtype)
     variant, _, suffix = variant.partition("/")
-    if suffix == "f32":  # the passes upcast to float32, as before issue 25
-        from rope_extend.hf.attention import passes
-
-        passes.compute_dtype = lambda _dtype: torch.float32  # where the passes read it
-    if suffix == "turn":  # every cached key turned at every step, as before issue 68 (no kept keys)
-        from rope_extend.hf.attention import keys
-
-        keys.KEEP = False
+    switch(suffix)
     if name:
         from rope_extend.loading import load_model
 
@@ -129,6 +122,21 @@ def worker(
     finite = bool(torch.isfinite(last).all()) if last is not None else None
     name = variant + (f"/{suffix}" if suffix else "")
     return {"variant": name, "length": length, "device": device, "finite": finite, **got, **extra}
+
+
+def switch(suffix: str) -> None:
+    """A variant's suffix: ``f32``, the passes upcast to float32 (as before issue 25); ``turn``, every cached key
+    turned at every step (kept keys off, as before issue 68)."""
+    import torch
+
+    if suffix == "f32":
+        from rope_extend.hf.attention import passes
+
+        passes.compute_dtype = lambda _dtype: torch.float32  # where the passes read it
+    if suffix == "turn":
+        from rope_extend.hf.attention import keys
+
+        keys.KEEP = False
 
 
 def key_memory(cache) -> dict:
