@@ -119,3 +119,30 @@ def test_generate_beam_and_continue_equal_and_unpatch_drops_the_hooks():
     rope_extend.unpatch(model)
     assert not [m for m in model.modules() if keys.HOOK_ATTR in m.__dict__]
     assert not any(m._forward_pre_hooks for m in hooked)
+
+
+def test_kept_only_beside_a_plain_dynamic_cache():
+    """Kept keys are made only for the key tensor of a plain DynamicCache's full layer: not for an offloaded one
+    (its layers leave the device between steps, a copy would stay behind) or another tensor (a compressed
+    cache's keys rebuilt for the attention). SinkCache is refused with the attention methods."""
+    from rope_extend.hf.attention import PLAN_ATTR
+
+    model = model_for("llama")
+    rope_extend.patch(model, "rerope", **METHODS["rerope"])
+    module = model.model.layers[0].self_attn
+    plan = module.__dict__[PLAN_ATTR]
+    key = torch.zeros(1, 2, 4, 16)
+    for cache, kept in [
+        (DynamicCache(config=model.config), True),
+        (DynamicCache(config=model.config, offloading=True), False),
+    ]:
+        cache.layers[0].keys = key
+        plan.watch.cache = cache
+        assert (keys.holder(plan, module, key) is cache.layers[0]) == kept, cache
+        assert keys.holder(plan, module, key.clone()) is None
+    keys.KEEP = False
+    try:
+        assert keys.holder(plan, module, key) is None
+    finally:
+        keys.KEEP = True
+        plan.watch.cache = None

@@ -17,7 +17,7 @@ the new: the kept slots are still the first ones), and a forward pre-hook on the
 (``check``) confirms before each call that the layer still holds the very tensor the copy was made from
 (identity and in-place version): a crop, a beam reorder, an eviction or a keeper's turn replace or change that
 tensor, and the copy is dropped and rebuilt from all the keys. Every other cache (static, sliding-window,
-quantized, offloaded to another device, ``SinkCache``, an encoder-decoder cache), prefill (more than
+quantized, offloaded (``offloading=True``), ``SinkCache``, an encoder-decoder cache), prefill (more than
 ``passes.REUSE_ROWS`` rows), autograd and a batch whose rows sit at different positions take the per-step turn,
 which gives the same numbers. ``KEEP = False`` turns kept keys off (the benchmark's and tests' switch).
 """
@@ -54,13 +54,16 @@ class _Kept:
 
 def holder(plan, module: nn.Module, key: torch.Tensor):
     """The cache layer whose keys ``key`` is, when kept keys can be used for it: ``KEEP``, a plain
-    ``DynamicCache`` with a full ``DynamicLayer`` (append-only), and ``key`` its key tensor itself; else None."""
+    ``DynamicCache`` (not offloaded) with a full ``DynamicLayer`` (append-only), and ``key`` its key tensor itself;
+    else None."""
     if not KEEP:
         return None
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
     cache = plan.watch.cache if plan.watch is not None else None
     if type(cache) is not DynamicCache:  # subclasses (SinkCache, quantized caches) change keys in their own ways
+        return None
+    if getattr(cache, "offloading", False):  # moved off the device between layers: a kept copy would stay on it
         return None
     layer = slots.layer_of(plan.watch, module)
     if type(layer) is not DynamicLayer or getattr(layer, "keys", None) is not key:
