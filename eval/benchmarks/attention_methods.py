@@ -44,9 +44,12 @@ VARIANTS = {
     "self_extend": ("self_extend", {"group_size": 8, "window": 1024}),
     "dual_chunk": ("dual_chunk", {}),
     "rerope": ("rerope", {}),
+    "leaky_rerope": ("leaky_rerope", {}),
 }
+MOVING = ("self_extend", "rerope", "leaky_rerope")  # decode steps that read turned keys: ``--turn`` variants
 TARGETS = {"self_extend": (1.0, 1.25), "dual_chunk": (1.0, 1.25)}
 HALF_TARGET = 0.6
+DECODE_TARGET = 1.2  # a decode step's time over SDPA's (issues 25 and 68)
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -67,11 +70,8 @@ def worker(
     import rope_extend
 
     dtype = getattr(torch, dtype)
-    variant, _, f32 = variant.partition("/")
-    if f32:  # the passes upcast to float32, as before issue 25
-        from rope_extend.hf.attention import passes
-
-        passes.compute_dtype = lambda _dtype: torch.float32  # where the passes read it
+    variant, _, suffix = variant.partition("/")
+    switch(suffix)
     if name:
         from rope_extend.loading import load_model
 
@@ -96,29 +96,59 @@ def worker(
                 return one_call(model, n, dtype, device, seed, decode)
             return model(input_ids=ids[:, :n], use_cache=False, logits_to_keep=1).logits
 
-    if decode and not layer:  # a cache of length - 1 tokens, then one step, cropped back after each
+    extra = {}
+    if decode and not layer:  # a cache of length - 1 tokens, then steps of one token (the cache grows by one each)
         from transformers import DynamicCache
 
         cache = DynamicCache(config=model.config)
         with torch.no_grad():
             model(input_ids=ids[:, : length - 1], **rope_extend.cache_kwargs(cache), use_cache=True, logits_to_keep=1)
 
-        def step() -> torch.Tensor:
+        def step() -> torch.Tensor:  # not cropped back: a crop replaces the key tensors, which drops kept keys
             with torch.no_grad():
-                out = model(input_ids=ids[:, length - 1 :], **rope_extend.cache_kwargs(cache), use_cache=True).logits
-            cache.crop(-1)  # the step's token out again
-            return out
+                return model(input_ids=ids[:, length - 1 :], **rope_extend.cache_kwargs(cache), use_cache=True).logits
 
-        step()  # warm-up
+        step()  # warm-up (and the step that makes the kept keys)
         got = measure(step, repeats=repeats, device=device)
+        extra = key_memory(cache)
     else:
         run(512)  # warm-up: kernels, allocator pools
         if layer:
             run(length)  # draws the inputs
         got = measure(lambda: run(length), repeats=repeats, device=device)
+        if decode:
+            extra = key_memory(_INPUTS["cache"])
     last = got.pop("result")
     finite = bool(torch.isfinite(last).all()) if last is not None else None
-    return {"variant": variant + ("/f32" if f32 else ""), "length": length, "device": device, "finite": finite, **got}
+    name = variant + (f"/{suffix}" if suffix else "")
+    return {"variant": name, "length": length, "device": device, "finite": finite, **got, **extra}
+
+
+def switch(suffix: str) -> None:
+    """A variant's suffix: ``f32``, the passes upcast to float32 (as before issue 25); ``turn``, every cached key
+    turned at every step (kept keys off, as before issue 68)."""
+    import torch
+
+    if suffix == "f32":
+        from rope_extend.hf.attention import passes
+
+        passes.compute_dtype = lambda _dtype: torch.float32  # where the passes read it
+    if suffix == "turn":
+        from rope_extend.hf.attention import keys
+
+        keys.KEEP = False
+
+
+def key_memory(cache) -> dict:
+    """MB of the cache's keys, and of the turned keys kept beside them (``hf.attention.keys``; 0 without)."""
+    from rope_extend.hf.attention import keys
+
+    cached = kept = 0
+    for layer in cache.layers:
+        cached += layer.keys.nbytes
+        held = layer.__dict__.get(keys.KEPT_ATTR)
+        kept += sum(space.nbytes for space, _ in held.spaces.values()) if held is not None else 0
+    return {"key_cache_mb": round(cached / 2**20, 1), "kept_keys_mb": round(kept / 2**20, 1)}
 
 
 LAYER = dict(heads=32, kv_heads=8, head_dim=128)  # Llama-3-8B's attention
@@ -127,7 +157,8 @@ _INPUTS: dict = {}  # one_call's queries, keys and values
 
 def one_call(model, n: int, dtype, device: str, seed: int, decode: bool = False):
     """One call of layer 0's attention function on random queries, keys and values of ``LAYER``'s shape
-    (``decode``: one query, the last of ``n``)."""
+    (``decode``: one query over a ``DynamicCache`` of ``n - 1`` keys, the call's key appended to it first, its
+    ``torch.cat`` timed with the call for every variant, as in a decode step; the cache grows by one per call)."""
     import torch
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -142,8 +173,23 @@ def one_call(model, n: int, dtype, device: str, seed: int, decode: bool = False)
         _INPUTS[key] = (q, *(torch.randn(1, kv, n, d, generator=g, device=device, dtype=dtype) for _ in range(2)))
     q, k, v = _INPUTS[key]
     module = model.model.layers[0].self_attn
+    plan = module.__dict__.get(attention.PLAN_ATTR)
+    if decode:  # a DynamicCache of n - 1 keys; each call appends the last key again, as a decode step would
+        from transformers import DynamicCache
+
+        from rope_extend.hf.attention import keys
+
+        if "cache" not in _INPUTS:
+            _INPUTS["cache"] = DynamicCache()
+            _INPUTS["cache"].update(k[:, :, :-1], v[:, :, :-1], 0)
+        cache = _INPUTS["cache"]
+        if plan is not None:  # what the decoder's cache watch and the module's pre-hook do before the update
+            plan.watch.cache = cache
+            keys.check(module, ())
+        k, v = cache.update(k[:, :, -1:], v[:, :, -1:], 0)  # (1, H_kv, m, D): the cache's own tensors
+        n = k.shape[2]
     positions = torch.arange(n - q.shape[2], n, device=device)[None]
-    if attention.PLAN_ATTR in module.__dict__:
+    if plan is not None:
         return attention.attention_forward(module, q, k, v, None, scaling=d**-0.5, position_ids=positions)[0]
     return ALL_ATTENTION_FUNCTIONS["sdpa"](module, q, k, v, None, scaling=d**-0.5, position_ids=positions)[0]
 
@@ -154,7 +200,8 @@ def run_variant(variant: str, length: int, args) -> dict:
     cmd += ["--decode"] if args.decode else []
     cmd += ["--repeats", str(args.repeats), "--seed", str(args.seed)] + (["--model", args.model] if args.model else [])
     timed = spawn(__file__, cmd)
-    if args.device != "cpu" or timed.get("error"):
+    # a decode step's memory is the kept keys' (``key_memory``, exact); one run per variant halves the time
+    if args.device != "cpu" or timed.get("error") or args.decode:
         return {"variant": variant, "length": length, **timed}
     live = spawn(__file__, cmd, env=LIVE_MEMORY_ENV)  # memory from a run whose RSS follows the live tensors
     memory = {k: live.get(k) for k in ("base_mb", "peak_mb", "increase_mb")}
@@ -192,6 +239,12 @@ def main() -> None:
         help="time one decode step over a cache of LENGTH - 1 tokens (with --layer: one query over LENGTH keys); "
         "the memory ratios are then of that step",
     )
+    p.add_argument(
+        "--turn",
+        action="store_true",
+        help="with --decode: also run " + ", ".join(MOVING) + " as METHOD/turn, turning every cached key at every "
+        "step (no kept keys, hf.attention.keys.KEEP = False: the path before issue 68)",
+    )
     p.add_argument("--dtype", choices=DTYPES, help="the model's dtype (default float32; with --gpu bfloat16)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--length", type=int, help=argparse.SUPPRESS)
@@ -222,6 +275,8 @@ def main() -> None:
     methods = variants[1:]
     if half:
         variants += [v + "/f32" for v in methods]
+    if args.decode and args.turn:
+        variants += [v + "/turn" for v in methods if v in MOVING]
     rows, ratios = [], {}
     for length in lengths:
         found = {v: run_variant(v, length, args) for v in variants}
@@ -232,11 +287,12 @@ def main() -> None:
             f32 = found.get(v + "/f32")
             if f32 is not None:
                 cell["half_vs_f32_memory"] = ratio(found[v], f32)["memory_ratio"]
-    print(f"{'variant':16} {'length':>7} {'peak MB':>9} {'+MB':>9} {'seconds':>9}  error")
+    print(f"{'variant':18} {'length':>7} {'peak MB':>9} {'+MB':>9} {'seconds':>9} {'keys MB':>8} {'kept MB':>8}  error")
     for r in rows:
         print(
-            f"{r['variant']:16} {r['length']:>7} {fmt(r.get('peak_mb'), '9.0f')} {fmt(r.get('increase_mb'), '9.0f')} "
-            f"{fmt(r.get('seconds'), '9.2f')}  {r.get('error') or ''}"
+            f"{r['variant']:18} {r['length']:>7} {fmt(r.get('peak_mb'), '9.0f')} {fmt(r.get('increase_mb'), '9.0f')} "
+            f"{fmt(r.get('seconds'), '9.4f')} {fmt(r.get('key_cache_mb'), '8.1f')} {fmt(r.get('kept_keys_mb'), '8.1f')}"
+            f"  {r.get('error') or ''}"
         )
     if half:
         met = {
@@ -244,6 +300,12 @@ def main() -> None:
             for v, cells in ((v, ratios[v].values()) for v in methods)
         }
         targets = {v: {"half_vs_f32_memory": f"<= {HALF_TARGET}"} for v in methods}
+    elif args.decode:  # issue 25's decode target, issue 68's measure: time only (the step's memory is the kept keys)
+        met = {
+            v: all(x["time_ratio"] is not None and x["time_ratio"] <= DECODE_TARGET for x in ratios[v].values())
+            for v in methods
+        }
+        targets = {v: {"time_ratio": f"<= {DECODE_TARGET}"} for v in methods}
     else:
         met = {
             v: all(
@@ -269,6 +331,11 @@ def main() -> None:
                 "targets": targets,
                 "met": met,
                 "ratios": ratios,
+                "key_memory_mb": {
+                    f"{r['variant']}@{r['length']}": [r.get("key_cache_mb"), r.get("kept_keys_mb")]
+                    for r in rows
+                    if r.get("key_cache_mb") is not None
+                },
             }
         )
     )

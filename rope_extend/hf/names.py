@@ -29,6 +29,7 @@ WORKSPACE_ATTR = "rope_extend_workspace"  # {(thread, key group, dtype, device):
 # on an attention module
 PLAN_ATTR = "rope_extend_attention"  # its AttentionPlan (hf.attention)
 GUARD_ATTR = "rope_extend_mrope"  # on the text decoder and its attention modules: the model's M-RoPE Guard
+KEPT_HOOK = "_rope_extend_kept_keys_hook"  # the handle of the pre-hook that checks kept keys (hf.attention.keys)
 
 # on the decoder
 WATCH_ATTR = "_rope_extend_watch"  # (Watch, pre-hook handle, hook handle) (hf.slots)
@@ -37,6 +38,7 @@ POSITIONS_HOOK = "_rope_extend_positions_hook"  # (PositionKeeper, its hook hand
 
 # on a KV cache
 LENGTH_ATTR = "_rope_extend_mrope_length"  # (Guard, its length after the last forward it saw) (hf.mrope)
+KEPT_ATTR = "_rope_extend_kept_keys"  # on a cache layer: the keys kept turned for decode steps (hf.attention.keys)
 
 # on an MLP DeepSpeed's TiledMLP runs
 TILES_ATTR = "rope_extend_tiles"  # the tiles asked for (None: DeepSpeed's rule); with the instance forward

@@ -105,6 +105,11 @@ def static_full(watch: Watch | None, module: nn.Module) -> bool:
     return isinstance(layer, cu.StaticLayer) and not isinstance(layer, cu.StaticSlidingWindowLayer)
 
 
+def layer_of(watch: Watch | None, module: nn.Module):
+    """The cache layer of ``module`` in the running forward's cache, or None (the attention's kept keys read it)."""
+    return _layer(watch, module)
+
+
 def _layer(watch: Watch | None, module: nn.Module):
     """The cache layer of ``module`` in the running forward's cache, or None (no cache, or not a layered one)."""
     cache = watch.cache if watch is not None else None

@@ -15,6 +15,7 @@ One module per job, each importing only those above it in this list:
 - ``kernels``: one pass on aten's CPU flash attention or plain torch tiles, and the log-sum-exp merge;
 - ``masks``: every implementation's mask as booleans (``Mask``);
 - ``positions``: where the query rows are (``PositionKeeper``), and log-n's query scale;
+- ``keys``: a DynamicCache's keys turned for the passes, kept on its layers so a decode step turns only new ones;
 - ``passes``: a method layer's attention as passes over re-rotated queries and keys (``Call``, ``_attend``);
 - ``forward``: the attention function transformers calls (``attention_forward``), and each layer's path;
 - ``registration``: the names in transformers' registries, and the entries registered there;

@@ -17,6 +17,7 @@ from ...errors import UnsupportedModelError
 from .. import causal as causality
 from .. import compiled, mrope, slots
 from ..names import PLAN_ATTR
+from . import keys as kept_keys
 from .masks import Mask, _additive
 from .passes import Call, _attend
 from .positions import _logn, _query_positions, _query_slots
@@ -143,6 +144,7 @@ def _method_attention(module, plan, query, key, value, attention_mask, *, dropou
         softcap=softcap,
         position_ids=position_ids,
         sinks=kwargs.get("s_aux"),  # GPT-OSS, Granite-SWA: one more logit per head, with value 0
+        cache_layer=kept_keys.holder(plan, module, key) if end is None else None,
     )
     return _attend(call), None
 

@@ -14,6 +14,7 @@ from .. import layout as rope_layout
 from .. import mrope, slots
 from ..names import INNER_ATTR, PLAN_ATTR, POSITIONS_HOOK, PROBE_HOOK, TABLES_ATTR, WORKSPACE_ATTR
 from ..reading import naming, text_config
+from . import keys as kept_keys
 from .kernels import passes_kernel
 from .plan import _plan_modules
 from .positions import keep_positions
@@ -41,6 +42,7 @@ def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
     for module, plan in planned:
         plan.watch = watch
         module.__dict__[PLAN_ATTR] = plan
+    kept_keys.install([module for module, _ in planned])
     mrope.install(model, config, scaling, list(rotary))
     mrope.attach(model, [module for module, _ in planned])
     name = config._attn_implementation = registered_name(getattr(config, INNER_ATTR))
@@ -65,6 +67,7 @@ def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
             for module, plan in final:
                 plan.watch = watch
                 module.__dict__[PLAN_ATTR] = plan
+            kept_keys.install([module for module, _ in final])
             mrope.attach(model, [module for module, _ in final])
             keep_positions(decoder, final)
             keeper = decoder.__dict__.get(POSITIONS_HOOK)
@@ -111,6 +114,7 @@ def remove(model: nn.Module, config, inner: str, modules) -> None:
     (probe, cache watch, position keeper), M-RoPE's runtime, and the config's implementation (back to
     ``inner``)."""
     config = text_config(config)
+    kept_keys.remove(model.modules())  # also on modules a deferred probe planned
     for module in modules:
         plan = module.__dict__.pop(PLAN_ATTR, None)
         if plan is not None and plan.layout is not None:  # its frequency set's cos/sin tables and work space

@@ -30,6 +30,7 @@ from torch import nn
 from ...errors import RopeExtendError
 from ...methods.attention import logn_scale
 from ..names import WORKSPACE_ATTR
+from . import keys as kept_keys
 from .kernels import _autograd, _merge, _partial, compute_dtype
 from .masks import Mask
 from .state import NAME, AttentionPlan
@@ -56,6 +57,7 @@ class Call:
     softcap: float | None = None  # logit softcapping (Gemma 2): tanh(s / c) * c
     position_ids: torch.Tensor | None = None  # (1 | B, T); None: the rows are the last T key slots
     sinks: torch.Tensor | None = None  # (H,): GPT-OSS's ``s_aux``, one more logit per head with value 0
+    cache_layer: object = None  # the DynamicLayer ``key`` is, where turned keys may be kept on it (``keys``)
 
     def rows(self, index: torch.Tensor | None) -> Call:
         """The call on the batch rows ``index`` (None: all of them, ``self``). Their positions then travel as
@@ -69,6 +71,7 @@ class Call:
             value=self.value.index_select(0, index),  # (B', H_kv, S, D_v)
             mask=self.mask.rows(index) if self.mask is not None else None,
             position_ids=None,
+            cache_layer=None,  # kept keys cover every batch row
         )
 
 
@@ -101,6 +104,8 @@ def _attend(call: Call) -> torch.Tensor:
         groups.setdefault(int(p), []).append(row)
     for p, rows in groups.items():
         index = None if len(rows) == b else torch.tensor(rows, device=query.device)
+        if index is not None:  # rows apart: the kept keys (all rows) are not brought up to date
+            kept_keys.drop(call.cache_layer)
         part = _attend_rows(call.rows(index), p - (n - 1), p - (m - 1))  # (B', T, H, D_v)
         if index is None:
             return part
@@ -167,7 +172,9 @@ def _attend_rows(call: Call, q0: int, k0: int) -> torch.Tensor:
     by_query = small and rules.run_length is not None
     # autograd keeps what the passes read for the backward: then no rotated keys in reused memory
     reuse = small and not _autograd(query, key, value)
-    rotated = _rotated_keys(rules, layout, keys, kpos, compute, reuse=reuse, by_query=by_query)
+    # a DynamicCache's layer: the turned keys of earlier steps may be kept on it (``keys``)
+    kept = (call.cache_layer, first - k0, first) if call.cache_layer is not None else None
+    rotated = _rotated_keys(rules, layout, keys, kpos, compute, reuse=reuse, by_query=by_query, kept=kept)
     out = torch.zeros(b, n, h, value.shape[-1], dtype=dtype, device=device)  # (B, T, H, D_v)
     for a, e in rules.blocks(max(q0, first), q0 + n, BLOCK):
         rows = slice(a - q0, e - q0)
@@ -221,11 +228,16 @@ def _key_runs(rules, kind: str, j0: int, j1: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _rotated_keys(rules, layout, keys, kpos, compute, *, reuse: bool = False, by_query: bool = False) -> dict:
+def _rotated_keys(rules, layout, keys, kpos, compute, *, reuse=False, by_query=False, kept=None) -> dict:
     """``{pass kind: the keys (B, H_kv, S', D) rotated to that pass's key positions}``, in ``compute``: every key
     once per key group, so O(m) memory per group. A kind that keeps its keys at their true positions (no key
     group, STRING's far keys), or every kind with ``by_query`` (its queries turn per run of keys instead), gets
-    them unturned. ``reuse``: write them into kept work space (``_rotate``)."""
+    them unturned. ``reuse``: write them into kept work space (``_rotate``). ``kept``: ``(cache layer, its first
+    slot in keys, that slot's position)``: with ``reuse``, the turned keys are kept on the cache layer across steps
+    and only the slots added since the last step are turned (``keys``), the same values as turning them all."""
+    if kept is not None and (by_query or not reuse):  # prefill, autograd: nothing kept, the copy is out of date
+        kept_keys.drop(kept[0])
+        kept = None
     rotated: dict[str, torch.Tensor] = {}
     groups: dict[str | None, torch.Tensor] = {}  # by key group
     plain = None
@@ -236,12 +248,25 @@ def _rotated_keys(rules, layout, keys, kpos, compute, *, reuse: bool = False, by
         elif group in groups:
             rotated[kind] = groups[group]
         else:
-            delta = rules.key_position(kind, kpos) - kpos  # (S',)
-            rotated[kind] = groups[group] = _rotate(layout, keys, delta, compute, group if reuse else None)
+            if kept is None:
+                delta = rules.key_position(kind, kpos) - kpos  # (S',)
+                rotated[kind] = groups[group] = _rotate(layout, keys, delta, compute, group if reuse else None)
+                continue
+            layer, offset, first = kept
+            space, done = kept_keys.reserve(
+                layer, group, owner=layout, shape=keys.shape, dtype=compute, offset=offset, first=first
+            )
+            if done < keys.shape[2]:  # the slots added since the last step (all of them the first time)
+                new = kpos[done:]  # (S' - done,)
+                delta = rules.key_position(kind, new) - new
+                _rotate(layout, keys[:, :, done:], delta, compute, group, out=space[:, :, done:])
+            rotated[kind] = groups[group] = space
+    if kept is not None:
+        kept_keys.seal(kept[0])
     return rotated
 
 
-def _rotate(layout, keys, delta, compute, group: str | None) -> torch.Tensor:
+def _rotate(layout, keys, delta, compute, group: str | None, out: torch.Tensor | None = None) -> torch.Tensor:
     """``layout.rotate`` in float32, ``ROTATE`` keys at a time, written into a tensor of dtype ``compute`` (no
     float32 copy of all the keys), with cos and sin from ``layout.cos_sin`` (the same values ``rotate`` computes).
 
@@ -249,7 +274,8 @@ def _rotate(layout, keys, delta, compute, group: str | None) -> torch.Tensor:
     space, kept on the rotary module for the next layer and step (``_workspace``), and cos and sin of whole
     positions come from the shared table, so a step computes no angles and touches no fresh memory. With None
     (prefill, where O(n^2) attention dwarfs both; or autograd) nothing is kept: fresh memory, angles computed, so
-    a long prefill's peak holds no table or work space of its length."""
+    a long prefill's peak holds no table or work space of its length. ``out`` (with a ``group``): write there
+    instead of the group's work space (kept keys, ``keys``)."""
     cos, sin = layout.cos_sin(delta, torch.float32, table=group is not None)  # (S', dim / 2) each
     if group is None:  # prefill or autograd (out= writes are not differentiable either)
         out = torch.empty(keys.shape, dtype=compute, device=keys.device)  # (B, H_kv, S', D)
@@ -257,7 +283,8 @@ def _rotate(layout, keys, delta, compute, group: str | None) -> torch.Tensor:
             piece = slice(c, c + ROTATE)
             out[:, :, piece] = layout.apply(keys[:, :, piece].float(), cos[piece], sin[piece]).to(compute)
         return out
-    out = _workspace(layout.rotary, group, keys.shape, compute, keys.device)  # (B, H_kv, S', D)
+    if out is None:
+        out = _workspace(layout.rotary, group, keys.shape, compute, keys.device)  # (B, H_kv, S', D)
     b, h, m, _ = keys.shape
     # the rotation's two products of one piece: (2, B, H_kv, min(S', ROTATE), dim / 2)
     scratch = _workspace(layout.rotary, None, (2, b, h, min(m, ROTATE), layout.dim // 2), torch.float32, keys.device)
