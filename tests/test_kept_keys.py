@@ -7,6 +7,7 @@ import torch
 from transformers import DynamicCache
 
 import rope_extend
+from rope_extend.hf import names
 from rope_extend.hf.attention import keys, passes
 from tests.test_attention import METHODS, ids, model_for
 
@@ -114,10 +115,10 @@ def test_generate_beam_and_continue_equal_and_unpatch_drops_the_hooks():
             keys.KEEP = True
         runs.append((beam, again))
     assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
-    hooked = [m for m in model.modules() if keys.HOOK_ATTR in m.__dict__]
+    hooked = [m for m in model.modules() if names.KEPT_HOOK in m.__dict__]
     assert len(hooked) == model.config.num_hidden_layers
     rope_extend.unpatch(model)
-    assert not [m for m in model.modules() if keys.HOOK_ATTR in m.__dict__]
+    assert not [m for m in model.modules() if names.KEPT_HOOK in m.__dict__]
     assert not any(m._forward_pre_hooks for m in hooked)
 
 
