@@ -77,10 +77,12 @@ def _prepare_inputs(model, *args, **kwargs):
     if _partial(inputs, ids, cache):
         import transformers
 
+        kept = inputs.get("input_ids")  # _partial is true only where both hold ids
+        fed, given = (kept.shape[-1] if kept is not None else 0), (ids.shape[-1] if ids is not None else 0)
         raise UnsupportedModelError(
             f"{type(model).__name__}.generate {families.ask('generate_swaps_cache', model.config)}, and with "
-            f"transformers {transformers.__version__} computes it from the last {inputs['input_ids'].shape[-1]} of "
-            f"the {ids.shape[-1]} tokens only, which would make every later token wrong: upgrade transformers "
+            f"transformers {transformers.__version__} computes it from the last {fed} of "
+            f"the {given} tokens only, which would make every later token wrong: upgrade transformers "
             "(5.24 recomputes the whole prefix), or generate with use_cache=False"
         )
     return inputs

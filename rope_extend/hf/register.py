@@ -36,6 +36,10 @@ from .rope_types import EXTRA_KEYS, own_rope_type
 def init_function(config, device=None, seq_len=None, layer_type=None, **_ignored):
     """A ``ROPE_INIT_FUNCTIONS`` entry for a rope-extend type: reads the config, calls the pure math."""
     scaling = config_scaling(config, layer_type)
+    if scaling is None:  # transformers calls this only for a rope-extend type, which always names a scaling
+        raise UnsupportedModelError(
+            f"{type(config).__name__} names no rope-extend scaling for layer type {layer_type!r}"
+        )
     dim, base = rotary_geometry(config, layer_type)
     length = int(seq_len) if seq_len is not None else None
     freqs, scale = frequencies(scaling, dim, base, rotating(config, layer_type), length)
@@ -54,7 +58,7 @@ def ignoring_extra_keys(check):
         extra = EXTRA_KEYS - set(required_keys)  # a key the type requires stays checked
         return check(rope_type, received_keys, required_keys, optional_keys, ignore_keys=set(ignore_keys or ()) | extra)
 
-    _check_received_keys.__wrapped__ = check
+    _check_received_keys.__wrapped__ = check  # type: ignore[attr-defined]
     return staticmethod(_check_received_keys)
 
 
@@ -66,7 +70,7 @@ def wrapped_post_init(original):
         attach_from_config(self)
         return out
 
-    post_init.__wrapped__ = original
+    post_init.__wrapped__ = original  # type: ignore[attr-defined]
     return post_init
 
 

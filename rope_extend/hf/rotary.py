@@ -295,7 +295,7 @@ class RotaryRuntime:
                 # One host sync for both ends; positions starting at 0 mean a new sequence.
                 low, high = torch.stack([position_ids.min(), position_ids.max()]).tolist()
                 self.advance(layer_type, next_seen(entry, int(low), int(high)), x.device)
-            elif _stale(self.module._buffers.get(buffer_name(layer_type))):
+            elif entry.static is not None and _stale(self.module._buffers.get(buffer_name(layer_type))):
                 set_frequencies(self.module, layer_type, entry.static[0], x.device)
         with torch.no_grad():
             return _raw_forward(type(self.module))(self.module, x, position_ids, *args, **kwargs)

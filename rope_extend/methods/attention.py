@@ -123,6 +123,14 @@ class _Windowed(Rules):
             out.append(("near", edge, b, False))
         return out
 
+    def _far_query(self, i):
+        """The far pass's query position of slot ``i`` (each rule its own)."""
+        raise NotImplementedError
+
+    def _far_key(self, j):
+        """The far pass's key position of slot ``j`` (each rule its own)."""
+        raise NotImplementedError
+
     def query_position(self, kind, i):
         return i if kind == "near" else self._far_query(i)
 

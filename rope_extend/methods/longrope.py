@@ -39,12 +39,12 @@ class LongRopeParams:
     attention_factor: float | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "short_factor", _factors("short_factor", self.short_factor))
-        object.__setattr__(self, "long_factor", _factors("long_factor", self.long_factor))
-        if len(self.short_factor) != len(self.long_factor):
+        short, long = _factors("short_factor", self.short_factor), _factors("long_factor", self.long_factor)
+        object.__setattr__(self, "short_factor", short)
+        object.__setattr__(self, "long_factor", long)
+        if len(short) != len(long):
             raise RopeExtendError(
-                f"short_factor and long_factor must have the same length, got "
-                f"{len(self.short_factor)} and {len(self.long_factor)}"
+                f"short_factor and long_factor must have the same length, got {len(short)} and {len(long)}"
             )
         if self.attention_factor is not None:
             check_number("attention_factor", self.attention_factor, above=0.0)
