@@ -31,6 +31,8 @@ import warnings
 
 import pytest
 import torch
+import transformers
+from packaging.version import Version
 
 import rope_extend
 from rope_extend import UnsupportedModelError
@@ -137,6 +139,17 @@ UNPATCHED_FAILS = {
 # families whose own cached decode is more than TOLERANCE off their uncached forward, unpatched (measured: bamba
 # 1.5e-3, diffusion_gemma 1.0, hrm_text 2.0e-5, paligemma 2.9e-3): there is no exact reference to hold rope-extend to
 OWN_GAP = frozenset({"bamba", "diffusion_gemma", "hrm_text", "paligemma"})
+if Version(transformers.__version__).release[:2] < (5, 24):  # the 5.17 line CI also runs, measured there:
+    # evolla and llama4 build and decode exactly; these fail in their own code (a config kwarg dbrx's rejects,
+    # sub-configs the tiny builder does not pass)
+    UNPATCHED_FAILS = {k: v for k, v in UNPATCHED_FAILS.items() if k not in ("evolla", "llama4")} | {
+        "dbrx": "ValueError",
+        "diffusion_gemma": "ValueError",
+        "musicgen": "StrictDataclassFieldValidationError",
+        "musicgen_melody": "StrictDataclassFieldValidationError",
+        "vision-encoder-decoder": "ValueError",
+    }
+    OWN_GAP = OWN_GAP | {"doge", "moshi"}  # 0.19 and 0.32 off unpatched on 5.17; exact on 5.24
 # families on which ``patch`` refuses ``dynamic`` itself (the families snapshot pins each message)
 REFUSED_AT_PATCH = frozenset({"beam", "cosmos3_edge", "ernie4_5_vl_moe", "zamba2"})
 MIN_DECODED = 120  # families decoded exactly: 155 measured on transformers 5.24; 5.17 has fewer in its registry
