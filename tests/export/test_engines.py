@@ -147,15 +147,10 @@ def test_transformers4_longrope_switches_at_L_with_rope_extends_numbers(params):
 def test_llama_cpp_matches_the_patched_model(tmp_path, spec):
     pytest.importorskip("llama_cpp")
     pytest.importorskip("gguf")
-    import rope_extend
     from eval.serving_parity import measure
-    from rope_extend.documents import read_documents
+    from tests.export.smollm2 import model_and_text
 
-    try:
-        model, tokenizer = rope_extend.load("smollm2-135m")
-        text = read_documents("canterbury/lcet10.txt")[0]
-    except Exception as exc:  # noqa: BLE001 - no network, no model: the real-model tests skip
-        pytest.skip(f"SmolLM2-135M or the texts cannot be fetched: {exc}")
+    model, tokenizer, text = model_and_text()
     ids = tokenizer(text)["input_ids"][:1024]
     row = measure(spec, model, tokenizer, ids, 16, 2, tmp_path)
     assert row["ppl_rel_diff"] < 0.01, row

@@ -93,15 +93,10 @@ def test_a_transformers5_folder_runs_at_the_default_base(tmp_path):
 
 @pytest.mark.real_model
 def test_smollm2_past_its_length(tmp_path):
-    import rope_extend
-    from rope_extend.documents import read_documents
     from rope_extend.loading import resolve_name
+    from tests.export.smollm2 import model_and_text
 
-    try:
-        model, tokenizer = rope_extend.load("smollm2-135m")
-        text = read_documents("canterbury/lcet10.txt")[0]
-    except Exception as exc:  # noqa: BLE001 - no network, no model: the real-model tests skip
-        pytest.skip(f"SmolLM2-135M or the texts cannot be fetched: {exc}")
+    model, tokenizer, text = model_and_text()
     # L=256 so that a short prompt is well past it: mlx[cpu]'s wheel ships netlib's reference BLAS (0.8 GFLOP/s here
     # under load, torch 13), and 600 tokens of SmolLM2 are about 0.2 TFLOP
     ids = tokenizer(text)["input_ids"][:600]

@@ -98,15 +98,10 @@ def test_dynamic_served_is_the_patched_model_at_the_target(tmp_path):
 
 @pytest.mark.real_model
 def test_smollm2_yarn_past_its_length(tmp_path):
-    import rope_extend
-    from rope_extend.documents import read_documents
     from rope_extend.loading import resolve_name
+    from tests.export.smollm2 import model_and_text
 
-    try:
-        model, tokenizer = rope_extend.load("smollm2-135m")
-        text = read_documents("canterbury/lcet10.txt")[0]
-    except Exception as exc:  # noqa: BLE001 - no network, no model: the real-model tests skip
-        pytest.skip(f"SmolLM2-135M or the texts cannot be fetched: {exc}")
+    model, tokenizer, text = model_and_text()
     ids = tokenizer(text)["input_ids"][:2560]  # L=1024 below: 2.5 L
     case = vp.Case("smollm2-135m", "yarn", 4.0, 1024)
     row = vp.measure(case, model, resolve_name("smollm2-135m"), ids, tmp_path / "export")
