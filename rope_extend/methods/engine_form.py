@@ -14,7 +14,6 @@ Plain numbers in, plain numbers out; nothing here reads a model.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,9 +45,3 @@ class Form:
         if self.original_max_position_embeddings is None:
             raise ValueError(f"a {self.kind} form without original_max_position_embeddings")
         return self.original_max_position_embeddings
-
-    @property
-    def yarn_default_scale(self) -> float:
-        """YaRN's own temperature at this factor, ``0.1 ln s + 1`` (engines apply it unless told otherwise)."""
-        # methods.yarn.mscale at m = 1, written out: yarn imports this module (and torch), this one imports nothing
-        return 1.0 if self.factor <= 1 else 0.1 * math.log(self.factor) + 1.0

@@ -38,6 +38,7 @@ from ...hf.names import SHIPPED_ATTR
 from ...methods import registry
 from ...methods.engine_form import DEFAULT, LINEAR, LLAMA3, LONGROPE, YARN, Form
 from ...methods.longrope import longrope_attention_scale
+from ...methods.yarn import mscale
 from ..configs import FolderTarget
 from .base import REFUSED, Decision, ExportJob, ExportResult, longrope_switch
 
@@ -87,7 +88,7 @@ class MlxTarget(FolderTarget):
         out["original_max_position_embeddings"] = int(form.original_length)
         if form.kind == YARN:
             out["beta_fast"], out["beta_slow"] = form.values["beta_fast"], form.values["beta_slow"]
-            if not math.isclose(form.attention_scale, form.yarn_default_scale, rel_tol=1e-12):
+            if not math.isclose(form.attention_scale, mscale(form.factor), rel_tol=1e-12):
                 out["mscale"] = yarn_mscale(form.attention_scale, form.factor)  # what mlx-lm reads
                 out["attention_factor"] = float(form.attention_scale)  # what transformers reads
         elif form.kind == LLAMA3:
