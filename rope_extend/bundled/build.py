@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ..io import atomic_path
 from ..training.data import train_bpe_tokenizer
-from .corpus import evaluation_documents, training_documents
+from .corpus import evaluation_documents
+from .mix import training_documents
 
 TOKENIZER_DOCUMENTS = 4000  # the tokenizer is trained on the first documents of the stream
 
@@ -32,14 +33,18 @@ def write_pretraining_data(
     context: int = 256,
     **shares: float,
 ) -> Path:
-    """``out_dir/train.jsonl`` (``documents`` mixed documents sized for ``context``) and ``out_dir/tokenizer``
-    (trained on the first documents of the 256-token stream of seed 0, the bundled model's tokenizer)."""
+    """``out_dir/train.jsonl`` (``documents`` mixed documents sized for ``context``; ``shares`` as
+    ``mix.training_documents`` takes them) and ``out_dir/tokenizer`` (trained on the first documents of the
+    256-token stream of seed 0 with the default shares, the bundled model's tokenizer, whatever is asked)."""
     out_dir = Path(out_dir)
-    texts = training_documents(seed, documents, context=context, **shares)
-    write_jsonl(out_dir / "train.jsonl", texts)
-    reference = texts if (seed, context, shares) == (0, 256, {}) else training_documents(0, TOKENIZER_DOCUMENTS)
     # min_frequency 2: no merges for one-off strings (a passkey's digits are single tokens anyway)
-    tokenizer = train_bpe_tokenizer(reference[:TOKENIZER_DOCUMENTS], vocab_size, min_frequency=2)
+    tokenizer = train_bpe_tokenizer(training_documents(0, TOKENIZER_DOCUMENTS), vocab_size, min_frequency=2)
+
+    def count(text: str) -> int:  # as training encodes a document (special tokens included)
+        return len(tokenizer(text)["input_ids"])
+
+    texts = training_documents(seed, documents, context=context, count=count, **shares)
+    write_jsonl(out_dir / "train.jsonl", texts)
     with atomic_path(out_dir / "tokenizer") as tmp:
         tokenizer.save_pretrained(tmp)
     return out_dir

@@ -19,7 +19,7 @@ def _cmd(args: argparse.Namespace) -> int:
         raise RopeExtendError("bundled-data needs --out DIR (or --eval-corpus to rebuild the shipped corpus)")
     shares = {
         k: getattr(args, k)
-        for k in ("passkey_share", "needle_share", "drill_share", "recall_share")
+        for k in ("passkey_share", "needle_share", "drill_share", "recall_share", "ruler_share")
         if getattr(args, k) is not None
     }
     print(
@@ -52,7 +52,7 @@ def register(sub) -> None:
     p.add_argument("--documents", type=int, default=60000)
     p.add_argument("--vocab-size", type=int, default=1024)
     p.add_argument("--context", type=int, default=256, help="window the documents are sized for")
-    for kind in ("passkey", "needle", "drill", "recall"):
+    for kind in ("passkey", "needle", "drill", "recall", "ruler"):
         p.add_argument(f"--{kind}-share", type=float, help=f"fraction of {kind} documents (the rest: chronicles)")
     p.add_argument("--eval-corpus", action="store_true", help="rebuild the shipped held-out corpus instead")
     p.set_defaults(func=_cmd)

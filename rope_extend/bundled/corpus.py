@@ -18,9 +18,9 @@ Five kinds of document, all made here from word lists and templates:
 - **Copy drills**: a list of words, non-words or numbers, then the list again; short ones, in a short
   window, are what first forms the induction heads (recipes/bundled-pretrain.yaml).
 
-``training_documents(seed, n)`` mixes them for pretraining; ``evaluation_documents(seed, n, words)``
-makes long held-out chronicles (a different seed stream). Same seed, same text, on any machine:
-only Python's ``random.Random`` with an explicit seed is used.
+``bundled.mix.training_documents(seed, n)`` mixes them (and RULER's needle tasks) for pretraining;
+``evaluation_documents(seed, n, words)`` makes long held-out chronicles (a different seed stream). Same
+seed, same text, on any machine: only Python's ``random.Random`` with an explicit seed is used.
 """
 
 from __future__ import annotations
@@ -395,49 +395,6 @@ def copy_drill(rng: random.Random, items: int, *, kind: str = "words") -> str:
     if rng.random() < 0.5:
         return f"Read this list: {text}. Now the list again: {text}."
     return f"{text} {text}"
-
-
-def training_documents(
-    seed: int,
-    n: int,
-    *,
-    context: int = 256,
-    passkey_share: float = 0.3,
-    needle_share: float = 0.05,
-    drill_share: float = 0.25,
-    recall_share: float = 0.15,
-) -> list[str]:
-    """``n`` training documents for a ``context``-token window, mixed: passkey examples with filler of every
-    kind in ``FILLERS``, associative recall, needle questions, copy drills of every kind in ``DRILLS``
-    (without them a model this small never learned to copy), and chronicles (the rest) of up to ``25/16``
-    words per token of context (most fill the window; 400 words at 256). Retrieval examples are sized
-    from rough tokens-per-sentence figures to end inside the window (the protocol's fixed parts take ~64
-    tokens), since the evaluation asks at the full window."""
-    rng = random.Random(seed)
-    max_words = context * 25 // 16
-    room = context - 80  # tokens for filler beside the passkey protocol's fixed parts (~74), with a margin
-    docs = []
-    for _ in range(n):
-        kind = rng.random()
-        if kind < passkey_share:
-            filler = rng.choice(FILLERS)
-            most = max(2, room // FILLER_TOKENS[filler])
-            docs.append(passkey_example(rng, rng.randint(max(1, most // 3), most), filler=filler))
-        elif kind < passkey_share + recall_share:
-            facts = rng.randint(2, 6)
-            per = FILLER_TOKENS["pseudo"]  # the widest filler; a fact line takes ~14 tokens, a question ~30
-            most = max(2, (context - 30 * min(3, facts) - 14 * facts - 8) // per)
-            docs.append(recall_example(rng, facts, rng.randint(max(1, most // 3), most)))
-        elif kind < passkey_share + recall_share + needle_share:
-            docs.append(needle_example(rng, rng.randint(40, max_words // 3)))
-        elif kind < passkey_share + recall_share + needle_share + drill_share:
-            drill = rng.choice(DRILLS)
-            most = max(2, int((context - 24) / (2 * DRILL_TOKENS[drill])))
-            fewest = 2 if rng.random() < 0.5 else max(2, most // 3)  # short lists too: copying at every distance
-            docs.append(copy_drill(rng, rng.randint(fewest, most), kind=drill))
-        else:
-            docs.append(chronicle(rng, rng.randint(60, max_words)))
-    return docs
 
 
 def evaluation_documents(seed: int = 1_000_003, n: int = 8, words: int = 5000) -> list[str]:

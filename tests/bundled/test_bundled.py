@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from rope_extend import bundled
-from rope_extend.bundled.corpus import evaluation_documents, training_documents
+from rope_extend.bundled.corpus import evaluation_documents
+from rope_extend.bundled.mix import training_documents
 
 needs_model = pytest.mark.skipif(not bundled.available(), reason="the bundled model is not built into this checkout")
 

@@ -165,6 +165,16 @@ def _niah(spec: Niah, rng: random.Random, n: int, words: Sequence[str]) -> Draft
     return Draft(user, prefix.format(kind=kind, query=query), answers)
 
 
+def niah_draft(task: str, rng: random.Random, n: int, words: Sequence[str] = ()) -> Draft:
+    """One sample of the niah task ``task`` with ``n`` haystack units (noise lines, needle lines or essay words
+    from ``words``), as the harness draws it: what the bundled model's RULER-format training examples use."""
+    if task not in NIAH:
+        raise RopeExtendError(f"unknown niah task {task!r}{closest(task, NIAH)}; allowed: {', '.join(NIAH)}")
+    if n < 1:
+        raise RopeExtendError(f"a niah sample needs at least 1 haystack unit, got {n}")
+    return _niah(NIAH[task], rng, n, words)
+
+
 def _names(rng: random.Random, count: int, letters: int) -> list[str]:
     names: list[str] = []
     while len(names) < count:
