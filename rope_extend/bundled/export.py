@@ -29,9 +29,13 @@ rope-extend bundled-data --out runs/bundled-data-copy256 --context 256 --documen
 OMP_NUM_THREADS=1 rope-extend train bundled-pretrain
 # stage 2: copy drills in the 256-token window: the heads reach across the context
 OMP_NUM_THREADS=1 rope-extend train bundled-copy
+rope-extend bundled-data --out runs/bundled-data-ruler --seed 4 --documents 12000 --passkey-share 0.25 \\
+    --recall-share 0.12 --needle-share 0.04 --drill-share 0.15 --ruler-share 0.3
 # stage 3: the whole mix (chronicles, passkeys with varied filler, recall, needles, drills)
 OMP_NUM_THREADS=1 rope-extend train bundled-retrieval
-rope-extend bundled-export runs/bundled-retrieval --notes rope_extend/recipes/bundled-model-card.md"""
+# stage 4: the same kinds with 30% RULER needle tasks in RULER's words
+OMP_NUM_THREADS=1 rope-extend train bundled-ruler
+rope-extend bundled-export runs/bundled-ruler --notes rope_extend/recipes/bundled-model-card.md"""
 
 FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
@@ -54,7 +58,8 @@ testbed, not a general language model: it knows only the synthetic text it was t
 Synthetic and license-clean, made by `rope_extend.bundled.corpus` from word lists and templates with
 `random.Random(seed)`: town chronicles that introduce people with facts and recall them later (long-range
 structure), passkey-retrieval examples in the evaluation protocol's exact wording with varied filler,
-associative recall, needle questions and copy drills. The held-out corpus
+associative recall, needle questions, copy drills, and RULER's needle tasks in RULER's own words (last stage).
+The held-out corpus
 (`rope_extend/bundled/data/eval.jsonl`) is 8 chronicles of about 6k tokens each from a separate seed
 stream; `rope_extend/bundled/data/unseen_prose.txt` is original prose that is not in the training corpus
 (filler for a passkey test the model cannot know).
@@ -97,7 +102,7 @@ def export(run_dir: str | Path, out: str | Path = MODEL_DIR, *, commands: str, n
                 shutil.copy2(source / name, tmp / name)
 
         with safe_open(str(tmp / "model.safetensors"), "pt") as fh:
-            params = sum(math.prod(fh.get_slice(k).get_shape()) for k in fh)
+            params = sum(math.prod(fh.get_slice(k).get_shape()) for k in fh.keys())  # noqa: SIM118 (not a dict)
         head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         theta = config["rope_parameters"]["rope_theta"]
         context = config["max_position_embeddings"]

@@ -156,6 +156,12 @@ def test_pretraining_recipe_runs_from_scratch(tmp_path):
     assert len(losses) == 6 and losses[-1] < losses[0]
     saved = json.loads((result.final_dir / "config.json").read_text())
     assert saved["rope_parameters"]["rope_type"] == "default" and saved["max_position_embeddings"] == 256
+    # and the run becomes a bundled model folder with its card (parameters counted from the weights)
+    from rope_extend.bundled.export import COMMANDS, export
+
+    folder = export(tmp_path / "run", tmp_path / "bundled", commands=COMMANDS, notes="notes\n")
+    card = (folder / "README.md").read_text()
+    assert "| parameters | 1,442,944 (tied" in card and "6 steps x" in card and "bundled-ruler" in card
 
 
 @needs_model
