@@ -79,15 +79,17 @@ CONFIGS = {
 VOCAB = 700
 
 
-def train(folder: Path, model_type: str = "bpe", vocab_size: int = VOCAB, **options) -> Path:
-    """A SentencePiece model trained on ``CORPUS``, written as ``folder/tokenizer.model``."""
+def train(folder: Path, vocab_size: int = VOCAB, corpus: list[str] | None = None, **options) -> Path:
+    """A SentencePiece BPE trained on ``corpus`` (lines; ``CORPUS``'s twice by default), written as
+    ``folder/tokenizer.model``."""
     import sentencepiece as spm
 
     out = io.BytesIO()
+    lines = corpus or [line for line in CORPUS.splitlines() if line.strip()] * 2
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter([line for line in CORPUS.splitlines() if line.strip()] * 2),
+        sentence_iterator=iter(lines),
         model_writer=out,
-        model_type=model_type,
+        model_type="bpe",
         vocab_size=vocab_size,
         byte_fallback=True,
         normalization_rule_name="identity",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import random
 
 import numpy as np
 import pytest
@@ -25,6 +26,29 @@ from tests.export.test_gguf_families import INIT, MISSED, NEW, TOLERANCE, L, lla
 from tests.tiny import tiny_model
 
 FAMILY = {"llama2": "llama", "mistral": "mistral", "llama2-json": "llama", "gemma": "gemma"}
+ALPHABET = [
+    " ",
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\r\n",
+    "a",
+    "e",
+    "t",
+    "th",
+    "1",
+    "2",
+    "0",
+    ".",
+    ",",
+    "é",
+    "ü",
+    "北",
+    "京",
+    "🙂",
+    "—",
+]
 LEADING = [" leading space", "   three spaces", "\ttab first", "\nnewline first"]
 SPECIALS = {"gemma": "<start_of_turn>user\nhi 12<end_of_turn>\n<unused0> x"}  # the others: "<s>[INST] hi 12 </s>"
 
@@ -87,6 +111,10 @@ def test_llama_cpp_tokenizes_and_runs_as_transformers(tmp_path, name):
         if text in TEXTS:
             assert _detokenize(vocab, got) == tok.decode(want), text
     assert vocab.tokenize(b"x 12") == tok("x 12").input_ids  # BOS added by both, no EOS
+    rng = random.Random(0)  # and 300 strings drawn from what the texts above mix
+    for _ in range(300):
+        text = "x" + "".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 40)))
+        assert vocab.tokenize(text.encode(), add_bos=False) == tok(text, add_special_tokens=False).input_ids, text
 
     text = " ".join(TEXTS[:3] * 4)
     ids = vocab.tokenize(text.encode("utf-8"))
