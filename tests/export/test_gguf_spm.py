@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
+from transformers.utils import logging as progress
 
 import rope_extend
 from rope_extend.export import export, gguf_spm
@@ -224,3 +225,37 @@ def test_normalizer_shapes():
     backend.normalizer = normalizers.NFKC()
     backend.pre_tokenizer = None
     assert gguf_spm.space_prefix(json.loads(backend.to_str())) is None
+
+
+def test_the_command_refuses_in_one_line_and_writes_nothing(tmp_path, capsys):
+    """``rope-extend export FOLDER --to gguf`` on a folder whose tokenizer is a Unigram model: exit 2, one line
+    naming what was found and what is written, with the flags that add the rope to a file converted elsewhere."""
+    pytest.importorskip("gguf")
+    from rope_extend.cli import main
+
+    tok, size = _piece_tokenizer(PIECES, [], "Unigram")
+    folder = tmp_path / "m"
+    progress.disable_progress_bar()  # the save's bar would reach stderr past readouterr
+    try:
+        tiny_model("llama", vocab_size=size).save_pretrained(folder)
+    finally:
+        progress.enable_progress_bar()
+    tok.save_pretrained(folder)
+    before = sorted(p.name for p in folder.iterdir())
+    argv = [
+        "export",
+        str(folder),
+        "--to",
+        "gguf",
+        "--method",
+        "yarn",
+        "--factor",
+        "2",
+        "--out",
+        str(tmp_path / "m.gguf"),
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a Unigram model" in err and "SentencePiece BPE tokenizers" in err, err
+    assert "--override-kv llama.rope.scaling.type=str:yarn" in err
+    assert not (tmp_path / "m.gguf").exists() and sorted(p.name for p in folder.iterdir()) == before
