@@ -53,7 +53,8 @@ def register(sub) -> None:
     )
     p.add_argument("--dtype", default="f32", help="GGUF weights: f32, f16 or q8_0 (default f32)")
     p.add_argument(
-        "--tokenizer-pre", help="llama.cpp's pre-tokenizer name, when rope-extend does not know the tokenizer"
+        "--tokenizer-pre",
+        help="llama.cpp's pre-tokenizer name for a byte-level BPE tokenizer rope-extend does not know",
     )
     add_trust_argument(p)
     add_json_argument(p)

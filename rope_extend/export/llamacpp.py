@@ -45,6 +45,7 @@ import torch
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..hf.reading import text_config
 from ..methods.engine_form import DEFAULT, LINEAR, LLAMA3, LONGROPE, YARN, Form
+from . import gguf_spm
 from .forms import yarn_attn_factor
 from .gguf_families import LONG, ROPE_FREQS, SHORT, Family, check_rope, family, head_dim, problems, rotary_dim, shifted
 
@@ -227,15 +228,36 @@ def vocab_digest(tokenizer) -> str:
 
 
 def tokenizer_metadata(tokenizer, vocab_size: int, pre: str | None) -> dict[str, Any]:
-    """llama.cpp's ``gpt2`` (byte-level BPE) tokenizer keys from a transformers fast tokenizer."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    data = json.loads(backend.to_str()) if backend is not None else {}
+    """llama.cpp's tokenizer keys from a transformers fast tokenizer: ``gpt2`` for a byte-level BPE, ``llama``
+    (SPM) for a SentencePiece BPE with byte fallback (``gguf_spm``)."""
+    data = gguf_spm.pipeline(tokenizer)
     model = data.get("model", {})
-    if model.get("type") != "BPE" or "ByteLevel" not in json.dumps(data.get("pre_tokenizer")):
-        raise UnsupportedModelError(
-            "the GGUF writer knows byte-level BPE tokenizers (llama.cpp's gpt2 model), not this one: convert with "
-            "llama.cpp's convert_hf_to_gguf.py"
+    if model.get("type") == "BPE" and "ByteLevel" in json.dumps(data.get("pre_tokenizer")):
+        out = _gpt2_metadata(tokenizer, data, vocab_size, pre)
+    elif pre is not None:
+        raise RopeExtendError(
+            f"tokenizer_pre={pre!r} (--tokenizer-pre) names how llama.cpp's gpt2 model splits text, and this "
+            "tokenizer is not a byte-level BPE: leave it out"
         )
+    else:
+        out = gguf_spm.spm_metadata(tokenizer, data, vocab_size)
+    for key, attr in (
+        ("bos", "bos_token_id"),
+        ("eos", "eos_token_id"),
+        ("unk", "unk_token_id"),
+        ("pad", "pad_token_id"),
+    ):
+        value = getattr(tokenizer, attr, None)
+        if value is not None:
+            out[f"{key}_token_id"] = int(value)
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str):
+        out["chat_template"] = template
+    return out
+
+
+def _gpt2_metadata(tokenizer, data: dict, vocab_size: int, pre: str | None) -> dict[str, Any]:
+    model = data["model"]
     if pre is None:
         pre = KNOWN_PRE.get(vocab_digest(tokenizer))
     if pre is None:
@@ -266,18 +288,6 @@ def tokenizer_metadata(tokenizer, vocab_size: int, pre: str | None) -> dict[str,
         "merges": merges,
         "add_bos_token": bool(getattr(tokenizer, "add_bos_token", False)),
     }
-    for key, attr in (
-        ("bos", "bos_token_id"),
-        ("eos", "eos_token_id"),
-        ("unk", "unk_token_id"),
-        ("pad", "pad_token_id"),
-    ):
-        value = getattr(tokenizer, attr, None)
-        if value is not None:
-            out[f"{key}_token_id"] = int(value)
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, str):
-        out["chat_template"] = template
     return out
 
 
@@ -293,8 +303,9 @@ def write(
     dtype: str = "f32",
     tokenizer_pre: str | None = None,
     name: str = "",
-) -> None:
-    """Write ``model`` (a transformers model of a family ``gguf_families`` knows) as a GGUF file at ``path``."""
+) -> list[str]:
+    """Write ``model`` (a transformers model of a family ``gguf_families`` knows) as a GGUF file at ``path``;
+    returns what llama.cpp's tokenizer does differently from ``tokenizer`` (notes for the result)."""
     import gguf
 
     check_dtype(dtype)
@@ -309,11 +320,19 @@ def write(
     _add_hparams(writer, config, fam, context, dtype)
     _add_rope(writer, fam.arch_name, rope_keys)
     writer.add_tokenizer_model(vocab["model"])
-    writer.add_tokenizer_pre(vocab["pre"])
+    if "pre" in vocab:  # gpt2 only: llama.cpp's SPM tokenizer has no pre-tokenizer
+        writer.add_tokenizer_pre(vocab["pre"])
     writer.add_token_list(vocab["tokens"])
     writer.add_token_types(vocab["token_type"])
-    writer.add_token_merges(vocab["merges"])
+    if "merges" in vocab:
+        writer.add_token_merges(vocab["merges"])
+    if "scores" in vocab:
+        writer.add_token_scores(vocab["scores"])
     writer.add_add_bos_token(vocab["add_bos_token"])
+    if "add_eos_token" in vocab:
+        writer.add_add_eos_token(vocab["add_eos_token"])
+    if "add_space_prefix" in vocab:
+        writer.add_add_space_prefix(vocab["add_space_prefix"])
     for key in ("bos", "eos", "unk", "pad"):
         if f"{key}_token_id" in vocab:
             getattr(writer, {"unk": "add_unk_token_id", "pad": "add_pad_token_id"}.get(key, f"add_{key}_token_id"))(
@@ -329,6 +348,7 @@ def write(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return list(vocab.get("notes", []))
 
 
 def _add_hparams(writer, config, fam: Family, context: int, dtype: str) -> None:

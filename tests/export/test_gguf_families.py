@@ -179,8 +179,9 @@ def test_gemma3_keeps_the_sliding_layers_base_and_the_shipped_global_scaling(tmp
 
 
 def test_a_sentencepiece_tokenizer_is_refused_with_the_flags_that_add_the_rope(tmp_path):
-    """Gemma's and Phi-3's tokenizers are SentencePiece (llama.cpp's ``llama`` model), which the writer does not
-    write: the refusal gives the rope as llama.cpp's ``--override-kv`` flags for a file converted elsewhere."""
+    """A BPE with byte fallback in no shape the writer knows (no ``▁`` for spaces: neither byte-level nor
+    SentencePiece, ``gguf_spm``) is refused: the refusal gives the rope as llama.cpp's ``--override-kv`` flags
+    for a file converted elsewhere."""
     pytest.importorskip("gguf")
     from tokenizers import Tokenizer, models
 

@@ -73,7 +73,7 @@ class GgufTarget(ExportTarget):
         # length together with the group-attention flags
         context = extend.original_max_position_embeddings if extend is not None else job.length
         with writing(job.out) as tmp:
-            llamacpp.write(
+            tokenizer_notes = llamacpp.write(
                 tmp,
                 model,
                 tokenizer,
@@ -92,7 +92,7 @@ class GgufTarget(ExportTarget):
             method=job.method,
             how=how,
             command=command,
-            notes=job.notes,
+            notes=job.notes + tokenizer_notes,
         )
 
 
