@@ -6,7 +6,7 @@ command line's ``--method/--factor/...`` flags and lm-eval's ``model_args`` are 
     ScalingSpec(method="self_extend", params={"group_size": 8})  # attention methods need no factor
 
 It is checked, before any model is loaded, by the same rules ``methods.resolve`` applies once the model's
-original length ``L`` is known (``methods._scaling.check_amounts``): a known method; its parameters through
+original length ``L`` is known (``methods.resolved.check_amounts``): a known method; its parameters through
 the method's own dataclass; exactly one of ``factor`` and ``target_length`` (attention methods may give
 neither); ``factor >= 1``; nothing but the method name with ``method: none``. ``L`` is
 ``original_max_position_embeddings`` everywhere (transformers' name; ``--original-length`` on the command
@@ -25,7 +25,7 @@ from . import untrusted
 from .errors import RopeExtendError, shown
 from .methods import registry
 from .methods._common import check_original_length
-from .methods._scaling import check_amounts
+from .methods.resolved import check_amounts
 from .schema import option
 
 NONE = "none"

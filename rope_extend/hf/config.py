@@ -26,7 +26,7 @@ import torch
 
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..methods import registry
-from ..methods._scaling import check_keep_shipped
+from ..methods.resolved import check_keep_shipped
 from . import families
 from .names import SHIPPED_ATTR
 from .reading import (
