@@ -166,7 +166,7 @@ class ConfigEdit:
             setattr(config, key, copy.deepcopy(value) if key == "rope_parameters" else value)
 
 
-def plan(
+def scaling_for(
     config, method: str, *, factor=None, target_length=None, original_max_position_embeddings=None, **params
 ) -> registry.Scaling:
     """Validate a configure/patch request against ``config`` and return the scaling; touches nothing
