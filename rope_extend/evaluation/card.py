@@ -18,8 +18,8 @@ and the tokenizer, so two backends or two models answer the same questions):
   length, and the card says whether the backends agree within ``AGREE``: perplexity within 0.1% relative,
   retrieval scores within one trial's share per length.
 
-Which tasks and lengths each measurement runs at is decided, and every check that needs no model output made,
-before the first measurement (``evaluation.card_plan``): what was given is measured exactly or refused, what was
+Which tasks and lengths each measurement runs at is decided, and every check that needs no model output made, before
+the first measurement (``evaluation.card_measurements``): what was given is measured exactly or refused, what was
 left to the defaults fits the model, and each thing left out is one line, printed first and kept in the card.
 
 Everything goes through the evaluation runner into ``OUT/records.jsonl``; ``--resume`` reuses a record only when
@@ -48,9 +48,8 @@ from ..hf.reading import text_config
 from ..io import write_json, write_text, writing
 from ..loading import load_model, load_tokenizer, model_config
 from ..patching import patch, unpatch
+from .card_measurements import ANSWER_SHARE, Measurements, check_engine, decide_measurements, default_lengths  # noqa: F401 (default_lengths: importable from here, as before)
 from .card_options import CardOptions
-from .card_plan import ANSWER_SHARE, Plan, check_engine, default_lengths  # noqa: F401 (default_lengths: importable from here, as before)
-from .card_plan import plan as make_plan
 from .engines import LlamaCppModel
 from .identity import tokenizer_digest
 from .passkey import passkey
@@ -91,7 +90,7 @@ class Bench:
     resume: bool = True
 
 
-def measure(model, tokenizer, name: str, plan: Plan, bench: Bench):
+def measure(model, tokenizer, name: str, plan: Measurements, bench: Bench):
     """RULER, passkey and perplexity of ``model`` at the plan's lengths, on ``bench``."""
 
     start = time.perf_counter()
@@ -208,7 +207,7 @@ def card(
     model = _model(model_name, dtype)
     if method != "none":
         patch(model, method, **(scaling_kwargs or {}))
-    plan = make_plan(model, tok, model_name, options)
+    plan = decide_measurements(model, tok, model_name, options)
     for line in plan.left_out:  # before anything is measured: what this card will not hold, and why
         print(f"rope-extend card: leaves out {line}", file=sys.stderr)
     if claim is not None:
@@ -279,7 +278,7 @@ def retention(original: list[dict], patched: list[dict], within: int) -> dict[st
     return out
 
 
-def _served(model, tok, label: str, plan: Plan, bench: Bench) -> dict[str, Any]:
+def _served(model, tok, label: str, plan: Measurements, bench: Bench) -> dict[str, Any]:
     """The GGUF export of the patched model, measured in llama.cpp at the plan's lengths (the file in a temporary
     folder: records name its SHA-256, which is the same for the same model and export)."""
 
