@@ -24,13 +24,11 @@ def check_target(target: str) -> str:
 
 def _attention(scaling: registry.Scaling) -> Decision:
     """An attention method where the engine has not said otherwise: refused (plain frequencies, positions
-    changed inside attention, which no engine config can say)."""
-    name = scaling.method.name
-    if name == "dual_chunk":
-        return Decision(REFUSED, None, "it has no dual-chunk attention", yarn_like(scaling))
-    if name == "self_extend":
-        return Decision(REFUSED, None, "it has no Self-Extend (only llama.cpp has a version of it)", "--to gguf")
-    return Decision(REFUSED, None, "it has no attention that changes positions per query and key", yarn_like(scaling))
+    changed inside attention, which no engine config can say), in the words the method declares
+    (``Method.engine_lacks``, ``Method.engine_instead``)."""
+    method = scaling.method
+    lacks = method.engine_lacks or "it has no attention that changes positions per query and key"
+    return Decision(REFUSED, None, lacks, method.engine_instead or yarn_like(scaling))
 
 
 def decide(scaling: registry.Scaling | None, target: str, dim: int, base: float) -> Decision:
