@@ -57,7 +57,8 @@ from .perplexity import perplexity
 from .records import RecordLog, check_records_file
 from .report import _pyplot, wilson
 from .retention import retention_from_records
-from .ruler import GENERATE, ruler
+from .ruler.harness import ruler
+from .ruler.subtasks import GENERATE
 from .tasks.base import Common
 
 AGREE = {"perplexity": 1e-3}  # relative; retrieval: within 1 / trials (one answer) per length

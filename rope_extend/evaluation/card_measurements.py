@@ -41,7 +41,8 @@ from .data import default_texts
 from .engines import INSTALL
 from .prompts import encode
 from .records import _config_scaling as configured
-from .ruler import ESSAY, GENERATE, Haystack, PromptFormat, build_prompt, check_tasks
+from .ruler.sizing import Haystack, PromptFormat, build_prompt
+from .ruler.subtasks import ESSAY, GENERATE, check_tasks
 from .runner import check_reachable
 
 ANSWER_SHARE = 4  # RULER's answer budget may take at most a quarter of the trained context (answer_budgets)

@@ -38,6 +38,7 @@ from ..errors import RopeExtendError, UnsupportedModelError
 from ..hf.rotary import bucket
 from ..methods import registry
 from ..methods._common import rope_frequencies
+from ..methods.resolved import Scaling, resolve
 
 CONFIG_KEY = "rope_extend_adaptive"  # the exported config.json's key: buckets, L, the model's own architecture
 PREFIX = "RopeExtendAdaptive"  # the exported architecture: PREFIX + the model's own (vLLM's plugin registers it)
@@ -175,10 +176,10 @@ def offsets_per_token(layout: BucketLayout, segments, counts) -> Any:
     return np.repeat(table[np.asarray(segments, dtype=np.int64)], np.asarray(counts, dtype=np.int64))
 
 
-def scaling(layout: BucketLayout, params: dict[str, Any] | None = None) -> registry.Scaling:
+def scaling(layout: BucketLayout, params: dict[str, Any] | None = None) -> Scaling:
     """rope-extend's ``dynamic_yarn`` at the largest bucket with ``params`` (beta_fast, beta_slow, truncate,
     attention_factor, mscale, mscale_all_dim): its frequencies at ``s_k L`` are each segment's."""
-    resolved = registry.resolve(
+    resolved = resolve(
         registry.get(METHOD),
         factor=layout.factors[-1],
         original_max_position_embeddings=layout.original,
@@ -191,7 +192,7 @@ def scaling(layout: BucketLayout, params: dict[str, Any] | None = None) -> regis
     return resolved
 
 
-def table(layout: BucketLayout, method: registry.Scaling | None, dim: int, base: float) -> torch.Tensor:
+def table(layout: BucketLayout, method: Scaling | None, dim: int, base: float) -> torch.Tensor:
     """The cos/sin table of every segment, float32 ``[rows, dim]``: ``cat(cos, sin)`` over the ``dim / 2``
     frequencies (vLLM's ``cos_sin_cache`` layout), each times the segment's attention scale, as transformers
     computes ``cos(position * inv_freq) * attention_scaling``. ``method`` None: plain RoPE in every segment (Gemma

@@ -37,8 +37,8 @@ from typing import Any
 
 from ...errors import UnsupportedModelError
 from ...hf.reading import config_scaling
-from ...methods import registry
 from ...methods.engine_form import Form
+from ...methods.resolved import Scaling
 from .. import adaptive, vllm_plugin
 from ..configs import FolderTarget, model_dtype
 from .base import EXPORTED, REFUSED, Decision, ExportJob, ExportResult, longrope_switch, yarn_like
@@ -73,7 +73,7 @@ class VllmTarget(FolderTarget):
     linear_multiplies = True
     longrope_mscale = True
 
-    def decide(self, scaling: registry.Scaling | None, form: Form | None, base: float) -> Decision | None:
+    def decide(self, scaling: Scaling | None, form: Form | None, base: float) -> Decision | None:
         name = scaling.method.name if scaling is not None else "none"
         if scaling is not None and name == "dual_chunk":
             lacks = (
