@@ -235,11 +235,24 @@ def card(
     inside = plan.at([n for n in lengths if n <= L])
     backends["original"], original_records = measure(model, tok, "original", inside, bench)
     kept = retention(original_records, [r for r in patched_records if r["length"] <= L], L)
-    result = {
+    result = _card_json(
+        model_name, original, plan, options, backends=backends, kept=kept, served=served, began=began, bench=bench
+    )
+    write_json(out / "card.json", result)
+    write_text(out / "card.md", markdown(result))
+    figure(result, out / "card.png")
+    return result
+
+
+def _card_json(model_name, original, plan: Measurements, options, *, backends, kept, served, began, bench) -> dict:
+    """The card as ``card.json`` holds it: what was measured, at which lengths, by which backend, the retention
+    inside L and the agreement of the served GGUF; ``began``: ``time.perf_counter()`` before the first load."""
+    scaling, lengths = plan.scaling, plan.lengths
+    return {
         "model": model_name,
         "original": original or model_name,
-        "scaling": label,
-        "original_length": L,
+        "scaling": scaling.describe(),
+        "original_length": scaling.original_max_position_embeddings,
         "target_length": scaling.target_length,
         "lengths": lengths,
         "ruler_lengths": plan.ruler_lengths,
@@ -260,10 +273,6 @@ def card(
         "hardware": hardware(),
         "records": len(RecordLog(bench.records, resume=True).records),
     }
-    write_json(out / "card.json", result)
-    write_text(out / "card.md", markdown(result))
-    figure(result, out / "card.png")
-    return result
 
 
 def retention(original: list[dict], patched: list[dict], within: int) -> dict[str, dict[str, Any]]:
