@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from .errors import RopeExtendError
-from .scaling import ScalingSpec
+from .scaling import ScalingRequest
 from .schema import parse_value
 
 
@@ -100,15 +100,15 @@ FLAGS = {
 
 
 def _flag(key: str) -> str:
-    """How the command line spells a ``ScalingSpec`` key: ``--factor``, ``--param beta_fast``."""
+    """How the command line spells a ``ScalingRequest`` key: ``--factor``, ``--param beta_fast``."""
     return f"--param {key[len('params.') :]}" if key.startswith("params.") else FLAGS.get(key, key)
 
 
-def scaling_from_args(args: argparse.Namespace) -> ScalingSpec:
-    """The checked ``ScalingSpec`` of parsed method arguments; errors name the flags. A factor, a target
+def scaling_from_args(args: argparse.Namespace) -> ScalingRequest:
+    """The checked ``ScalingRequest`` of parsed method arguments; errors name the flags. A factor, a target
     length or a parameter without a method is an error (it would silently measure the unscaled model).
-    ``--params-from`` is read here (``ScalingSpec.read_params``), so every command that takes a method takes it."""
-    spec = ScalingSpec(
+    ``--params-from`` is read here (``ScalingRequest.read_params``), so every command that takes a method takes it."""
+    spec = ScalingRequest(
         method=args.method or "none",
         factor=args.factor,
         target_length=args.target_length,

@@ -34,8 +34,8 @@ class _Loader(importlib.abc.Loader):
     """The real loader of a transformers module, counting how many such modules are executing (a ``Loader``
     subclass, as ``ModuleSpec.loader`` is typed; it adds only the legacy ``load_module``, which runs ours)."""
 
-    def __init__(self, inner, watch: Watch):
-        self.inner, self.watch = inner, watch
+    def __init__(self, inner, finder: ReadyFinder):
+        self.inner, self.finder = inner, finder
 
     def create_module(self, spec):
         return self.inner.create_module(spec) if hasattr(self.inner, "create_module") else None
@@ -44,19 +44,19 @@ class _Loader(importlib.abc.Loader):
         module.__loader__ = self.inner
         if getattr(module, "__spec__", None) is not None:
             module.__spec__.loader = self.inner
-        self.watch.depth += 1
+        self.finder.depth += 1
         try:
             self.inner.exec_module(module)
         finally:
-            self.watch.depth -= 1
-        if self.watch.depth == 0:
-            self.watch.settle()
+            self.finder.depth -= 1
+        if self.finder.depth == 0:
+            self.finder.settle()
 
     def __getattr__(self, name):  # get_source, get_filename, is_package, ... of the real loader
         return getattr(self.inner, name)
 
 
-class Watch:
+class ReadyFinder:
     """A ``sys.meta_path`` finder that runs ``action`` once, after ``TRIGGER`` and every transformers import in
     progress have finished. It finds nothing itself: it asks the finders behind it and wraps their loader."""
 
@@ -95,15 +95,15 @@ class Watch:
             sys.meta_path.remove(self)
 
 
-def when_transformers_ready(action: Callable[[], None]) -> Watch | None:
+def when_transformers_ready(action: Callable[[], None]) -> ReadyFinder | None:
     """Run ``action`` now if ``transformers.modeling_rope_utils`` is imported, else once it is (see the module
     docstring). Returns the armed finder, or None when ``action`` ran at once."""
     if TRIGGER in sys.modules:
         action()
         return None
-    watch = Watch(action)
-    sys.meta_path.insert(0, watch)
-    return watch
+    finder = ReadyFinder(action)
+    sys.meta_path.insert(0, finder)
+    return finder
 
 
 def lazy_exports(package: str, table: dict[str, tuple[str, str | None]]) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from .errors import RopeExtendBaseError, RopeExtendError, closest
 from .methods import registry as _methods
-from .scaling import ScalingSpec
+from .scaling import ScalingRequest
 
 logger = logging.getLogger("rope_extend")
 
@@ -79,7 +79,7 @@ class Arguments:
     """``model_args`` sorted by who takes them."""
 
     load: dict[str, Any]
-    scaling: ScalingSpec | None  # None: run the model as it is
+    scaling: ScalingRequest | None  # None: run the model as it is
     hflm: dict[str, Any]
 
 
@@ -112,7 +112,7 @@ def split_arguments(args: dict[str, Any]) -> Arguments:
             "--model rope-extend needs pretrained=PATH (a model folder, a .gguf file, 'bundled' or a hub name)"
         )
     requested = {k: (_value(v) if k in params else v) for k, v in args.items() if k in PATCH_ARGUMENTS or k in params}
-    scaling = ScalingSpec.from_values(requested, spell=lambda key: f"{key.removeprefix('params.')}=")
+    scaling = ScalingRequest.from_values(requested, spell=lambda key: f"{key.removeprefix('params.')}=")
     return Arguments(load, scaling if scaling.scales else None, hflm)
 
 

@@ -16,7 +16,7 @@ from .errors import NotPatchedError
 from .hf.installed import install, installed
 from .hf.patch_plan import Request, plan
 from .hf.reading import attn_implementation, text_config
-from .methods import registry
+from .methods.resolved import Scaling
 
 
 # ------------------------------------------------------------------------------------------ public
@@ -96,7 +96,7 @@ def unpatch(model: nn.Module) -> nn.Module:
     return model
 
 
-def patched(model: nn.Module) -> registry.Scaling | None:
+def patched(model: nn.Module) -> Scaling | None:
     """The scaling ``patch`` applied to ``model``, or None; its ``kernel`` names the attention that runs now (on
     the model's device): the model's own implementation for a frequency method (``'sdpa'``), and for an
     attention method the kernel of rope-extend's passes and what the layers it leaves alone keep

@@ -1,12 +1,16 @@
-"""The scaling request: the one ``ScalingSpec`` that a suite's method, a recipe's ``rope`` section, the
+"""The scaling request: the one ``ScalingRequest`` that a suite's method, a recipe's ``rope`` section, the
 command line's ``--method/--factor/...`` flags and lm-eval's ``model_args`` are all read into.
 
-    ScalingSpec(method="yarn", factor=4)                      # s = 4 relative to the model's L
-    ScalingSpec(method="yarn", target_length=32768)           # s = 32768 / L
-    ScalingSpec(method="self_extend", params={"group_size": 8})  # attention methods need no factor
+    ScalingRequest(method="yarn", factor=4)                         # s = 4 relative to the model's L
+    ScalingRequest(method="yarn", target_length=32768)              # s = 32768 / L
+    ScalingRequest(method="self_extend", params={"group_size": 8})  # attention methods need no factor
+
+What it resolves to once the model's ``L`` is known is a ``methods.Scaling`` (``methods.resolved``): the request
+is what a user asks for, the scaling what ``patch`` installs and ``patched`` reports. ``ScalingSpec``, the
+request's earlier name, is kept as a deprecated alias for one release.
 
 It is checked, before any model is loaded, by the same rules ``methods.resolve`` applies once the model's
-original length ``L`` is known (``methods._scaling.check_amounts``): a known method; its parameters through
+original length ``L`` is known (``methods.resolved.check_amounts``): a known method; its parameters through
 the method's own dataclass; exactly one of ``factor`` and ``target_length`` (attention methods may give
 neither); ``factor >= 1``; nothing but the method name with ``method: none``. ``L`` is
 ``original_max_position_embeddings`` everywhere (transformers' name; ``--original-length`` on the command
@@ -17,15 +21,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import untrusted
 from .errors import RopeExtendError, shown
 from .methods import registry
 from .methods._common import check_original_length
-from .methods._scaling import check_amounts
+from .methods.resolved import check_amounts
 from .schema import option
 
 NONE = "none"
@@ -40,7 +45,7 @@ def _same(key: str) -> str:
 
 
 @dataclass
-class ScalingSpec:
+class ScalingRequest:
     """A scaling as a user asks for it (see the module docstring); ``check()`` validates it."""
 
     method: str = option(NONE, help="scaling method (rope-extend methods), or none for the rope as it is")
@@ -56,7 +61,7 @@ class ScalingSpec:
         """Whether a method is asked for (``none`` leaves the model as it is)."""
         return self.method != NONE
 
-    def check(self, spell: Callable[[str], str] = _same) -> ScalingSpec:
+    def check(self, spell: Callable[[str], str] = _same) -> ScalingRequest:
         """Raise ``RopeExtendError`` naming the problem (keys written as ``spell(key)``: ``--factor``,
         ``rope.factor``, ``factor=``; a parameter's key is ``params.NAME``); returns ``self``."""
         if not self.scales:
@@ -78,7 +83,7 @@ class ScalingSpec:
         check_amounts(method, factor=self.factor, target_length=self.target_length, params=self.params, spell=spell)
         return self
 
-    def read_params(self, path: str | os.PathLike, where: str, spell: Callable[[str], str] = _same) -> ScalingSpec:
+    def read_params(self, path: str | os.PathLike, where: str, spell: Callable[[str], str] = _same) -> ScalingRequest:
         """Fill ``params`` (and ``factor`` and ``original_max_position_embeddings`` when unset) from the JSON
         file ``path`` (``where`` names it in errors), then ``check(spell)``; returns ``self``. Only the method's
         own parameter names are read (a search's ``longrope.json`` holds its record too); a ``rope_type``,
@@ -146,9 +151,28 @@ class ScalingSpec:
         )
 
     @classmethod
-    def from_values(cls, values: dict[str, Any], spell: Callable[[str], str] = _same) -> ScalingSpec:
+    def from_values(cls, values: dict[str, Any], spell: Callable[[str], str] = _same) -> ScalingRequest:
         """A checked spec from flat ``key: value`` pairs (``method``, ``factor``, ``target_length``,
         ``original_max_position_embeddings``; any other key is a method parameter); None values are unset."""
         given = {k: v for k, v in values.items() if v is not None}
         fields = {k: given.pop(k) for k in ("method", *AMOUNTS) if k in given}
         return cls(**fields, params=given).check(spell)
+
+
+# the earlier name, kept one release; reading it warns
+_DEPRECATED = {"ScalingSpec": "ScalingRequest"}
+
+if TYPE_CHECKING:
+    ScalingSpec = ScalingRequest
+
+
+def __getattr__(name: str):
+    if name in _DEPRECATED:
+        new = _DEPRECATED[name]
+        warnings.warn(
+            f"rope_extend.scaling.{name} is deprecated; use rope_extend.scaling.{new} (the same class)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return globals()[new]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

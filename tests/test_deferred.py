@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from rope_extend.deferred import Watch
+from rope_extend.deferred import ReadyFinder
 
 
 def _python(code: str) -> dict:
@@ -48,7 +48,7 @@ def test_registration_happens_when_transformers_loads_its_rope_utilities():
         finders = [type(f).__name__ for f in sys.meta_path]
         loader = type(mru.__loader__).__name__
         print(json.dumps({"before": before, "types": sorted(t for t in ("ntk", "dynamic_yarn", "ntk_by_parts")
-                          if t in ROPE_INIT_FUNCTIONS), "ok": ok, "bad": bad, "watching": "Watch" in finders,
+                          if t in ROPE_INIT_FUNCTIONS), "ok": ok, "bad": bad, "watching": "ReadyFinder" in finders,
                           "loader": loader}))
     """)
     assert got["before"] is False
@@ -64,7 +64,7 @@ def test_registration_is_immediate_when_transformers_came_first():
         import transformers.modeling_rope_utils as mru
         import rope_extend
         print(json.dumps({"ntk": "ntk" in mru.ROPE_INIT_FUNCTIONS,
-                          "watching": any(type(f).__name__ == "Watch" for f in sys.meta_path)}))
+                          "watching": any(type(f).__name__ == "ReadyFinder" for f in sys.meta_path)}))
     """)
     assert got == {"ntk": True, "watching": False}
 
@@ -127,7 +127,7 @@ def fake_package(tmp_path, monkeypatch):
     yield "fakepkg"
     for name in [m for m in sys.modules if m == "fakepkg" or m.startswith("fakepkg.")]:
         del sys.modules[name]
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, Watch)]
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, ReadyFinder)]
 
 
 def _seen_after_outer(calls):
@@ -138,16 +138,16 @@ def _seen_after_outer(calls):
     return action
 
 
-def test_watch_acts_once_after_the_outermost_import_finished(fake_package):
+def test_finder_acts_once_after_the_outermost_import_finished(fake_package):
     calls = []
-    watch = Watch(_seen_after_outer(calls), watched="fakepkg", trigger="fakepkg.rope")
-    sys.meta_path.insert(0, watch)
+    finder = ReadyFinder(_seen_after_outer(calls), watched="fakepkg", trigger="fakepkg.rope")
+    sys.meta_path.insert(0, finder)
     import fakepkg.other  # the trigger is not loaded: nothing happens
 
-    assert calls == [] and watch in sys.meta_path
+    assert calls == [] and finder in sys.meta_path
     import fakepkg.outer  # rope loads inside outer: the action waits until outer has finished
 
-    assert calls == [True] and watch not in sys.meta_path and watch.depth == 0
+    assert calls == [True] and finder not in sys.meta_path and finder.depth == 0
     del sys.modules["fakepkg.other"]
     import fakepkg.other  # noqa: F401
 
@@ -155,13 +155,13 @@ def test_watch_acts_once_after_the_outermost_import_finished(fake_package):
     assert type(sys.modules["fakepkg.outer"].__loader__).__name__ == "SourceFileLoader"
 
 
-def test_watch_does_not_act_on_a_failed_import(fake_package):
+def test_finder_does_not_act_on_a_failed_import(fake_package):
     calls = []
-    watch = Watch(lambda: calls.append(1), watched="fakepkg", trigger="fakepkg.rope")
-    sys.meta_path.insert(0, watch)
+    finder = ReadyFinder(lambda: calls.append(1), watched="fakepkg", trigger="fakepkg.rope")
+    sys.meta_path.insert(0, finder)
     with pytest.raises(RuntimeError, match="broken module"):
         import fakepkg.broken
-    assert watch.depth == 0
+    assert finder.depth == 0
     # rope itself finished inside the failed import; the next import that settles acts
     assert calls == []
     import fakepkg.other  # noqa: F401

@@ -138,7 +138,7 @@ def test_kept_only_beside_a_plain_dynamic_cache():
         (DynamicCache(config=model.config, offloading=True), False),
     ]:
         cache.layers[0].keys = key
-        plan.watch.cache = cache
+        plan.recorder.cache = cache
         assert (keys.holder(plan, module, key) is cache.layers[0]) == kept, cache
         assert keys.holder(plan, module, key.clone()) is None
     keys.KEEP = False
@@ -146,4 +146,4 @@ def test_kept_only_beside_a_plain_dynamic_cache():
         assert keys.holder(plan, module, key) is None
     finally:
         keys.KEEP = True
-        plan.watch.cache = None
+        plan.recorder.cache = None

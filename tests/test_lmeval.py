@@ -22,7 +22,7 @@ from rope_extend.errors import RopeExtendError
 from rope_extend.evaluation.prompts import passkey_prompt
 from rope_extend.loading import bundled_available, load_model, load_tokenizer
 from rope_extend.methods import registry
-from rope_extend.scaling import ScalingSpec
+from rope_extend.scaling import ScalingRequest
 
 REPO = Path(__file__).resolve().parents[1]
 TASKS = REPO / "examples" / "lm_eval_tasks"
@@ -81,7 +81,7 @@ def test_arguments_are_sorted_and_values_read():
         }
     )
     assert args.load == {"pretrained": "bundled", "dtype": "float32"}
-    assert args.scaling == ScalingSpec(
+    assert args.scaling == ScalingRequest(
         "longrope", factor=4, params={"short_factor": [1, 2], "long_factor": [3, 4], "logn": True}
     )
     assert args.hflm == {"batch_size": 2, "max_length": 900}

@@ -1,4 +1,4 @@
-"""One scaling request (``ScalingSpec``): the suite, the recipe, the command line, lm-eval's model_args and
+"""One scaling request (``ScalingRequest``): the suite, the recipe, the command line, lm-eval's model_args and
 ``patch`` accept and refuse the same requests, by the rules of ``methods.resolve``, each naming the key the
 way its user wrote it."""
 
@@ -14,7 +14,7 @@ from rope_extend import RopeExtendError, lmeval
 from rope_extend.arguments import add_method_arguments, scaling_from_args
 from rope_extend.evaluation.suite import MethodSpec
 from rope_extend.methods import registry
-from rope_extend.scaling import ScalingSpec
+from rope_extend.scaling import ScalingRequest
 from rope_extend.training.args import RecipeError, TrainArgs
 
 
@@ -92,10 +92,10 @@ def test_the_spec_patches_what_it_says():
     from tests.tiny import tiny_model
 
     model = tiny_model()
-    ScalingSpec("yarn", target_length=1024, params={"beta_fast": 16}).check().apply(model)
+    ScalingRequest("yarn", target_length=1024, params={"beta_fast": 16}).check().apply(model)
     scaling = rope_extend.patched(model)
     assert (scaling.method.name, scaling.factor, scaling.params.beta_fast) == ("yarn", 4.0, 16)
-    ScalingSpec().apply(model)  # none: nothing happens
+    ScalingRequest().apply(model)  # none: nothing happens
     assert rope_extend.patched(model) == scaling
 
 
@@ -110,7 +110,7 @@ def test_a_spec_passes_its_check_exactly_when_resolve_passes_with_a_short_enough
     LongRoPE and log-n divide by ``ln L``), every target length ``check`` accepts (>= 2) reaches ``L``, and the
     frequency methods have no parameter bounded by ``L``, so the two agree on every request. (The attention
     methods' windows must be below ``L``: only ``resolve`` can check that.)"""
-    spec = ScalingSpec(method, factor=factor, target_length=target)
+    spec = ScalingRequest(method, factor=factor, target_length=target)
     try:
         spec.check()
         checked = None
@@ -123,3 +123,18 @@ def test_a_spec_passes_its_check_exactly_when_resolve_passes_with_a_short_enough
     except RopeExtendError as exc:
         resolved = exc
     assert (checked is None) == (resolved is None), (checked, resolved)
+
+
+def test_the_earlier_name_of_the_request_warns_and_is_the_same_class():
+    import warnings
+
+    from rope_extend import scaling
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old = scaling.ScalingSpec
+    assert old is ScalingRequest
+    assert [w.category for w in caught] == [DeprecationWarning]
+    assert "rope_extend.scaling.ScalingRequest" in str(caught[0].message)
+    with pytest.raises(AttributeError, match="no attribute 'ScalingSpeck'"):
+        scaling.ScalingSpeck  # noqa: B018

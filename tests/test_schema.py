@@ -5,7 +5,7 @@ import yaml
 
 from rope_extend.arguments import parse_params
 from rope_extend.errors import RopeExtendError
-from rope_extend.scaling import ScalingSpec
+from rope_extend.scaling import ScalingRequest
 from rope_extend.schema import load_yaml, parse_overrides, parse_value, read_yaml
 
 
@@ -45,7 +45,7 @@ def test_param_set_and_files_read_1e_3_as_a_number(tmp_path):
         "temperature": 0.001,
         "attention_factor": 0.001,
     }
-    spec = ScalingSpec(method="dual_chunk", factor=4.0, params=parse_params(["temperature=1e-3"])).check()
+    spec = ScalingRequest(method="dual_chunk", factor=4.0, params=parse_params(["temperature=1e-3"])).check()
     assert spec.params == {"temperature": 0.001}
     assert parse_overrides(["passkey.x=1e-3", "y=2e2"]) == {"passkey": {"x": 0.001}, "y": 200.0}
     path = tmp_path / "suite.yaml"
@@ -58,7 +58,7 @@ def test_param_set_and_files_read_1e_3_as_a_number(tmp_path):
 
 def test_a_string_temperature_is_still_refused():
     with pytest.raises(RopeExtendError, match="temperature"):
-        ScalingSpec(method="dual_chunk", factor=4.0, params={"temperature": "1e-3"}).check()
+        ScalingRequest(method="dual_chunk", factor=4.0, params={"temperature": "1e-3"}).check()
 
 
 # ------------------------------------------------------------------------------ hostile YAML: one line, bounded

@@ -303,7 +303,7 @@ def test_the_command_line_and_suites_take_it(tmp_path):
     import json
 
     from rope_extend.cli import main
-    from rope_extend.scaling import ScalingSpec
+    from rope_extend.scaling import ScalingRequest
 
     shipped_model().save_pretrained(tmp_path / "src")
     argv = ["configure", str(tmp_path / "src"), "--method", "string", "--param", "keep_shipped=true"]
@@ -311,9 +311,9 @@ def test_the_command_line_and_suites_take_it(tmp_path):
     rope = json.loads((tmp_path / "out" / "config.json").read_text())["rope_parameters"]
     assert rope["rope_type"] == "string" and rope["shipped"]["rope_type"] == "llama3"
     assert rope["original_max_position_embeddings"] == C  # STRING's defaults count from it when the model loads
-    ScalingSpec(method="string", params={"keep_shipped": True}).check()
+    ScalingRequest(method="string", params={"keep_shipped": True}).check()
     with pytest.raises(RopeExtendError, match=r"rope.params.keep_shipped keeps the model's shipped rope scaling"):
-        ScalingSpec(method="yarn", factor=2, params={"keep_shipped": True}).check(spell=lambda key: f"rope.{key}")
+        ScalingRequest(method="yarn", factor=2, params={"keep_shipped": True}).check(spell=lambda key: f"rope.{key}")
 
 
 def test_gemma3_keeps_the_linear_scaling_of_its_global_layers():

@@ -274,13 +274,13 @@ def test_a_static_layer_seen_through_a_slice_is_refused():
     """A model that hands attention part of a static layer's slots: which slot is the newest key is unknown."""
     layer = cu.StaticLayer(max_cache_len=64)
     layer.lazy_initialization(torch.zeros(1, 2, 0, 16), torch.zeros(1, 2, 0, 16))
-    watch = slots.Watch()
-    watch.cache = cu.Cache(layers=[layer])
+    recorder = slots.CacheRecorder()
+    recorder.cache = cu.Cache(layers=[layer])
     module = torch.nn.Module()
     module.layer_idx = 0
     with pytest.raises(UnsupportedModelError, match="attends over 10 keys from a StaticLayer of 64 slots"):
-        slots.filled(watch, module, torch.zeros(1, 2, 10, 16))
-    assert slots.filled(watch, module, torch.zeros(1, 2, 64, 16)) is layer.cumulative_length
+        slots.filled(recorder, module, torch.zeros(1, 2, 10, 16))
+    assert slots.filled(recorder, module, torch.zeros(1, 2, 64, 16)) is layer.cumulative_length
 
 
 def test_flex_attention_with_a_static_cache():

@@ -106,10 +106,10 @@ def test_uninstall_before_transformers_loads_disarms_the_finder():
         import json, sys
         import rope_extend
         from rope_extend.hf import transformers_changes
-        armed = any(type(f).__name__ == "Watch" for f in sys.meta_path)
+        armed = any(type(f).__name__ == "ReadyFinder" for f in sys.meta_path)
         transformers_changes.uninstall()
         import transformers.modeling_rope_utils as mru
-        print(json.dumps({"armed": armed, "finders": [type(f).__name__ for f in sys.meta_path].count("Watch"),
+        print(json.dumps({"armed": armed, "finders": [type(f).__name__ for f in sys.meta_path].count("ReadyFinder"),
                           "ntk": "ntk" in mru.ROPE_INIT_FUNCTIONS, "installed": transformers_changes.installed()}))
     """
     done = subprocess.run(

@@ -183,8 +183,8 @@ def one_call(model, n: int, dtype, device: str, seed: int, decode: bool = False)
             _INPUTS["cache"] = DynamicCache()
             _INPUTS["cache"].update(k[:, :, :-1], v[:, :, :-1], 0)
         cache = _INPUTS["cache"]
-        if plan is not None:  # what the decoder's cache watch and the module's pre-hook do before the update
-            plan.watch.cache = cache
+        if plan is not None:  # what the decoder's cache recorder and the module's pre-hook do before the update
+            plan.recorder.cache = cache
             keys.check(module, ())
         k, v = cache.update(k[:, :, -1:], v[:, :, -1:], 0)  # (1, H_kv, m, D): the cache's own tensors
         n = k.shape[2]

@@ -31,7 +31,7 @@ def main():
     args = parser.parse_args()
 
     from rope_extend import bundled
-    from rope_extend.demo import Plan, finetune
+    from rope_extend.demo import Effort, finetune
     from rope_extend.evaluation import passkey, perplexity
     from rope_extend.loading import load_model, load_tokenizer
 
@@ -47,10 +47,10 @@ def main():
     if args.finetuned:
         tuned_dir = Path(args.finetuned)
     else:
-        plan = Plan.of(quick=False)
+        effort = Effort.of(quick=False)
         if args.steps:
-            plan.steps = args.steps
-        tuned_dir = finetune(Path(tempfile.mkdtemp(prefix="testbed-quality-")), L, plan, args.seed)
+            effort.steps = args.steps
+        tuned_dir = finetune(Path(tempfile.mkdtemp(prefix="testbed-quality-")), L, effort, args.seed)
     tuned, tuned_tok = load_model(str(tuned_dir)), load_tokenizer(str(tuned_dir))
     pk = passkey(tuned, tuned_tok, [L, 4 * L], trials=args.trials, seed=args.seed + 1000).accuracy
     ppl = perplexity(tuned, tuned_tok, texts, [L, 4 * L]).perplexity

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # the names for type checkers; at run time lazy_exports impor
     from .passkey import passkey
     from .perplexity import PerplexityResult, perplexity
     from .retrieval import RetrievalResult
-    from .ruler import RulerResult, ruler
+    from .ruler.harness import RulerResult, ruler
 
 lazy_exports(  # on first use: ``rope-extend --help`` does not import the evaluations
     __name__,

@@ -18,8 +18,8 @@ and the tokenizer, so two backends or two models answer the same questions):
   length, and the card says whether the backends agree within ``AGREE``: perplexity within 0.1% relative,
   retrieval scores within one trial's share per length.
 
-Which tasks and lengths each measurement runs at is decided, and every check that needs no model output made,
-before the first measurement (``evaluation.card_plan``): what was given is measured exactly or refused, what was
+Which tasks and lengths each measurement runs at is decided, and every check that needs no model output made, before
+the first measurement (``evaluation.card_measurements``): what was given is measured exactly or refused, what was
 left to the defaults fits the model, and each thing left out is one line, printed first and kept in the card.
 
 Everything goes through the evaluation runner into ``OUT/records.jsonl``; ``--resume`` reuses a record only when
@@ -48,9 +48,8 @@ from ..hf.reading import text_config
 from ..io import write_json, write_text, writing
 from ..loading import load_model, load_tokenizer, model_config
 from ..patching import patch, unpatch
+from .card_measurements import ANSWER_SHARE, Measurements, check_engine, decide_measurements, default_lengths  # noqa: F401 (default_lengths: importable from here, as before)
 from .card_options import CardOptions
-from .card_plan import ANSWER_SHARE, Plan, check_engine, default_lengths  # noqa: F401 (default_lengths: importable from here, as before)
-from .card_plan import plan as make_plan
 from .engines import LlamaCppModel
 from .identity import tokenizer_digest
 from .passkey import passkey
@@ -58,7 +57,8 @@ from .perplexity import perplexity
 from .records import RecordLog, check_records_file
 from .report import _pyplot, wilson
 from .retention import retention_from_records
-from .ruler import GENERATE, ruler
+from .ruler.harness import ruler
+from .ruler.subtasks import GENERATE
 from .tasks.base import Common
 
 AGREE = {"perplexity": 1e-3}  # relative; retrieval: within 1 / trials (one answer) per length
@@ -91,7 +91,7 @@ class Bench:
     resume: bool = True
 
 
-def measure(model, tokenizer, name: str, plan: Plan, bench: Bench):
+def measure(model, tokenizer, name: str, plan: Measurements, bench: Bench):
     """RULER, passkey and perplexity of ``model`` at the plan's lengths, on ``bench``."""
 
     start = time.perf_counter()
@@ -208,7 +208,7 @@ def card(
     model = _model(model_name, dtype)
     if method != "none":
         patch(model, method, **(scaling_kwargs or {}))
-    plan = make_plan(model, tok, model_name, options)
+    plan = decide_measurements(model, tok, model_name, options)
     for line in plan.left_out:  # before anything is measured: what this card will not hold, and why
         print(f"rope-extend card: leaves out {line}", file=sys.stderr)
     if claim is not None:
@@ -235,11 +235,24 @@ def card(
     inside = plan.at([n for n in lengths if n <= L])
     backends["original"], original_records = measure(model, tok, "original", inside, bench)
     kept = retention(original_records, [r for r in patched_records if r["length"] <= L], L)
-    result = {
+    result = _card_json(
+        model_name, original, plan, options, backends=backends, kept=kept, served=served, began=began, bench=bench
+    )
+    write_json(out / "card.json", result)
+    write_text(out / "card.md", markdown(result))
+    figure(result, out / "card.png")
+    return result
+
+
+def _card_json(model_name, original, plan: Measurements, options, *, backends, kept, served, began, bench) -> dict:
+    """The card as ``card.json`` holds it: what was measured, at which lengths, by which backend, the retention
+    inside L and the agreement of the served GGUF; ``began``: ``time.perf_counter()`` before the first load."""
+    scaling, lengths = plan.scaling, plan.lengths
+    return {
         "model": model_name,
         "original": original or model_name,
-        "scaling": label,
-        "original_length": L,
+        "scaling": scaling.describe(),
+        "original_length": scaling.original_max_position_embeddings,
         "target_length": scaling.target_length,
         "lengths": lengths,
         "ruler_lengths": plan.ruler_lengths,
@@ -260,10 +273,6 @@ def card(
         "hardware": hardware(),
         "records": len(RecordLog(bench.records, resume=True).records),
     }
-    write_json(out / "card.json", result)
-    write_text(out / "card.md", markdown(result))
-    figure(result, out / "card.png")
-    return result
 
 
 def retention(original: list[dict], patched: list[dict], within: int) -> dict[str, dict[str, Any]]:
@@ -279,7 +288,7 @@ def retention(original: list[dict], patched: list[dict], within: int) -> dict[st
     return out
 
 
-def _served(model, tok, label: str, plan: Plan, bench: Bench) -> dict[str, Any]:
+def _served(model, tok, label: str, plan: Measurements, bench: Bench) -> dict[str, Any]:
     """The GGUF export of the patched model, measured in llama.cpp at the plan's lengths (the file in a temporary
     folder: records name its SHA-256, which is the same for the same model and export)."""
 

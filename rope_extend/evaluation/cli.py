@@ -125,6 +125,7 @@ def _cmd_compare(args) -> int:
 def _cmd_spectrum(args) -> int:
     from ..errors import RopeExtendError
     from ..methods import registry
+    from ..methods._common import check_factor
     from .spectrum import plot_spectrum, spectrum
 
     out = Path(args.out)
@@ -133,7 +134,7 @@ def _cmd_spectrum(args) -> int:
             f"--out {out} must name a .png file to write (e.g. spectrum.png)"
             + (", not a folder" if out.is_dir() else "")
         )
-    registry.check_factor(args.factor)
+    check_factor(args.factor)
     names = [m for m in (args.methods or ",".join(registry.names())).split(",") if m.strip()]
     curves, skipped = spectrum(
         names, factor=args.factor, head_dim=args.head_dim, base=args.base, original_length=args.original_length

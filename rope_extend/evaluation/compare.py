@@ -36,7 +36,7 @@ def check_methods(model, suite: Suite) -> None:
     config = text_config(model.config)
     for spec in suite.methods:
         if spec.scales:
-            hf_config.plan(config, spec.method, **spec.patch_kwargs())
+            hf_config.scaling_for(config, spec.method, **spec.patch_kwargs())
 
 
 def run_suite(

@@ -23,15 +23,15 @@ from typing import Any, Literal, overload
 
 from .. import resources, schema
 from ..errors import RopeExtendError
-from ..scaling import ScalingSpec
+from ..scaling import ScalingRequest
 from ..schema import option
 from ..yaml_loader import read_yaml
 from .tasks.base import Task, tasks
 
 
 @dataclass
-class MethodSpec(ScalingSpec):
-    """One scaling to compare (a ``ScalingSpec`` with a label). ``method: none`` is the model as loaded."""
+class MethodSpec(ScalingRequest):
+    """One scaling to compare (a ``ScalingRequest`` with a label). ``method: none`` is the model as loaded."""
 
     label: str | None = option(None, help="name in tables and plots (default: method and factor)")
     params_from: str | None = option(
@@ -47,7 +47,7 @@ class MethodSpec(ScalingSpec):
 
     def read_params_from(self, base: str | None = None) -> None:
         """Fill ``params`` from the JSON file ``params_from`` (relative to ``base``'s folder when it exists
-        there), then ``check()``: ``ScalingSpec.read_params``, the reader every command shares."""
+        there), then ``check()``: ``ScalingRequest.read_params``, the reader every command shares."""
         if self.params_from is None:
             return
         if not self.scales:

@@ -38,6 +38,7 @@ from ..errors import RopeExtendError, UnsupportedModelError
 from ..hf.rotary import bucket
 from ..methods import registry
 from ..methods._common import rope_frequencies
+from ..methods.resolved import Scaling, resolve
 
 CONFIG_KEY = "rope_extend_adaptive"  # the exported config.json's key: buckets, L, the model's own architecture
 PREFIX = "RopeExtendAdaptive"  # the exported architecture: PREFIX + the model's own (vLLM's plugin registers it)
@@ -85,7 +86,7 @@ def check_buckets(buckets, factor: float) -> tuple[float, ...]:
 
 
 @dataclass(frozen=True)
-class Plan:
+class BucketLayout:
     """The segments of one table: ``factors[0] = 1`` (plain), then the buckets; ``lengths[k] = floor(s_k L)``
     rows at ``offsets[k]``."""
 
@@ -96,10 +97,10 @@ class Plan:
         if not isinstance(self.original, int) or self.original < 1:
             raise RopeExtendError(f"original_max_position_embeddings must be a positive integer, got {self.original!r}")
         if self.factors[0] != 1.0 or list(self.factors) != sorted(set(self.factors)):
-            raise RopeExtendError(f"the plan's factors must be 1 then increasing buckets, got {self.factors}")
+            raise RopeExtendError(f"the bucket layout's factors must be 1 then increasing buckets, got {self.factors}")
 
     @classmethod
-    def of(cls, original: int, buckets) -> Plan:
+    def of(cls, original: int, buckets) -> BucketLayout:
         return cls(int(original), (1.0, *(float(b) for b in buckets)))
 
     @property
@@ -135,7 +136,7 @@ class Plan:
         return {"original_max_position_embeddings": self.original, "buckets": list(self.factors[1:])}
 
     @classmethod
-    def from_config(cls, value: Any) -> Plan:
+    def from_config(cls, value: Any) -> BucketLayout:
         if not isinstance(value, dict) or "buckets" not in value or "original_max_position_embeddings" not in value:
             raise RopeExtendError(
                 f"config {CONFIG_KEY} must be a dict with buckets and original_max_position_embeddings, got {value!r}"
@@ -153,35 +154,35 @@ def need(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
     return max(grown - 1, int(prompt_tokens))
 
 
-def patched_factors(plan: Plan) -> tuple[float, ...]:
+def patched_factors(layout: BucketLayout) -> tuple[float, ...]:
     """The yarn factor rope-extend's patched ``dynamic_yarn`` runs at each bucket's edge ``s_k L``: ``l / L`` with
     ``l`` rounded up to its re-rotation grid (``hf.rotary.bucket``), a little above ``s_k`` (x2.075 at 2L for
     L = 1024), where the plugin serves yarn at ``s_k``. Said in the export's note."""
-    return tuple(bucket(n, plan.original) / plan.original for n in plan.lengths[1:])
+    return tuple(bucket(n, layout.original) / layout.original for n in layout.lengths[1:])
 
 
-def salt(plan: Plan, segment: int, user_salt: str | None) -> str:
+def salt(layout: BucketLayout, segment: int, user_salt: str | None) -> str:
     """The prefix-cache salt of a request in ``segment``: the segment's factor before the user's own salt.
 
     Every request gets one (plain ones too), so two requests share a cached block only when they are in the
     same segment and gave the same salt: the factor part ends at the first ``|``, which no factor contains."""
-    return f"rope-extend yarn x{plan.factors[segment]:g}|{user_salt or ''}"
+    return f"rope-extend yarn x{layout.factors[segment]:g}|{user_salt or ''}"
 
 
-def offsets_per_token(plan: Plan, segments, counts) -> Any:
+def offsets_per_token(layout: BucketLayout, segments, counts) -> Any:
     """``offsets[segment]`` repeated ``counts`` times each: the row offset of every scheduled token, for requests in
     batch order with ``counts`` tokens each (numpy arrays in, a numpy int64 array out)."""
-    table = np.asarray(plan.offsets, dtype=np.int64)
+    table = np.asarray(layout.offsets, dtype=np.int64)
     return np.repeat(table[np.asarray(segments, dtype=np.int64)], np.asarray(counts, dtype=np.int64))
 
 
-def scaling(plan: Plan, params: dict[str, Any] | None = None) -> registry.Scaling:
+def scaling(layout: BucketLayout, params: dict[str, Any] | None = None) -> Scaling:
     """rope-extend's ``dynamic_yarn`` at the largest bucket with ``params`` (beta_fast, beta_slow, truncate,
     attention_factor, mscale, mscale_all_dim): its frequencies at ``s_k L`` are each segment's."""
-    resolved = registry.resolve(
+    resolved = resolve(
         registry.get(METHOD),
-        factor=plan.factors[-1],
-        original_max_position_embeddings=plan.original,
+        factor=layout.factors[-1],
+        original_max_position_embeddings=layout.original,
         params=dict(params or {}),
     )
     if resolved.params.finetuned:
@@ -191,13 +192,13 @@ def scaling(plan: Plan, params: dict[str, Any] | None = None) -> registry.Scalin
     return resolved
 
 
-def table(plan: Plan, method: registry.Scaling | None, dim: int, base: float) -> torch.Tensor:
+def table(layout: BucketLayout, method: Scaling | None, dim: int, base: float) -> torch.Tensor:
     """The cos/sin table of every segment, float32 ``[rows, dim]``: ``cat(cos, sin)`` over the ``dim / 2``
     frequencies (vLLM's ``cos_sin_cache`` layout), each times the segment's attention scale, as transformers
     computes ``cos(position * inv_freq) * attention_scaling``. ``method`` None: plain RoPE in every segment (Gemma
     3's sliding layers, which keep their own base unscaled, but are fed the same shifted positions)."""
     parts = []
-    for n in plan.lengths:
+    for n in layout.lengths:
         # dynamic_yarn at n = s L: yarn at s
         inv_freq, scale = (rope_frequencies(dim, base), 1.0) if method is None else method.compute(dim, base, n)
         angles = torch.arange(n, dtype=torch.float32)[:, None] * inv_freq[None, :].to(torch.float32)

@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 
 from ..hf.rotary import bucket
-from ..methods import registry
 from ..methods.engine_form import DEFAULT, LINEAR, LLAMA3, LONGROPE, YARN, Form
+from ..methods.resolved import Scaling
 from ..methods.yarn import mscale
 
 # the kinds an engine config names (methods.engine_form), and transformers 4's own dynamic NTK (configs); the
@@ -42,13 +42,13 @@ __all__ = [
 ]
 
 
-def patched_length(scaling: registry.Scaling) -> int:
+def patched_length(scaling: Scaling) -> int:
     """The length rope-extend's patched model computes a dynamic method's frequencies at for a sequence of the
     target's length: the target rounded up to the re-rotation grid past ``L`` (``hf.rotary.bucket``)."""
     return bucket(scaling.target_length, scaling.original_max_position_embeddings)
 
 
-def static_form(scaling: registry.Scaling | None, dim: int, base: float) -> Form | None:
+def static_form(scaling: Scaling | None, dim: int, base: float) -> Form | None:
     """The static ``Form`` of ``scaling`` for a rotary dimension ``dim`` and base ``base`` (the method's own,
     ``Method.engine_form``); None for an attention method (plain frequencies, positions changed in attention),
     for ``logn`` and for a method that declares no form."""

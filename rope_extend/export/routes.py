@@ -9,6 +9,7 @@ nearest choice that exports. The
 from __future__ import annotations
 
 from ..methods import registry
+from ..methods.resolved import Scaling, resolve
 from .forms import static_form
 from .targets import TARGETS
 from .targets.base import APPROXIMATE, EXPORTED, REFUSED, Decision, yarn_like
@@ -22,18 +23,16 @@ def check_target(target: str) -> str:
     return target
 
 
-def _attention(scaling: registry.Scaling) -> Decision:
+def _attention(scaling: Scaling) -> Decision:
     """An attention method where the engine has not said otherwise: refused (plain frequencies, positions
-    changed inside attention, which no engine config can say)."""
-    name = scaling.method.name
-    if name == "dual_chunk":
-        return Decision(REFUSED, None, "it has no dual-chunk attention", yarn_like(scaling))
-    if name == "self_extend":
-        return Decision(REFUSED, None, "it has no Self-Extend (only llama.cpp has a version of it)", "--to gguf")
-    return Decision(REFUSED, None, "it has no attention that changes positions per query and key", yarn_like(scaling))
+    changed inside attention, which no engine config can say), in the words the method declares
+    (``Method.engine_lacks``, ``Method.engine_instead``)."""
+    method = scaling.method
+    lacks = method.engine_lacks or "it has no attention that changes positions per query and key"
+    return Decision(REFUSED, None, lacks, method.engine_instead or yarn_like(scaling))
 
 
-def decide(scaling: registry.Scaling | None, target: str, dim: int, base: float) -> Decision:
+def decide(scaling: Scaling | None, target: str, dim: int, base: float) -> Decision:
     """How ``target`` serves ``scaling`` for a rotary dimension ``dim`` and base ``base``: log-n refused by every
     engine, then the target's own rules (``ExportTarget.decide``), then the ones every engine shares."""
     engine = TARGETS.get(target)
@@ -72,7 +71,7 @@ def table(dim: int = 64, base: float = 10000.0, length: int = 4096) -> list[tupl
             scaling = None
         else:
             method = registry.get(name)
-            scaling = registry.resolve(
+            scaling = resolve(
                 method,
                 factor=None if method.attention else 4.0,
                 original_max_position_embeddings=length,

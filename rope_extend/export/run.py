@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import locking
 from ..errors import RopeExtendError, UnsupportedModelError
-from ..hf.config import plan
+from ..hf.config import scaling_for
 from ..hf.reading import config_scaling, nested_layer_types, rotary_geometry, text_config
 from ..io import check_writable, remove_abandoned
 from ..loading import check_weights, load_config, resolve_name
@@ -31,7 +31,7 @@ def _scaling(model, config, method, amounts, params, layer=None):
             )
         return applied
     if method is not None and method != "none":
-        return plan(config, method, **amounts, **params)
+        return scaling_for(config, method, **amounts, **params)
     if any(v is not None for v in amounts.values()) or params:
         raise RopeExtendError("a factor, target length or parameter was given without a method: name the method")
     return config_scaling(config, layer)

@@ -45,7 +45,7 @@ def _refuse(why: str) -> NoReturn:
     raise UnsupportedModelError(f"rope-extend's adaptive dynamic_yarn in vLLM {vllm.__version__}: {why}")
 
 
-def _check_engine(vllm_config, plan: adaptive.Plan) -> None:
+def _check_engine(vllm_config, layout: adaptive.BucketLayout) -> None:
     problem = vllm_plugin.version_problem(vllm.__version__)
     if problem is not None:
         raise UnsupportedModelError(problem)
@@ -55,22 +55,22 @@ def _check_engine(vllm_config, plan: adaptive.Plan) -> None:
         _refuse("speculative decoding reads the positions too (the drafter would see the shifted ones)")
     if vllm_config.use_v2_model_runner:
         _refuse("the V2 model runner is not wrapped: set VLLM_USE_V2_MODEL_RUNNER=0")
-    if vllm_config.model_config.max_model_len > plan.longest:
+    if vllm_config.model_config.max_model_len > layout.longest:
         _refuse(
             f"max_model_len {vllm_config.model_config.max_model_len} is past the largest bucket "
-            f"({plan.longest} tokens, x{plan.factors[-1]:g})"
+            f"({layout.longest} tokens, x{layout.factors[-1]:g})"
         )
 
 
-def _scaling(hf_config, plan: adaptive.Plan):
+def _scaling(hf_config, layout: adaptive.BucketLayout):
     rope = dict(adaptive.global_rope(hf_config.rope_parameters or {}))
     if rope.get("rope_type") != adaptive.METHOD:
         _refuse(f"config rope_type is {rope.get('rope_type')!r}, not {adaptive.METHOD!r}")
-    if float(rope.get("factor", 0)) != plan.factors[-1] or int(rope.get("original_max_position_embeddings", 0)) != int(
-        plan.original
-    ):
-        _refuse(f"rope_parameters {rope} disagree with {adaptive.CONFIG_KEY} {plan.as_config()}")
-    return adaptive.scaling(plan, {k: v for k, v in rope.items() if k not in OWN_KEYS})
+    if float(rope.get("factor", 0)) != layout.factors[-1] or int(
+        rope.get("original_max_position_embeddings", 0)
+    ) != int(layout.original):
+        _refuse(f"rope_parameters {rope} disagree with {adaptive.CONFIG_KEY} {layout.as_config()}")
+    return adaptive.scaling(layout, {k: v for k, v in rope.items() if k not in OWN_KEYS})
 
 
 if TYPE_CHECKING:  # the mixin's base for the type checker: at run time it comes before vLLM's class, an nn.Module
@@ -84,13 +84,13 @@ class _Adaptive(_MixinBase):
 
     def __init__(self, *, vllm_config, prefix: str = ""):
         hf_config = vllm_config.model_config.hf_config
-        plan = vllm_plugin.plan_of(hf_config)
-        if plan is None:
+        layout = vllm_plugin.layout_of(hf_config)
+        if layout is None:
             _refuse(f"the config has no {adaptive.CONFIG_KEY} (export the model with rope-extend)")
-        _check_engine(vllm_config, plan)
+        _check_engine(vllm_config, layout)
         own = type(self).__name__.removeprefix(adaptive.PREFIX)
         adaptive.check_config(hf_config, own)  # the export's checks again: a folder may have been edited since
-        scaling = _scaling(hf_config, plan)
+        scaling = _scaling(hf_config, layout)
         rope = hf_config.rope_parameters
         # vLLM's get_rope knows no dynamic_yarn: the layers are built plain, then given the table
         hf_config.rope_parameters = adaptive.plain_rope(rope)
@@ -98,10 +98,10 @@ class _Adaptive(_MixinBase):
             super().__init__(vllm_config=vllm_config, prefix=prefix)
         finally:
             hf_config.rope_parameters = rope
-        self._swap_rotary(hf_config, plan, scaling)
+        self._swap_rotary(hf_config, layout, scaling)
         vllm_plugin.wrap_runner()
 
-    def _swap_rotary(self, hf_config, plan, scaling) -> None:
+    def _swap_rotary(self, hf_config, layout, scaling) -> None:
         """Every rotary embedding gets the table of every segment: the scaled one, or plain RoPE at its own base
         in each segment for the layers that are not scaled (Gemma 3's sliding ones), since all are handed the
         same shifted positions."""
@@ -118,7 +118,7 @@ class _Adaptive(_MixinBase):
                 if key not in shared:
                     method = scaling if scaled else None
                     shared[key] = AdaptiveRotaryEmbedding(
-                        child, adaptive.table(plan, method, child.rotary_dim, float(child.base))
+                        child, adaptive.table(layout, method, child.rotary_dim, float(child.base))
                     )
                 setattr(module, name, shared[key])
                 swapped += 1

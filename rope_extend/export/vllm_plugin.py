@@ -63,16 +63,18 @@ def register() -> None:
         _wrap_admission()
 
 
-def plan_of(hf_config) -> adaptive.Plan | None:
-    """The adaptive plan a model config carries, or None for every other model."""
+def layout_of(hf_config) -> adaptive.BucketLayout | None:
+    """The adaptive layout a model config carries, or None for every other model."""
     value = getattr(hf_config, adaptive.CONFIG_KEY, None)
-    return None if value is None else adaptive.Plan.from_config(value)
+    return None if value is None else adaptive.BucketLayout.from_config(value)
 
 
-def request_segment(plan: adaptive.Plan, prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
+def request_segment(
+    layout: adaptive.BucketLayout, prompt_tokens: int, max_tokens: int | None, max_model_len: int
+) -> int:
     """The segment of a request: the engine core (admission) and the model runner (every step) both call this,
     with the same numbers, so the salt and the rotation agree."""
-    return plan.segment(adaptive.need(prompt_tokens, max_tokens, max_model_len))
+    return layout.segment(adaptive.need(prompt_tokens, max_tokens, max_model_len))
 
 
 def _prompt_tokens(token_ids, embeds) -> int:
@@ -101,8 +103,8 @@ def _wrap_admission() -> None:
 def salt_request(vllm_config, request) -> None:
     """Give an adaptive model's request its segment's prefix-cache salt (in place, before vLLM hashes it)."""
     model_config = vllm_config.model_config
-    plan = plan_of(model_config.hf_config)
-    if plan is None:
+    layout = layout_of(model_config.hf_config)
+    if layout is None:
         return
     if getattr(request, "resumable", False):
         raise ValueError(
@@ -112,8 +114,8 @@ def salt_request(vllm_config, request) -> None:
     params = request.sampling_params
     max_tokens = params.max_tokens if params is not None else None
     count = _prompt_tokens(request.prompt_token_ids, request.prompt_embeds)
-    segment = request_segment(plan, count, max_tokens, model_config.max_model_len)
-    request.cache_salt = adaptive.salt(plan, segment, request.cache_salt)
+    segment = request_segment(layout, count, max_tokens, model_config.max_model_len)
+    request.cache_salt = adaptive.salt(layout, segment, request.cache_salt)
 
 
 # ------------------------------------------------------------------------------------------ every step
@@ -129,28 +131,28 @@ def wrap_runner() -> None:
     @functools.wraps(original)
     def _preprocess(self, scheduler_output, num_input_tokens, intermediate_tensors=None):
         out = original(self, scheduler_output, num_input_tokens, intermediate_tensors)
-        plan = plan_of(self.model_config.hf_config)
-        if plan is not None:
-            shift_positions(self, plan, scheduler_output, out[2])
+        layout = layout_of(self.model_config.hf_config)
+        if layout is not None:
+            shift_positions(self, layout, scheduler_output, out[2])
         return out
 
     setattr(_preprocess, _WRAPPED, True)
     GPUModelRunner._preprocess = _preprocess
 
 
-def _segment_of(runner, plan: adaptive.Plan, req_id: str) -> int:
+def _segment_of(runner, layout: adaptive.BucketLayout, req_id: str) -> int:
     state = runner.requests[req_id]
     segment = getattr(state, "rope_extend_segment", None)
     if segment is None:  # first step of the request: the same numbers admission used
         params = state.sampling_params
         count = _prompt_tokens(state.prompt_token_ids, state.prompt_embeds)
         max_tokens = params.max_tokens if params is not None else None
-        segment = request_segment(plan, count, max_tokens, runner.model_config.max_model_len)
+        segment = request_segment(layout, count, max_tokens, runner.model_config.max_model_len)
         state.rope_extend_segment = segment
     return segment
 
 
-def shift_positions(runner, plan: adaptive.Plan, scheduler_output, positions: Any) -> None:
+def shift_positions(runner, layout: adaptive.BucketLayout, scheduler_output, positions: Any) -> None:
     """Add each scheduled token's segment offset to ``positions`` (in place: the tokens come in the batch's request
     order, ``input_batch.req_ids``, each request's ``num_scheduled_tokens`` in a row, as ``_prepare_inputs``
     laid them out); the padding after them stays at 0. Raises if a position falls outside its segment."""
@@ -159,14 +161,14 @@ def shift_positions(runner, plan: adaptive.Plan, scheduler_output, positions: An
 
     req_ids = list(runner.input_batch.req_ids)
     counts = np.array([scheduler_output.num_scheduled_tokens[r] for r in req_ids], dtype=np.int64)
-    segments = np.array([_segment_of(runner, plan, r) for r in req_ids], dtype=np.int64)
+    segments = np.array([_segment_of(runner, layout, r) for r in req_ids], dtype=np.int64)
     total = int(counts.sum())
     view = positions[:total]
-    limits = np.repeat(np.asarray(plan.lengths, dtype=np.int64)[segments], counts)
+    limits = np.repeat(np.asarray(layout.lengths, dtype=np.int64)[segments], counts)
     if bool((view.cpu().numpy() >= limits).any()):
         raise RuntimeError(
             "rope-extend adaptive dynamic_yarn: a token's position is past its request's bucket "
-            f"(lengths {plan.lengths}); the request was fed more than prompt + max_tokens - 1 positions"
+            f"(lengths {layout.lengths}); the request was fed more than prompt + max_tokens - 1 positions"
         )
     if segments.any():
-        view += torch.from_numpy(adaptive.offsets_per_token(plan, segments, counts)).to(view.device, view.dtype)
+        view += torch.from_numpy(adaptive.offsets_per_token(layout, segments, counts)).to(view.device, view.dtype)

@@ -37,6 +37,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -309,12 +310,7 @@ def search(
     rope-extend did not make is never touched). ``fitness``: ``text`` or ``needle``; ``space``: ``longrope`` or
     ``longrope2`` (the bounds; see the module docstring).
     The model is left as it was (unpatched)."""
-    _check_budget(max_evaluations, max_seconds, population)
-    check_fitness(fitness)
-    if space not in SPACES:
-        raise RopeExtendError(f"space must be one of {', '.join(SPACES)}, got {space!r}")
-    if patched(model) is not None:
-        raise RopeExtendError("the model is already patched: unpatch it first; the search patches it itself")
+    _check_search(model, max_evaluations, max_seconds, population, fitness, space)
     dim, base, L = geometry(model)
     critical = critical_dimension(dim, base, L)
     bounds = evolution.Space.for_factor(dim // 2, factor, upper)
@@ -340,31 +336,9 @@ def search(
         rng=random.Random(seed),
         max_evaluations=max_evaluations,
     )
-
     state_path = _open_state(out, settings, run, resume=resume, overwrite=overwrite)
-
-    def save() -> None:
-        if state_path is not None:
-            write_json(state_path, run.state(settings))
-
-    run.save = save
-    run.deadline = None if max_seconds is None else time.monotonic() + max_seconds
-    run.bar = progress_bar(
-        total=max_evaluations, initial=len(run.history), disable=not progress, unit="eval", desc=f"search x{factor:g}"
-    )
-    # a Mistral / Phi-3 window would hide the long context
-    with sliding_window_widened(model, length):
-        try:
-            if not run.pool and not run.pending:  # generation 0: the three methods, then mutations of them
-                run.first_generation({name: seed_factors(name, dim, base, float(factor), L) for name in SEED_METHODS})
-            run.drain()  # a generation an interrupted search left unfinished
-            while not (run.spent() or run.out_of_time()):
-                run.next_generation()
-                run.drain()
-        finally:
-            run.bar.close()
-            if patched(model) is not None:  # a resume whose budget was already spent evaluated nothing
-                unpatch(model)
+    _prepare(run, settings, state_path, max_seconds=max_seconds, progress=progress)
+    _evolve(model, run, length, lambda: _seeds(dim, base, float(factor), L))
     best, fit = run.best()
     result = SearchResult(
         float(factor),
@@ -378,9 +352,65 @@ def search(
         critical=critical,
     )
     if out is not None:
-        curves = {name: seed_factors(name, dim, base, float(factor), L) for name in SEED_METHODS}
-        write_report(result, curves, out)
-        write_json(Path(out) / RESULT, {**result.rope_parameters(), "fitness": fit, "seeds": run.seeds,
-                                        "evaluations": len(run.history), "critical_dimension": critical,
-                                        "settings": settings})  # fmt: skip
+        _write_outputs(result, run, out, settings, _seeds(dim, base, float(factor), L))
     return result
+
+
+def _check_search(model, max_evaluations, max_seconds, population, fitness: str, space: str) -> None:
+    """Everything ``search`` refuses before it reads the model's geometry or the texts."""
+    _check_budget(max_evaluations, max_seconds, population)
+    check_fitness(fitness)
+    if space not in SPACES:
+        raise RopeExtendError(f"space must be one of {', '.join(SPACES)}, got {space!r}")
+    if patched(model) is not None:
+        raise RopeExtendError("the model is already patched: unpatch it first; the search patches it itself")
+
+
+def _seeds(dim: int, base: float, factor: float, L: int) -> dict[str, list[float]]:
+    """The factors of each seed method (``SEED_METHODS``): generation 0's parents and the report's curves."""
+    return {name: seed_factors(name, dim, base, factor, L) for name in SEED_METHODS}
+
+
+def _prepare(run: _Run, settings: dict, state_path: Path | None, *, max_seconds, progress: bool) -> None:
+    """Give ``run`` its saving (the state after each evaluation, where there is an ``out``), its deadline and its
+    progress bar (started at the evaluations a resumed state holds)."""
+
+    def save() -> None:
+        if state_path is not None:
+            write_json(state_path, run.state(settings))
+
+    run.save = save
+    run.deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    run.bar = progress_bar(
+        total=run.max_evaluations,
+        initial=len(run.history),
+        disable=not progress,
+        unit="eval",
+        desc=f"search x{run.factor:g}",
+    )
+
+
+def _evolve(model, run: _Run, length: int, seeds: Callable[[], dict[str, list[float]]]) -> None:
+    """Generation 0 (the seed methods, then mutations of them) unless a resumed state holds it, the generation an
+    interrupted search left unfinished, then generations until the budget is spent; the model unpatched after."""
+    # a Mistral / Phi-3 window would hide the long context
+    with sliding_window_widened(model, length):
+        try:
+            if not run.pool and not run.pending:  # generation 0: the three methods, then mutations of them
+                run.first_generation(seeds())
+            run.drain()  # a generation an interrupted search left unfinished
+            while not (run.spent() or run.out_of_time()):
+                run.next_generation()
+                run.drain()
+        finally:
+            run.bar.close()
+            if patched(model) is not None:  # a resume whose budget was already spent evaluated nothing
+                unpatch(model)
+
+
+def _write_outputs(result: SearchResult, run: _Run, out: str | Path, settings: dict, curves: dict) -> None:
+    """The report (``report.md``, ``search.png``, with the seed methods' ``curves``) and ``longrope.json``."""
+    write_report(result, curves, out)
+    write_json(Path(out) / RESULT, {**result.rope_parameters(), "fitness": result.fitness, "seeds": run.seeds,
+                                    "evaluations": len(run.history), "critical_dimension": result.critical,
+                                    "settings": settings})  # fmt: skip

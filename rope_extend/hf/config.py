@@ -26,7 +26,8 @@ import torch
 
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..methods import registry
-from ..methods._scaling import check_keep_shipped
+from ..methods._common import check_factor
+from ..methods.resolved import Scaling, check_keep_shipped, resolve
 from . import families
 from .names import SHIPPED_ATTR
 from .reading import (
@@ -58,7 +59,7 @@ logger = logging.getLogger("rope_extend")
 _MISSING = object()
 
 
-def kept_scaling(config) -> registry.Scaling | None:
+def kept_scaling(config) -> Scaling | None:
     """The scaling the model ships with, as ``keep_shipped`` keeps it under an attention method; None when its
     global layers ship plain RoPE (``keep_shipped`` then changes nothing, as the authors' STRING code runs plain
     RoPE on a model without ``rope_scaling``).
@@ -89,7 +90,7 @@ def kept_scaling(config) -> registry.Scaling | None:
     return found[0] if found else None
 
 
-def _kept_one(config, params: dict[str, Any]) -> registry.Scaling | None:
+def _kept_one(config, params: dict[str, Any]) -> Scaling | None:
     if params.get(SHIPPED_KEY) is not None:  # a config written with keep_shipped, reloaded
         written = scaling_from_dict(params, original_length(config), ignore_keys=family_keys(config))
         if written is None:  # not one keep_shipped wrote: the record sits beside a type rope-extend lacks
@@ -155,7 +156,7 @@ class ConfigEdit:
     values written, which transformers' own validation of the config class accepted. ``apply`` writes the values
     into a config; ``snapshot``/``restore`` undo that."""
 
-    scaling: registry.Scaling
+    scaling: Scaling
     values: dict[str, Any]
     frequencies: dict[str | None, tuple[torch.Tensor, float]]
     scaled: Any
@@ -166,9 +167,9 @@ class ConfigEdit:
             setattr(config, key, copy.deepcopy(value) if key == "rope_parameters" else value)
 
 
-def plan(
+def scaling_for(
     config, method: str, *, factor=None, target_length=None, original_max_position_embeddings=None, **params
-) -> registry.Scaling:
+) -> Scaling:
     """Validate a configure/patch request against ``config`` and return the scaling; touches nothing
     (``edit(...).scaling``)."""
     return edit(
@@ -202,8 +203,8 @@ def edit(
     shipped = shipped_context(config) if original_max_position_embeddings is None else length
     if shipped > length and factor is not None and target_length is None:
         # the factor counts from the context the model ships with, never from its pretraining length alone
-        factor, target_length = None, math.ceil(registry.check_factor(factor) * shipped)
-    scaling = registry.resolve(
+        factor, target_length = None, math.ceil(check_factor(factor) * shipped)
+    scaling = resolve(
         m, factor=factor, target_length=target_length, original_max_position_embeddings=length, params=params
     )
     if kept is not None:
@@ -285,7 +286,7 @@ def _shipped_name(config) -> str:
     return " / ".join(sorted(str(n) for n in names)) + " scaling"
 
 
-def _values(config, scaling: registry.Scaling, computed: dict) -> dict[str, Any]:
+def _values(config, scaling: Scaling, computed: dict) -> dict[str, Any]:
     """What writing ``scaling`` into ``config`` sets: the global rope dicts, ``max_position_embeddings`` at the
     target, ``L``, and the context a later configure counts from; ``computed`` holds each layer type's frequencies
     and attention scale."""
@@ -351,7 +352,7 @@ def rope_parameters(
 ) -> dict[str, Any]:
     """The ``rope_parameters`` dict for ``method``, ready for a config: ``{"rope_type": ..., "factor": ...}``."""
     m = registry.get(method)
-    scaling = registry.resolve(
+    scaling = resolve(
         m,
         factor=factor,
         target_length=target_length,

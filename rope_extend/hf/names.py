@@ -32,7 +32,7 @@ GUARD_ATTR = "rope_extend_mrope"  # on the text decoder and its attention module
 KEPT_HOOK = "_rope_extend_kept_keys_hook"  # the handle of the pre-hook that checks kept keys (hf.attention.keys)
 
 # on the decoder
-WATCH_ATTR = "_rope_extend_watch"  # (Watch, pre-hook handle, hook handle) (hf.slots)
+CACHE_RECORDER_ATTR = "_rope_extend_cache_recorder"  # (CacheRecorder, pre-hook handle, hook handle) (hf.slots)
 PROBE_HOOK = "_rope_extend_probe_hook"  # the forward pre-hook that probes a model planned unprobed (hf.attention)
 POSITIONS_HOOK = "_rope_extend_positions_hook"  # (PositionKeeper, its hook handle) (hf.attention)
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from ..methods import registry
+from ..methods.resolved import Scaling
 from . import attention, rotary, rotary_reads
 from . import config as hf_config
 from .attach import RotaryPlan, entry
@@ -78,7 +78,7 @@ class ConfigPlan:
 class PatchPlan:
     """A patch, planned: ``install`` puts it into the model, without another check."""
 
-    scaling: registry.Scaling
+    scaling: Scaling
     configs: list[ConfigPlan]
     rotaries: list[RotaryPlan]
     attention: list[tuple[nn.Module, AttentionPlan]]  # empty for a frequency method

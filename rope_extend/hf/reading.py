@@ -27,13 +27,16 @@ import torch
 from ..errors import RopeExtendError, UnsupportedModelError
 from ..methods import registry
 from ..methods._common import (
+    Method,
     check_factor,
     check_int,
     check_length,
     check_number,
     check_original_length,
     check_partial_rotary_factor,
+    rotary_dim,
 )
+from ..methods.resolved import Scaling, resolve
 from . import families
 from .names import SHIPPED_ATTR
 from .rope_types import (
@@ -150,8 +153,8 @@ def rotary_geometry(config, layer_type: str | None = None) -> tuple[int, float]:
         raise UnsupportedModelError(f"{type(config).__name__}.rope_parameters has no rope_theta")
     base = check_number("rope_theta", base, above=1.0)  # as Geometry checks it; float("1e4") read a string
     if split_rope_type(rope_type_of(params))[0] == PROPORTIONAL:
-        return registry.rotary_dim(head_dim(config, layer_type)), base
-    return registry.rotary_dim(head_dim(config, layer_type), prf), base
+        return rotary_dim(head_dim(config, layer_type)), base
+    return rotary_dim(head_dim(config, layer_type), prf), base
 
 
 def partial_rotary_factor(config, layer_type: str | None = None) -> float:
@@ -176,7 +179,7 @@ def rotating(config, layer_type: str | None = None) -> int | None:
     return int(partial_rotary_factor(config, layer_type) * head_dim(config, layer_type) // 2)
 
 
-def frequencies(scaling: registry.Scaling, dim: int, base: float, rotating: int | None, seq_len: int | None = None):
+def frequencies(scaling: Scaling, dim: int, base: float, rotating: int | None, seq_len: int | None = None):
     """``scaling.compute(dim, base, seq_len)`` with the frequencies past ``rotating`` at zero (proportional
     RoPE: those dimensions never rotate, whatever the method)."""
     freqs, scale = scaling.compute(dim, base, seq_len)
@@ -225,7 +228,7 @@ def _linear_within_context(config) -> float | None:
     return None
 
 
-def scaling_from_dict(params: dict[str, Any], default_length: int, ignore_keys=()) -> registry.Scaling | None:
+def scaling_from_dict(params: dict[str, Any], default_length: int, ignore_keys=()) -> Scaling | None:
     """The rope-extend scaling a rope dict names, or None for plain RoPE or a type rope-extend lacks.
 
     Raises ``RopeExtendError`` for a rope-extend type with unknown or invalid parameters."""
@@ -241,13 +244,13 @@ def scaling_from_dict(params: dict[str, Any], default_length: int, ignore_keys=(
     length = params.get("original_max_position_embeddings") or default_length
     if params.get("factor") is None:
         raise RopeExtendError(f"rope_parameters with rope_type {rope_type!r} needs a factor (a number >= 1)")
-    scaling = registry.resolve(method, factor=params["factor"], original_max_position_embeddings=length, params=fields)
+    scaling = resolve(method, factor=params["factor"], original_max_position_embeddings=length, params=fields)
     if params.get(SHIPPED_KEY) is None:
         return scaling
     return dataclasses.replace(scaling, shipped=_kept_from_dict(params[SHIPPED_KEY], method, ignore_keys))
 
 
-def _kept_from_dict(kept: Any, method: registry.Method, ignore_keys) -> registry.Scaling:
+def _kept_from_dict(kept: Any, method: Method, ignore_keys) -> Scaling:
     """The shipped scaling a ``keep_shipped`` rope dict records under ``SHIPPED_KEY`` (``scaled_rope_dict``)."""
     if not method.attention:
         raise RopeExtendError(
@@ -266,7 +269,7 @@ def _kept_from_dict(kept: Any, method: registry.Method, ignore_keys) -> registry
     return scaling
 
 
-def config_scaling(config, layer_type: str | None = None) -> registry.Scaling | None:
+def config_scaling(config, layer_type: str | None = None) -> Scaling | None:
     """The scaling ``config`` names; the family's own rope keys (``ignore_keys_at_rope_validation``: Ministral 3's
     ``llama_4_scaling_beta``, M-RoPE's ``mrope_section``) are not method parameters."""
     return scaling_from_dict(rope_dict(config, layer_type), original_length(config), ignore_keys=family_keys(config))

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..methods import registry
+from ..methods.resolved import Scaling
 
 # Keys of rope_parameters that are not method parameters.
 BASE_KEYS = ("rope_type", "rope_theta", "partial_rotary_factor")
@@ -102,7 +103,7 @@ def rope_type_keys(rope_type: Any) -> frozenset[str]:
     return frozenset((keys | EXTRA_KEYS | {"type", SHIPPED_KEY}) - set(BASE_KEYS))
 
 
-def scaled_rope_dict(old: dict[str, Any], scaling: registry.Scaling) -> dict[str, Any]:
+def scaled_rope_dict(old: dict[str, Any], scaling: Scaling) -> dict[str, Any]:
     """A new rope dict for ``scaling``: the old one's base, partial rotary factor, rotary layout and every
     key that is not a scaling parameter of its rope type (``rope_type_keys``)."""
     old_type = rope_type_of(old)

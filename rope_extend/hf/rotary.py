@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from ..methods import registry
+from ..methods.resolved import Scaling
 from . import families
 from .reading import frequencies, rope_dict, text_config
 from .rope_types import rope_type_of, split_rope_type
@@ -226,7 +226,7 @@ def bucket(length: int, original: int) -> int:
 class Entry:
     """One frequency set a runtime manages."""
 
-    scaling: registry.Scaling
+    scaling: Scaling
     dim: int
     base: float
     rotating: int | None = None  # proportional RoPE: the frequencies past this many stay zero

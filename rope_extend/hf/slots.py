@@ -12,10 +12,10 @@ transformers hands attention two layouts of cached keys:
 
 The attention methods place each key by its distance from the last query, so they need the filled length. The
 attention function never sees the cache (transformers 5.24 passes no ``cache_position``; 5.17 neither), so
-``Watch``, a forward pre-hook on the decoder, records the cache each forward receives, and ``filled`` reads the
-layer's length after its update: ``StaticLayer.cumulative_length``, a tensor (the cache keeps it on the device
-so that compiled decoding does not recompile), which the caller reads on the host. One forward at a time per
-model: like the cache keepers (``hf.cache_keeper``), the watch holds the cache of the forward running now.
+``CacheRecorder``, a forward pre-hook on the decoder, records the cache each forward receives, and ``filled`` reads
+the layer's length after its update: ``StaticLayer.cumulative_length``, a tensor (the cache keeps it on the device
+so that compiled decoding does not recompile), which the caller reads on the host. One forward at a time per model:
+like the cache keepers (``hf.cache_keeper``), the recorder holds the cache of the forward running now.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from .layout import cache_argument
-from .names import WATCH_ATTR
+from .names import CACHE_RECORDER_ATTR
 
 
-class Watch:
+class CacheRecorder:
     """Records the cache of the decoder's forward (``cache``, ``past_key_values`` before 5.24, or a positional
     ``Cache``) while it runs; cleared when it returns, so that no cache is kept alive after it."""
 
@@ -47,33 +47,33 @@ class Watch:
         self.cache = None
 
 
-def install(decoder: nn.Module) -> Watch:
-    """The decoder's ``Watch``, registered once."""
-    found = decoder.__dict__.get(WATCH_ATTR)
+def install(decoder: nn.Module) -> CacheRecorder:
+    """The decoder's ``CacheRecorder``, registered once."""
+    found = decoder.__dict__.get(CACHE_RECORDER_ATTR)
     if found is not None:
         return found[0]
-    watch = Watch()
-    pre = decoder.register_forward_pre_hook(watch, with_kwargs=True)
-    post = decoder.register_forward_hook(watch.clear, always_call=True)
-    decoder.__dict__[WATCH_ATTR] = (watch, pre, post)
-    return watch
+    recorder = CacheRecorder()
+    pre = decoder.register_forward_pre_hook(recorder, with_kwargs=True)
+    post = decoder.register_forward_hook(recorder.clear, always_call=True)
+    decoder.__dict__[CACHE_RECORDER_ATTR] = (recorder, pre, post)
+    return recorder
 
 
 def remove(decoder: nn.Module) -> None:
-    found = decoder.__dict__.pop(WATCH_ATTR, None)
+    found = decoder.__dict__.pop(CACHE_RECORDER_ATTR, None)
     if found is not None:
         found[1].remove()
         found[2].remove()
 
 
-def filled(watch: Watch | None, module: nn.Module, key: torch.Tensor) -> int | torch.Tensor | None:
+def filled(recorder: CacheRecorder | None, module: nn.Module, key: torch.Tensor) -> int | torch.Tensor | None:
     """How many slots of ``key`` (``[b, h, m, d]``, what ``module``'s attention function received) hold keys, the
     newest query's last: None when all ``m`` do (a dynamic cache, or no cache); an int or a 0-d tensor (a static
     layer's cumulative length, read on the host by the caller) when the keys are a static layer's slots.
     Raises for a cache layer whose slots rope-extend does not know."""
     from transformers import cache_utils as cu
 
-    layer = _layer(watch, module)
+    layer = _layer(recorder, module)
     if layer is None:
         return None
     index = module.layer_idx
@@ -97,22 +97,22 @@ def filled(watch: Watch | None, module: nn.Module, key: torch.Tensor) -> int | t
     )
 
 
-def static_full(watch: Watch | None, module: nn.Module) -> bool:
+def static_full(recorder: CacheRecorder | None, module: nn.Module) -> bool:
     """Whether ``module``'s keys come from a full-attention static cache layer (not a sliding one)."""
     from transformers import cache_utils as cu
 
-    layer = _layer(watch, module)
+    layer = _layer(recorder, module)
     return isinstance(layer, cu.StaticLayer) and not isinstance(layer, cu.StaticSlidingWindowLayer)
 
 
-def layer_of(watch: Watch | None, module: nn.Module):
+def layer_of(recorder: CacheRecorder | None, module: nn.Module):
     """The cache layer of ``module`` in the running forward's cache, or None (the attention's kept keys read it)."""
-    return _layer(watch, module)
+    return _layer(recorder, module)
 
 
-def _layer(watch: Watch | None, module: nn.Module):
+def _layer(recorder: CacheRecorder | None, module: nn.Module):
     """The cache layer of ``module`` in the running forward's cache, or None (no cache, or not a layered one)."""
-    cache = watch.cache if watch is not None else None
+    cache = recorder.cache if recorder is not None else None
     cache = getattr(cache, "self_attention_cache", cache)  # an encoder-decoder cache: the decoder's own
     layers = getattr(cache, "layers", None)
     index = getattr(module, "layer_idx", None)

@@ -3,7 +3,7 @@
 ``import rope_extend`` calls ``install`` once. transformers' model code takes seconds to import, which
 ``import rope_extend`` (the command line's ``--help``, a script that only builds a recipe) should not pay, so
 when ``transformers.modeling_rope_utils`` is not imported yet ``install`` puts a finder at the front of
-``sys.meta_path`` (``deferred.Watch``) that makes the changes as soon as it is, and removes itself. The changes,
+``sys.meta_path`` (``deferred.ReadyFinder``) that makes the changes as soon as it is, and removes itself. The changes,
 and nothing else:
 
 - ``modeling_rope_utils.ROPE_INIT_FUNCTIONS`` gains the rope types transformers lacks (``ntk``, ``dynamic_ntk``,
@@ -38,7 +38,7 @@ _MISSING = object()
 # (owner, key, what was there or _MISSING), in the order the changes were made: owner a class (an attribute of
 # the class itself) or a dict (an entry)
 _undo: list[tuple[Any, str, Any]] = []
-_state: dict[str, Any] = {"installed": False, "watch": None}
+_state: dict[str, Any] = {"installed": False, "finder": None}
 # name -> what ALL_ATTENTION_FUNCTIONS' own (local) mapping held before ``attention_function`` set it
 _scoped: dict[str, Any] = {}
 
@@ -51,18 +51,18 @@ def installed() -> bool:
 def install() -> None:
     """Make every change now when ``transformers.modeling_rope_utils`` is imported, else as soon as it is.
     Idempotent."""
-    watch = _state["watch"]
-    if _state["installed"] or (watch is not None and not watch.done):
+    finder = _state["finder"]
+    if _state["installed"] or (finder is not None and not finder.done):
         return
-    _state["watch"] = deferred.when_transformers_ready(_apply)
+    _state["finder"] = deferred.when_transformers_ready(_apply)
 
 
 def uninstall() -> None:
     """Undo every change (and disarm the finder of a deferred ``install``). Idempotent."""
-    watch = _state["watch"]
-    if watch is not None:
-        watch.disarm()
-        _state["watch"] = None
+    finder = _state["finder"]
+    if finder is not None:
+        finder.disarm()
+        _state["finder"] = None
     for name in list(_scoped):
         _restore_attention_function(name)
     if not _state["installed"]:

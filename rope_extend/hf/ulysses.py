@@ -6,17 +6,17 @@ all-to-all gives each rank all ``T`` positions for ``H/N`` of the heads, the att
 all-to-all gives the shards back. DeepSpeed (>= 0.19.8, ``deepspeed.runtime.sequence_parallel.ulysses_sp``) does
 the all-to-alls; rope-extend writes none of its own. What this module adds:
 
-- ``plan(model, degree, batch_size)``: every refusal that needs the model, before any step, each naming the reason
+- ``head_split(model, degree, batch_size)``: every refusal that needs the model, before any step, each naming the reason
   and what is allowed: heads or key-value heads the degree does not divide (the allowed degrees listed), an
   attention key the wrapper cannot serve (``eager``, FlexAttention: DeepSpeed rebuilds a plain causal block mask),
   sliding-window or chunked layers on SDPA (the wrapper drops the mask that carries the window), attention sinks
   (one logit per head, passed on unsplit), MLA (a value head size other than the query's), M-RoPE (position ids
   ``[3, B, T]``, gathered on the wrong dimension) and recurrent layers (their state runs along the sequence);
-- ``install(model, plan, group)``: the wrapper under the model's key (``config._attn_implementation``: ``sdpa``, a
+- ``install(model, split, group)``: the wrapper under the model's key (``config._attn_implementation``: ``sdpa``, a
   flash name, or rope-extend's own attention name, whose inner SDPA then stays unwrapped: wrapping both would
   all-to-all twice), through ``hf.transformers_changes.attention_function``; ``remove`` undoes it and puts back every
   attention module's ``num_key_value_groups`` (DeepSpeed lowers it for good when it replicates key-value heads);
-- ``expect(model, plan)``: the same record and undo when accelerate's DeepSpeed sequence parallelism installs
+- ``expect(model, split)``: the same record and undo when accelerate's DeepSpeed sequence parallelism installs
   DeepSpeed's own registration in ``prepare`` (for the whole process, with no undo of its own).
 
 Install once for the whole run: activation checkpointing recomputes the layers in backward, under the same wrapper.
@@ -44,8 +44,9 @@ SERVED = ("sdpa", "flash_attention_2", "flash_attention_3")  # the keys the wrap
 
 
 @dataclass(frozen=True)
-class Plan:
-    """What ``install`` builds: the degree, the model's attention key and its head geometry."""
+class HeadSplit:
+    """How Ulysses splits the heads, checked exact (``head_split``): the degree, the model's attention key and its
+    head geometry, which ``install`` builds the wrapper from."""
 
     degree: int
     key: str
@@ -60,7 +61,7 @@ class Plan:
 class Installed:
     """An installed wrapper: its undo and the ``num_key_value_groups`` every attention module had before."""
 
-    plan: Plan
+    split: HeadSplit
     undo: Any
     groups: list[tuple[nn.Module, int]] = field(default_factory=list)
 
@@ -71,7 +72,7 @@ def allowed_degrees(heads: int, kv_heads: int) -> list[int]:
     return [d for d in range(2, heads + 1) if heads % d == 0 and (kv_heads % d == 0 or d % kv_heads == 0)]
 
 
-def plan(model: nn.Module, degree: int, batch_size: int) -> Plan:
+def head_split(model: nn.Module, degree: int, batch_size: int) -> HeadSplit:
     """Check that Ulysses over ``degree`` ranks is exact on ``model`` (``UnsupportedModelError`` naming the reason
     otherwise) and return what ``install`` needs."""
     config: Any = unwrap(model).config
@@ -96,7 +97,7 @@ def plan(model: nn.Module, degree: int, batch_size: int) -> Plan:
             f"allowed degrees {allowed}"
         )
     _refuse_layers(model, text, key, where)
-    return Plan(degree, key, heads, kv_heads, head_dim, int(text.num_hidden_layers), batch_size)
+    return HeadSplit(degree, key, heads, kv_heads, head_dim, int(text.num_hidden_layers), batch_size)
 
 
 def _refuse_layers(model: nn.Module, text, key: str, where: str) -> None:
@@ -135,30 +136,30 @@ def _refuse_layers(model: nn.Module, text, key: str, where: str) -> None:
         )
 
 
-def install(model: nn.Module, planned: Plan, group: Any) -> Installed:
-    """DeepSpeed's ``UlyssesSPAttentionHF`` over ``group`` under ``planned.key``; ``remove`` undoes it."""
+def install(model: nn.Module, split: HeadSplit, group: Any) -> Installed:
+    """DeepSpeed's ``UlyssesSPAttentionHF`` over ``group`` under ``split.key``; ``remove`` undoes it."""
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     groups = _kv_groups(model)
     ulysses = UlyssesSPAttentionHF(
-        attn=ALL_ATTENTION_FUNCTIONS[planned.key],
-        batch_size=planned.batch_size,
-        attn_head_count=planned.heads,
-        attn_head_size=planned.head_dim,
-        kv_head_count=planned.kv_heads,
-        num_hidden_layers=planned.layers,
+        attn=ALL_ATTENTION_FUNCTIONS[split.key],
+        batch_size=split.batch_size,
+        attn_head_count=split.heads,
+        attn_head_size=split.head_dim,
+        kv_head_count=split.kv_heads,
+        num_hidden_layers=split.layers,
         process_group=group,
         seq_length_is_variable=True,
     )
 
     def attention(module, query, key, value, attention_mask, *args, **kwargs):
         # the mask transformers built is for the shard: causal over the gathered sequence instead (a block mask,
-        # FlexAttention's, would be kept, but plan refuses flex)
+        # FlexAttention's, would be kept, but head_split refuses flex)
         mask = attention_mask if not hasattr(attention_mask, "shape") else None
         return ulysses(module, query, key, value, mask, *args, **kwargs)
 
-    return Installed(planned, changes.attention_function(planned.key, attention), groups)
+    return Installed(split, changes.attention_function(split.key, attention), groups)
 
 
 def _kv_groups(model: nn.Module) -> list[tuple[nn.Module, int]]:
@@ -169,16 +170,16 @@ def _kv_groups(model: nn.Module) -> list[tuple[nn.Module, int]]:
     ]
 
 
-def expect(model: nn.Module, planned: Plan) -> Installed:
+def expect(model: nn.Module, split: HeadSplit) -> Installed:
     """What DeepSpeed's own registration (``UlyssesSPAttentionHF.register_with_transformers``, which accelerate's
     DeepSpeed sequence parallelism calls in ``prepare``) will change, recorded before it does so that ``remove`` puts
-    it back: it replaces ``planned.key`` in transformers' attention registry for the whole process, with no undo,
+    it back: it replaces ``split.key`` in transformers' attention registry for the whole process, with no undo,
     and lowers ``num_key_value_groups`` when it replicates key-value heads. Call it just before ``prepare``."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     groups = _kv_groups(model)
     # through the ledger: the same function under the key now, and the undo puts back what was there before
-    return Installed(planned, changes.attention_function(planned.key, ALL_ATTENTION_FUNCTIONS[planned.key]), groups)
+    return Installed(split, changes.attention_function(split.key, ALL_ATTENTION_FUNCTIONS[split.key]), groups)
 
 
 def remove(installed: Installed) -> None:

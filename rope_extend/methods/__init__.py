@@ -17,8 +17,8 @@ from ._common import (
     rope_frequencies,
     rotary_dim,
 )
-from ._scaling import Scaling, resolve
 from .registry import by_rope_type, get, inv_freq, names, register
+from .resolved import Scaling, resolve
 
 __all__ = [
     "MAX_LENGTH",

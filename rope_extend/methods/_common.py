@@ -152,6 +152,11 @@ class Method:
     # (scaling, dim, base, at) -> the methods.engine_form.Form serving engines compute it in, or None where none
     # does; None: no engine knows the method (an attention method: positions change inside attention)
     engine_form: Callable[..., Any] | None = None
+    # an attention method, refused by every engine whose target says nothing of it (export.routes): what an engine
+    # lacks to run it (None: "it has no attention that changes positions per query and key") and the nearest
+    # choice that exports (None: yarn at the same reach)
+    engine_lacks: str | None = None
+    engine_instead: str | None = None
 
     def __repr__(self) -> str:
         return f"Method({self.name!r}, rope_type={self.rope_type!r})"

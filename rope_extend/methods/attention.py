@@ -359,6 +359,8 @@ SELF_EXTEND = Method(
     rope_type="self_extend",
     attention=True,
     source='Jin et al. 2024, "LLM Maybe LongLM" (Self-Extend)',
+    engine_lacks="it has no Self-Extend (only llama.cpp has a version of it)",
+    engine_instead="--to gguf",
 )
 DUAL_CHUNK = Method(
     "dual_chunk",
@@ -367,6 +369,7 @@ DUAL_CHUNK = Method(
     rope_type="dual_chunk",
     attention=True,
     source="An et al. 2024, Dual Chunk Attention (ChunkLlama)",
+    engine_lacks="it has no dual-chunk attention",
 )
 REROPE = Method("rerope", ReRopeParams, _plain, rope_type="rerope", attention=True, source="Su 2023, ReRoPE")
 LEAKY_REROPE = Method(

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from ._common import Geometry, Method, rope_frequencies
-from ._scaling import Scaling
 from .engine_form import LINEAR, Form
+from .resolved import Scaling
 
 
 @dataclass(frozen=True)

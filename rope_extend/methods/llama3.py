@@ -15,8 +15,8 @@ import torch
 
 from ..errors import RopeExtendError
 from ._common import Geometry, Method, check_number, rope_frequencies
-from ._scaling import Scaling
 from .engine_form import LLAMA3, Form
+from .resolved import Scaling
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import torch
 
 from ..errors import RopeExtendError
 from ._common import Geometry, Method, check_number
-from ._scaling import Scaling
 from .engine_form import LONGROPE, Form
+from .resolved import Scaling
 
 
 def _factors(name: str, value) -> tuple[float, ...]:

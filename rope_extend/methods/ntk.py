@@ -13,8 +13,8 @@ import torch
 
 from ..errors import RopeExtendError
 from ._common import Geometry, Method, check_number, rope_frequencies
-from ._scaling import Scaling
 from .engine_form import DEFAULT, Form
+from .resolved import Scaling
 
 
 def ntk_base(base: float, alpha: float, dim: int) -> float:

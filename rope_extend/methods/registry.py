@@ -9,7 +9,7 @@ import torch
 from ..errors import RopeExtendError
 from ..registry import Registry
 from ._common import Geometry, Method, check_factor, check_length, rotary_dim
-from ._scaling import Scaling, resolve
+from .resolved import Scaling, resolve
 
 
 def _new_rope_type(method: Method) -> None:

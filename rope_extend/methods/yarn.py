@@ -23,8 +23,8 @@ import torch
 from ..errors import RopeExtendError
 from . import engine_form
 from ._common import Geometry, Method, check_number, rope_frequencies
-from ._scaling import Scaling
 from .engine_form import Form
+from .resolved import Scaling
 
 
 def correction_range(

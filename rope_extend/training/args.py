@@ -19,7 +19,7 @@ from typing import Any, Literal
 from .. import resources, schema
 from ..documents import SampleBy
 from ..errors import RopeExtendError
-from ..scaling import ScalingSpec
+from ..scaling import ScalingRequest
 from ..schema import option
 from ..yaml_loader import read_yaml
 
@@ -55,8 +55,8 @@ class ModelArgs:
 
 
 @dataclass
-class RopeArgs(ScalingSpec):
-    """The scaling to train for (a ``ScalingSpec``; checked in ``TrainArgs.validate`` with keys named
+class RopeArgs(ScalingRequest):
+    """The scaling to train for (a ``ScalingRequest``; checked in ``TrainArgs.validate`` with keys named
     ``rope.*``)."""
 
     method: str = option("yarn", help="scaling method (rope-extend methods); none trains the rope as it is")
@@ -67,7 +67,7 @@ class RopeArgs(ScalingSpec):
     )
 
     def check(self, spell=lambda key: key) -> RopeArgs:
-        """``ScalingSpec.check``; with ``params_from``, the method's name only, the rest once the file is read
+        """``ScalingRequest.check``; with ``params_from``, the method's name only, the rest once the file is read
         (``resolved``)."""
         if self.params_from is None:
             super().check(spell)
@@ -79,7 +79,7 @@ class RopeArgs(ScalingSpec):
             registry.get(self.method)  # an unknown name raises, listing the known ones
         return self
 
-    def resolved(self) -> ScalingSpec:
+    def resolved(self) -> ScalingRequest:
         """The scaling to patch: this one, with ``params_from`` read (through the suites' reader of the same
         key, ``evaluation.suite.MethodSpec``) and checked; ``self`` is left as the recipe wrote it."""
         if self.params_from is None:
@@ -92,7 +92,7 @@ class RopeArgs(ScalingSpec):
             spec.read_params_from(None)
         except RopeExtendError as exc:
             raise RecipeError(f"rope.params_from: {exc}") from None
-        return ScalingSpec(method=spec.method, **{k: getattr(spec, k) for k in amounts}, params=spec.params)
+        return ScalingRequest(method=spec.method, **{k: getattr(spec, k) for k in amounts}, params=spec.params)
 
     def apply(self, model) -> None:
         spec = self.resolved()

@@ -130,15 +130,15 @@ def sharded(accelerator, batch: dict[str, torch.Tensor], where: Layout) -> Itera
 
 
 def check(model, args: TrainArgs, where: Layout) -> None:
-    """Refuse, naming ``parallel.sequence``, a model that sequence parallelism cannot serve (``hf.ulysses.plan``);
+    """Refuse, naming ``parallel.sequence``, a model that sequence parallelism cannot serve (``hf.ulysses.head_split``);
     no collective, nothing installed: the loop calls it before anything is written."""
     if where.kind == "sequence":
-        _plan(model, args, where)
+        _head_split(model, args, where)
 
 
-def _plan(model, args: TrainArgs, where: Layout) -> Any:
+def _head_split(model, args: TrainArgs, where: Layout) -> Any:
     try:
-        return ulysses.plan(model, where.degree, args.per_device_train_batch_size)
+        return ulysses.head_split(model, where.degree, args.per_device_train_batch_size)
     except UnsupportedModelError as exc:
         raise RecipeError(f"parallel.sequence: {exc}") from None
 
@@ -146,19 +146,19 @@ def _plan(model, args: TrainArgs, where: Layout) -> Any:
 def install(model, args: TrainArgs, where: Layout) -> ulysses.Installed | None:
     """Ulysses on ``model`` over this process's group (None without sequence parallelism). Every process makes
     every group, in the same order, as ``torch.distributed.new_group`` requires. The model is checked first
-    (``hf.ulysses.plan``): a refusal names ``parallel.sequence`` and comes before any collective."""
+    (``hf.ulysses.head_split``): a refusal names ``parallel.sequence`` and comes before any collective."""
     if where.kind != "sequence":
         return None
-    planned = _plan(model, args, where)
+    split = _head_split(model, args, where)
     group = _groups(where)
-    return ulysses.install(model, planned, group)
+    return ulysses.install(model, split, group)
 
 
 def expect(model, args: TrainArgs, where: Layout) -> ulysses.Installed:
     """Under accelerate's DeepSpeed sequence parallelism (``training.engine``), which installs DeepSpeed's Ulysses
     itself in ``prepare``: the model checked as for ``install``, and what that installation changes recorded so
     that ``remove`` undoes it. Call it just before ``prepare``."""
-    return ulysses.expect(model, _plan(model, args, where))
+    return ulysses.expect(model, _head_split(model, args, where))
 
 
 def require_deepspeed(degree: int) -> Any:

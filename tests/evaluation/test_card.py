@@ -88,7 +88,7 @@ def test_cli_bad_option_is_one_line_exit_2(tmp_path, capsys):
     [
         (["--method", "yarn", "--factor", "4", "--lengths", "512", "1024"], "needs a length inside L=256"),
         (["--lengths", "128", "256"], "neither patched nor configured"),  # no --method: no scaling
-        # L = 256: RULER's budgets capped at L/4 = 64 tokens (card_plan.answer_budgets), which 60 cannot hold
+        # L = 256: RULER's budgets capped at L/4 = 64 tokens (card_measurements.answer_budgets), which 60 cannot hold
         (["--method", "yarn", "--factor", "4", "--lengths", "60", "256"], "leaves no prompt for RULER"),
         (["--method", "yarn", "--factor", "4", "--lengths", "160", "256"], "too short for RULER"),
     ],

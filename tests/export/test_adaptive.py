@@ -19,7 +19,7 @@ from rope_extend.methods import registry
 from rope_extend.methods._common import rope_frequencies
 from tests.tiny import tiny_model, tiny_tokenizer
 
-PLAN = adaptive.Plan.of(1024, (2, 4))
+LAYOUT = adaptive.BucketLayout.of(1024, (2, 4))
 
 
 def test_default_buckets_are_powers_of_two_then_the_factor():
@@ -38,12 +38,12 @@ def test_bad_buckets(buckets, match):
 
 
 def test_segments_lengths_and_offsets():
-    assert PLAN.factors == (1.0, 2.0, 4.0)
-    assert PLAN.lengths == (1024, 2048, 4096) and PLAN.offsets == (0, 1024, 3072) and PLAN.rows == 7168
-    assert [PLAN.segment(n) for n in (1, 1024, 1025, 2048, 2049, 4096)] == [0, 0, 1, 1, 2, 2]
+    assert LAYOUT.factors == (1.0, 2.0, 4.0)
+    assert LAYOUT.lengths == (1024, 2048, 4096) and LAYOUT.offsets == (0, 1024, 3072) and LAYOUT.rows == 7168
+    assert [LAYOUT.segment(n) for n in (1, 1024, 1025, 2048, 2049, 4096)] == [0, 0, 1, 1, 2, 2]
     with pytest.raises(RopeExtendError, match="longer than the longest bucket"):
-        PLAN.segment(4097)
-    assert adaptive.Plan.from_config(PLAN.as_config()) == PLAN
+        LAYOUT.segment(4097)
+    assert adaptive.BucketLayout.from_config(LAYOUT.as_config()) == LAYOUT
 
 
 def test_a_request_needs_the_positions_it_feeds():
@@ -63,11 +63,11 @@ def test_a_request_needs_the_positions_it_feeds():
 def test_pure_scoring_at_each_bucket_edge(prompt, segment):
     """A prompt of exactly L (2L) tokens scored with max_tokens=1 is fed L (2L) positions: plain RoPE (x2), as
     transformers' dynamic_yarn on those tokens; one token more is the next bucket."""
-    assert vllm_plugin.request_segment(PLAN, prompt, 1, PLAN.longest) == segment
+    assert vllm_plugin.request_segment(LAYOUT, prompt, 1, LAYOUT.longest) == segment
     runner = _runner({"a": (prompt, 1)}, None)
     positions = torch.arange(prompt)  # the prefill: every position the request will ever feed
-    vllm_plugin.shift_positions(runner, PLAN, SimpleNamespace(num_scheduled_tokens={"a": prompt}), positions)
-    assert positions.tolist() == list(range(PLAN.offsets[segment], PLAN.offsets[segment] + prompt))
+    vllm_plugin.shift_positions(runner, LAYOUT, SimpleNamespace(num_scheduled_tokens={"a": prompt}), positions)
+    assert positions.tolist() == list(range(LAYOUT.offsets[segment], LAYOUT.offsets[segment] + prompt))
 
 
 def test_factor_one_names_the_factor_not_the_buckets():
@@ -94,44 +94,44 @@ def test_factor_one_through_the_command_line(tmp_path, capsys):
 
 
 def test_offsets_per_token_follow_the_batch_order():
-    got = adaptive.offsets_per_token(PLAN, [0, 2, 1], [2, 1, 3])
+    got = adaptive.offsets_per_token(LAYOUT, [0, 2, 1], [2, 1, 3])
     assert got.tolist() == [0, 0, 3072, 1024, 1024, 1024]
 
 
 def test_salts_differ_per_factor_and_cannot_be_forged():
-    salts = {adaptive.salt(PLAN, k, None) for k in range(3)}
+    salts = {adaptive.salt(LAYOUT, k, None) for k in range(3)}
     assert len(salts) == 3
     # a plain request whose own salt spells a factor's salt still gets another salt than that factor's requests
-    forged = adaptive.salt(PLAN, 1, None)
-    assert adaptive.salt(PLAN, 0, forged) != forged
-    assert adaptive.salt(PLAN, 2, "user") == "rope-extend yarn x4|user"
+    forged = adaptive.salt(LAYOUT, 1, None)
+    assert adaptive.salt(LAYOUT, 0, forged) != forged
+    assert adaptive.salt(LAYOUT, 2, "user") == "rope-extend yarn x4|user"
 
 
 def test_table_segments_are_plain_rope_and_yarn_at_each_bucket():
     dim, base = 64, 100000.0
-    method = adaptive.scaling(PLAN, {"beta_fast": 32.0, "beta_slow": 1.0})
-    table = adaptive.table(PLAN, method, dim, base)
-    assert table.shape == (PLAN.rows, dim)
+    method = adaptive.scaling(LAYOUT, {"beta_fast": 32.0, "beta_slow": 1.0})
+    table = adaptive.table(LAYOUT, method, dim, base)
+    assert table.shape == (LAYOUT.rows, dim)
     expected = [(rope_frequencies(dim, base), 1.0)]
     for s in (2.0, 4.0):
         yarn = registry.resolve(registry.get("yarn"), factor=s, original_max_position_embeddings=1024, params={})
         expected.append(yarn.compute(dim, base))
     for k, (freqs, scale) in enumerate(expected):
-        rows = table[PLAN.offsets[k] : PLAN.offsets[k] + PLAN.lengths[k]]
-        angles = torch.arange(PLAN.lengths[k], dtype=torch.float32)[:, None] * freqs[None, :]
+        rows = table[LAYOUT.offsets[k] : LAYOUT.offsets[k] + LAYOUT.lengths[k]]
+        angles = torch.arange(LAYOUT.lengths[k], dtype=torch.float32)[:, None] * freqs[None, :]
         torch.testing.assert_close(rows, torch.cat((angles.cos() * scale, angles.sin() * scale), -1), rtol=0, atol=0)
     assert expected[2][1] == pytest.approx(0.1 * torch.log(torch.tensor(4.0)).item() + 1)
 
 
 def test_finetuned_dynamic_yarn_is_static_yarn_not_adaptive():
     with pytest.raises(RopeExtendError, match="finetuned"):
-        adaptive.scaling(PLAN, {"finetuned": True})
+        adaptive.scaling(LAYOUT, {"finetuned": True})
 
 
 # ------------------------------------------------------------------------- the plugin, on stand-ins of vLLM
-def _config(plan=PLAN):
-    hf = SimpleNamespace(**{adaptive.CONFIG_KEY: {**plan.as_config(), "architecture": "LlamaForCausalLM"}})
-    return SimpleNamespace(hf_config=hf, max_model_len=plan.longest)
+def _config(layout=LAYOUT):
+    hf = SimpleNamespace(**{adaptive.CONFIG_KEY: {**layout.as_config(), "architecture": "LlamaForCausalLM"}})
+    return SimpleNamespace(hf_config=hf, max_model_len=layout.longest)
 
 
 def _request(prompt, max_tokens, salt=None, resumable=False):
@@ -182,7 +182,7 @@ def test_each_token_gets_its_requests_offset():
     runner = _runner({"a": (500, 8), "b": (3000, 100), "c": (1500, 8)}, None)
     scheduled = SimpleNamespace(num_scheduled_tokens={"a": 3, "b": 1, "c": 2})
     positions = torch.tensor([0, 1, 2, 3050, 700, 701, 0, 0])  # two padding tokens after the six scheduled
-    vllm_plugin.shift_positions(runner, PLAN, scheduled, positions)
+    vllm_plugin.shift_positions(runner, LAYOUT, scheduled, positions)
     assert positions.tolist() == [0, 1, 2, 3050 + 3072, 700 + 1024, 701 + 1024, 0, 0]
     assert [runner.requests[r].rope_extend_segment for r in "abc"] == [0, 2, 1]
 
@@ -190,7 +190,9 @@ def test_each_token_gets_its_requests_offset():
 def test_a_position_past_its_bucket_is_refused():
     runner = _runner({"a": (500, 8)}, None)
     with pytest.raises(RuntimeError, match="past its request's bucket"):
-        vllm_plugin.shift_positions(runner, PLAN, SimpleNamespace(num_scheduled_tokens={"a": 1}), torch.tensor([1024]))
+        vllm_plugin.shift_positions(
+            runner, LAYOUT, SimpleNamespace(num_scheduled_tokens={"a": 1}), torch.tensor([1024])
+        )
 
 
 # ------------------------------------------------------------------------------------------- the export
@@ -231,7 +233,7 @@ def test_export_writes_the_plugins_folder(tmp_path):
     assert result.engine == info["engine"] == "vllm 0.32.0 with rope-extend's plugin"
     assert info["notes"] == result.notes and "serve with vLLM 0.32.0" in result.notes[0]
     assert "0.33" not in json.dumps(info)
-    # what the plugin serves against transformers, with this plan's numbers: the same up to L positions; at the
+    # what the plugin serves against transformers, with this layout's numbers: the same up to L positions; at the
     # bucket edges yarn at the bucket, where the patched model's grid runs it a little higher
     edge = result.notes[3]
     assert "prompt + max_tokens - 1" in edge and "the same model up to L=64 positions" in edge
@@ -356,11 +358,11 @@ def test_the_model_class_builds_plain_then_swaps_each_layers_table():
     assert adaptive.scaled_layer(SimpleNamespace(rope_parameters=flat), "model.layers.0.self_attn.rotary_emb")
     with pytest.raises(UnsupportedModelError, match="cannot tell the layer type"):
         adaptive.scaled_layer(gemma, "model.layers.2.self_attn.rotary_emb")
-    table = adaptive.table(PLAN, None, 32, 1e4)
-    plain = adaptive.table(adaptive.Plan.of(1024, (4,)), None, 32, 1e4)[1024:]  # plain RoPE over 4096 rows
+    table = adaptive.table(LAYOUT, None, 32, 1e4)
+    plain = adaptive.table(adaptive.BucketLayout.of(1024, (4,)), None, 32, 1e4)[1024:]  # plain RoPE over 4096 rows
     for k in range(3):
-        rows = table[PLAN.offsets[k] : PLAN.offsets[k] + PLAN.lengths[k]]
-        torch.testing.assert_close(rows, plain[: PLAN.lengths[k]], rtol=0, atol=0)
+        rows = table[LAYOUT.offsets[k] : LAYOUT.offsets[k] + LAYOUT.lengths[k]]
+        torch.testing.assert_close(rows, plain[: LAYOUT.lengths[k]], rtol=0, atol=0)
 
 
 # ------------------------------------------------------------------------------------------ vLLM versions

@@ -208,7 +208,7 @@ def with_rope(base, tmp_path, name, rope):
 
 def test_vllm_dynamic_is_plain_rope(base, tmp_path, capsys):
     """vLLM 0.33.0's dynamic without max_trained_positions is plain RoPE in a table of N rows, served to factor x N
-    (its get_rope, tests/export/test_audit_engines.py): a mismatch; SGLang's static NTK at factor x N is equal."""
+    (its get_rope, tests/export/test_audit_vllm_sglang.py): a mismatch; SGLang's static NTK at factor x N is equal."""
     folder = with_rope(base, tmp_path, "d", {"rope_type": "dynamic", "factor": 2.0})
     code, text = run(capsys, folder, "--engine", "vllm")
     assert code == 1 and "frequencies differ" in text and "vLLM's dynamic is plain RoPE" in text, text

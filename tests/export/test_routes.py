@@ -142,3 +142,34 @@ def test_a_refusal_has_no_form_to_serve():
         _ = refused.served
     exported = routes.decide(scaling("yarn"), "vllm", 128, 10000.0)
     assert exported.served is exported.form and exported.served.original_length == 4096
+
+
+@pytest.mark.parametrize(
+    ("name", "reason", "nearest"),
+    [
+        ("dual_chunk", "it has no dual-chunk attention", "yarn with factor 4"),
+        ("self_extend", "it has no Self-Extend (only llama.cpp has a version of it)", "--to gguf"),
+        ("rerope", "it has no attention that changes positions per query and key", "yarn with factor 4"),
+        ("leaky_rerope", "it has no attention that changes positions per query and key", "yarn with factor 4"),
+    ],
+)
+def test_an_attention_method_is_refused_with_what_it_declares(name, reason, nearest):
+    """The rules every engine shares read the refusal from the method (``Method.engine_lacks`` /
+    ``engine_instead``), so transformers 4, which says nothing of its own about attention methods, gives each
+    method's words."""
+    factor = None if name == "self_extend" else 4.0
+    decision = routes.decide(scaling(name, factor=factor), "transformers4", 64, 10000.0)
+    assert (decision.status, decision.reason, decision.nearest) == (routes.REFUSED, reason, nearest)
+
+
+def test_a_new_attention_method_needs_no_line_in_routes():
+    import dataclasses
+
+    toy = dataclasses.replace(registry.get("rerope"), name="toy", engine_lacks="it has no toy attention")
+    scaled = registry.resolve(toy, factor=2.0, original_max_position_embeddings=4096, params={})
+    decision = routes.decide(scaled, "transformers4", 64, 10000.0)
+    assert (decision.status, decision.reason, decision.nearest) == (
+        routes.REFUSED,
+        "it has no toy attention",
+        "yarn with factor 2",
+    )

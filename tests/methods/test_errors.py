@@ -165,14 +165,14 @@ def test_every_length_is_bounded_by_the_one_maximum(amounts, message):
     least 2, as every other reader of a length does (``check_length``): the scaling spec before any model, the
     frequencies' ``seq_len``, ``hf.reading`` and the audit. Before, ``10**5000`` was accepted and a traceback
     later, and ``L = 1`` a ZeroDivisionError in LongRoPE's scale."""
-    from rope_extend.scaling import ScalingSpec
+    from rope_extend.scaling import ScalingRequest
 
     with pytest.raises(RopeExtendError) as err:
         resolve(get("yarn"), params={}, **amounts)
     assert str(err.value) == message
     if "target" not in message and "x L=" not in message:  # what the spec can tell without the model's L
         with pytest.raises(RopeExtendError) as err:
-            ScalingSpec("yarn", **amounts).check()
+            ScalingRequest("yarn", **amounts).check()
         assert str(err.value) == message
     longest = resolve(get("yarn"), factor=1.0, original_max_position_embeddings=2**40, params={})
     assert longest.target_length == 2**40

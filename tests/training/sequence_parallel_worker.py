@@ -5,8 +5,8 @@
 Launched by ``tests/training/test_sequence_parallel.py`` (2 gloo processes). Every rank first computes the 1-process
 reference on the whole batch itself (no collective), then the same model (same seed) on its shard through the
 package's own path: ``training.parallel.shard`` / ``sharded`` (padding to a multiple of N, slicing, the whole
-sequence's span), ``hf.ulysses.plan`` / ``install`` (DeepSpeed's ``UlyssesSPAttentionHF`` under the model's key) and
-``training.loss.model_loss``. The shards' loss sums and LoRA gradients are summed over the group (what DDP's
+sequence's span), ``hf.ulysses.head_split`` / ``install`` (DeepSpeed's ``UlyssesSPAttentionHF`` under the model's
+key) and ``training.loss.model_loss``. The shards' loss sums and LoRA gradients are summed over the group (what DDP's
 all-reduce adds up) and compared with the reference; rank 0 writes one row per case. The cases come from the
 method registry (every method and plain RoPE) x {plain, PoSE for frequency methods, packed with EOS, unpacked
 padded batch of 2, a length N does not divide}, plus log-n on the first attention and the first static frequency
@@ -123,7 +123,7 @@ def run_case(method: str, variant: str, logn: bool, where, group) -> dict:
     model = tiny_model(method, logn, kv)
     before = dict(ALL_ATTENTION_FUNCTIONS._local_mapping)
     groups = [m.num_key_value_groups for m in model.modules() if hasattr(m, "num_key_value_groups")]
-    installed = ulysses.install(model, ulysses.plan(model, where.degree, whole["input_ids"].shape[0]), group)
+    installed = ulysses.install(model, ulysses.head_split(model, where.degree, whole["input_ids"].shape[0]), group)
     start = time.perf_counter()
     try:
         with parallel.sharded(None, whole, where) as local:

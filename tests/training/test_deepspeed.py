@@ -251,7 +251,7 @@ def test_what_deepspeeds_own_registration_changes_is_put_back():
 
     model = tiny(LlamaConfig, num_key_value_heads=1)
     before = ALL_ATTENTION_FUNCTIONS["sdpa"]
-    installed = ulysses.expect(model, ulysses.plan(model, 2, 1))
+    installed = ulysses.expect(model, ulysses.head_split(model, 2, 1))
     ALL_ATTENTION_FUNCTIONS["sdpa"] = len  # what register_with_transformers does, for the whole process
     attention = model.model.layers[0].self_attn
     attention.num_key_value_groups = 2  # DeepSpeed replicating the one key-value head

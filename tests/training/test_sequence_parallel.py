@@ -93,8 +93,8 @@ def test_heads_the_degree_does_not_divide_are_refused_with_the_allowed_degrees()
     with pytest.raises(
         rope_extend.UnsupportedModelError, match=r"9 attention heads and 3 key-value heads.*allowed degrees 3, 9$"
     ):
-        ulysses.plan(model, 2, 1)
-    assert ulysses.plan(model, 3, 1).heads == 9
+        ulysses.head_split(model, 2, 1)
+    assert ulysses.head_split(model, 3, 1).heads == 9
     assert ulysses.allowed_degrees(32, 8) == [2, 4, 8, 16, 32]  # Llama-3-8B
     assert ulysses.allowed_degrees(28, 4) == [2, 4, 28]  # Qwen2.5-7B
 
@@ -105,11 +105,11 @@ def test_local_attention_on_sdpa_is_refused():
     with pytest.raises(
         rope_extend.UnsupportedModelError, match=r"local attention \(sliding_window 16\).*flash_attention_2"
     ):
-        ulysses.plan(tiny(MistralConfig, num_key_value_heads=2, sliding_window=16), 2, 1)
+        ulysses.head_split(tiny(MistralConfig, num_key_value_heads=2, sliding_window=16), 2, 1)
     qwen = tiny(Qwen2Config, num_key_value_heads=2, use_sliding_window=True, sliding_window=16, max_window_layers=0)
     assert qwen.config.layer_types == ["sliding_attention"]
     with pytest.raises(rope_extend.UnsupportedModelError, match=r"layer types sliding_attention"):
-        ulysses.plan(qwen, 2, 1)
+        ulysses.head_split(qwen, 2, 1)
 
 
 def test_attention_sinks_and_unserved_attention_are_refused():
@@ -119,9 +119,9 @@ def test_attention_sinks_and_unserved_attention_are_refused():
     sinks = tiny(GptOssConfig, attn_implementation="eager", **fields)  # GPT-OSS runs eager or flash
     sinks.config._attn_implementation = "flash_attention_2"  # as on a GPU
     with pytest.raises(rope_extend.UnsupportedModelError, match=r"attention has sinks"):
-        ulysses.plan(sinks, 2, 1)
+        ulysses.head_split(sinks, 2, 1)
     with pytest.raises(rope_extend.UnsupportedModelError, match=r"'eager' is not served.*use one of sdpa"):
-        ulysses.plan(tiny(LlamaConfig, attn_implementation="eager"), 2, 1)
+        ulysses.head_split(tiny(LlamaConfig, attn_implementation="eager"), 2, 1)
 
 
 def test_a_sequence_is_padded_exactly_and_sliced_after_the_targets_shift():

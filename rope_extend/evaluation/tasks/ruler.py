@@ -10,7 +10,7 @@ from .options import RulerOptions
 
 
 def run(model, tokenizer, options: RulerOptions, context: base.Context) -> list[dict]:
-    from ..ruler import ruler
+    from ..ruler.harness import ruler
 
     return ruler(model, tokenizer, options=options, haystack=context.texts, **context.common()).records
 
@@ -31,7 +31,8 @@ def summarize(records: list[dict]) -> dict[str, list[dict]]:
     the score at the original context or the shortest length)."""
     from ..effective import effective_lengths
     from ..report import label_of, proportion
-    from ..ruler import RULER_TASKS, tables
+    from ..ruler.scoring import tables
+    from ..ruler.subtasks import RULER_TASKS
 
     runs: dict[str, list[dict]] = defaultdict(list)
     for r in records:
@@ -109,7 +110,7 @@ def render(summary: dict) -> list[str]:
     RULER) with the average labelled with its task count and the effective lengths; with several runs first the
     averages side by side."""
     from ..report import labels_of, length_name
-    from ..ruler import average_label
+    from ..ruler.scoring import average_label
 
     rows = summary.get("ruler")
     if not rows:

@@ -6,7 +6,7 @@ with what transformers computes for the same model.
     report = audit("folder/", engine="vllm", overrides={...})  # vLLM from config.json and --hf-overrides
     report = audit("folder/")                                  # transformers itself, with its known traps
 
-The engine models are in ``gguf_file`` (llama.cpp), ``engines`` (vLLM, SGLang) and ``reference`` (transformers,
+The engine models are in ``gguf_file`` (llama.cpp), ``vllm_sglang`` (vLLM, SGLang) and ``reference`` (transformers,
 through its own ``ROPE_INIT_FUNCTIONS`` and the model's rotary module). The files are read as hostile
 (``untrusted``, ``gguf_read``: only regular files, every count and length held against the bytes there are) and
 every value is checked before it is computed with (``gguf_file.settings``, ``reference.check``): a damaged or

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import RopeExtendError
-from ...methods import Geometry, check_int, check_number, rotary_dim
+from ...methods._common import Geometry, check_int, check_number, rotary_dim
 from ...methods.yarn import correction_range, mscale
 from . import gguf_read
 from .rope import MAX_LAYERS, MAX_ROTARY_DIM, Rope

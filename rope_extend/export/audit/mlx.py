@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import RopeExtendError
-from ...methods import check_int, check_length, check_number
+from ...methods._common import check_int, check_length, check_number
 from ...untrusted import read_json
 from ..targets.mlx import ENGINE
 from ..targets.mlx import FAMILIES as MODULES  # model_type: the mlx-lm module that loads it (the export's families)

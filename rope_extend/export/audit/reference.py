@@ -19,7 +19,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from ...errors import RopeExtendError, UnsupportedModelError
 from ...hf import reading
 from ...loading import CONFIG_ERRORS, error_line
-from ...methods import Geometry, check_factor, check_int, check_length, check_number, check_original_length
+from ...methods._common import Geometry, check_factor, check_int, check_length, check_number, check_original_length
 from ...methods.llama3 import Llama3Params
 from ...methods.longrope import LongRopeParams
 from ...methods.yarn import NTKByPartsParams

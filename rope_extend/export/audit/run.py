@@ -9,7 +9,7 @@ from typing import Any
 from ...errors import RopeExtendError
 from ...untrusted import head, read_json
 from ..targets.mlx import ENGINE as MLX_ENGINE
-from . import engines, gguf_file, gguf_read, mlx, reference
+from . import gguf_file, gguf_read, mlx, reference, vllm_sglang
 from .rope import FACTOR_RTOL, FREQ_RTOL, SCALE_RTOL, Rope, close, differences
 
 TARGETS = ("transformers", "gguf", "vllm", "sglang", "mlx")
@@ -172,9 +172,9 @@ def _engine_layers(kind: str, path: Path, overrides, length: int | None):
     if kind == "transformers":
         served = length or int(config.max_position_embeddings)
         return reference.layers(config, served), served, "transformers (this version)", warnings
-    served = length or engines.longest(config, kind)
-    got, said = engines.layers(config, kind, served)
-    return got, served, engines.ENGINES[kind], warnings + said  # said: what the engine does by design
+    served = length or vllm_sglang.longest(config, kind)
+    got, said = vllm_sglang.layers(config, kind, served)
+    return got, served, vllm_sglang.ENGINES[kind], warnings + said  # said: what the engine does by design
 
 
 def _groups(got, want) -> list[Group]:

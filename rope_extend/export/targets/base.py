@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...methods import registry
 from ...methods.engine_form import LONGROPE, Form
+from ...methods.resolved import Scaling
 from . import TARGETS
 
 INFO = "rope-extend-export.json"  # written beside the exported config: what was exported, how, for which engine
@@ -111,7 +111,7 @@ class ExportJob:
     source: Path | None  # the saved folder the model was given as, or None
     config: Any  # the model's config (a composite one included)
     text: Any  # its text config, whose rope settings are exported
-    scaling: registry.Scaling | None  # None: the config's plain RoPE
+    scaling: Scaling | None  # None: the config's plain RoPE
     method: str  # the scaling's method name, "none" without one
     decision: Decision
     length: int  # the length the export serves: the scaling's target, else max_position_embeddings
@@ -140,7 +140,7 @@ class ExportTarget:
         """The layer type whose rope dict is exported: None for one flat dict."""
         return None
 
-    def decide(self, scaling: registry.Scaling | None, form: Form | None, base: float) -> Decision | None:
+    def decide(self, scaling: Scaling | None, form: Form | None, base: float) -> Decision | None:
         """This engine's own answer for ``scaling`` (``form``: its static form, None for an attention method), or
         None for the rules every engine shares (``routes.decide``). ``scaling`` never has ``logn``."""
         return None
@@ -163,6 +163,6 @@ def longrope_switch(engine: str, form: Form | None) -> Decision | None:
     )
 
 
-def yarn_like(scaling: registry.Scaling) -> str:
+def yarn_like(scaling: Scaling) -> str:
     """The frequency method every engine serves, at the same reach (the nearest choice to a refused one)."""
     return f"yarn with factor {scaling.factor:g}" if scaling.factor > 1 else "yarn with a factor (target length / L)"

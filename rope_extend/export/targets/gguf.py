@@ -7,9 +7,9 @@ from ...errors import RopeExtendError
 from ...hf.reading import nested_layer_types
 from ...io import normal_permissions, writing
 from ...loading import load_model, load_tokenizer
-from ...methods import registry
 from ...methods._common import rope_frequencies
 from ...methods.engine_form import DEFAULT, Form
+from ...methods.resolved import Scaling
 from .. import llamacpp
 from ..gguf_families import FAMILIES, rope_layer
 from .base import APPROXIMATE, Decision, ExportJob, ExportOptions, ExportResult, ExportTarget, longrope_switch
@@ -30,7 +30,7 @@ class GgufTarget(ExportTarget):
         fam = FAMILIES.get(kind) if isinstance(kind, str) else None
         return rope_layer(fam) if fam is not None and nested_layer_types(config) else None
 
-    def decide(self, scaling: registry.Scaling | None, form: Form | None, base: float) -> Decision | None:
+    def decide(self, scaling: Scaling | None, form: Form | None, base: float) -> Decision | None:
         if scaling is not None and scaling.method.name == "self_extend":
             return Decision(
                 APPROXIMATE,

@@ -35,9 +35,9 @@ from typing import Any
 
 from ...errors import RopeExtendError, UnsupportedModelError
 from ...hf.names import SHIPPED_ATTR
-from ...methods import registry
 from ...methods.engine_form import DEFAULT, LINEAR, LLAMA3, LONGROPE, YARN, Form
 from ...methods.longrope import longrope_attention_scale
+from ...methods.resolved import Scaling
 from ...methods.yarn import mscale
 from ..configs import FolderTarget
 from .base import REFUSED, Decision, ExportJob, ExportResult, longrope_switch
@@ -60,7 +60,7 @@ class MlxTarget(FolderTarget):
     engine = ENGINE
     dropped = (SHIPPED_ATTR,)
 
-    def decide(self, scaling: registry.Scaling | None, form: Form | None, base: float) -> Decision | None:
+    def decide(self, scaling: Scaling | None, form: Form | None, base: float) -> Decision | None:
         if form is None or scaling is None:
             return None  # plain RoPE, or an attention method: the rules every engine shares
         if form.kind == YARN:

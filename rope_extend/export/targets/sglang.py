@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...methods import registry
 from ...methods.engine_form import LINEAR, LONGROPE, YARN, Form
+from ...methods.resolved import Scaling
 from ..configs import FolderTarget
 from ..forms import yarn_attn_factor
 from .base import REFUSED, Decision, longrope_switch, yarn_like
@@ -32,7 +32,7 @@ class SglangTarget(FolderTarget):
     linear_multiplies = True
     longrope_mscale = True
 
-    def decide(self, scaling: registry.Scaling | None, form: Form | None, base: float) -> Decision | None:
+    def decide(self, scaling: Scaling | None, form: Form | None, base: float) -> Decision | None:
         if scaling is not None and scaling.method.name == "dual_chunk":
             lacks = "SGLang 0.5.23 reads dual_chunk_attention_config but ships no dual-chunk attention backend"
             return Decision(REFUSED, None, lacks, yarn_like(scaling))

@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...hf.names import SHIPPED_ATTR
-from ...methods import registry
 from ...methods.engine_form import DEFAULT, LONGROPE, Form
+from ...methods.resolved import Scaling
 from ..configs import FolderTarget
 from ..forms import DYNAMIC
 from .base import APPROXIMATE, Decision
@@ -28,7 +28,7 @@ class Transformers4Target(FolderTarget):
     engine = "transformers 4"
     dropped = (SHIPPED_ATTR,)
 
-    def decide(self, scaling: registry.Scaling | None, form: Form | None, base: float) -> Decision | None:
+    def decide(self, scaling: Scaling | None, form: Form | None, base: float) -> Decision | None:
         if scaling is None or scaling.method.name != "dynamic":
             return None
         # transformers 4's own dynamic NTK (alpha from the length against max_position_embeddings, kept at L)

@@ -37,8 +37,8 @@ from typing import Any
 
 from ...errors import UnsupportedModelError
 from ...hf.reading import config_scaling
-from ...methods import registry
 from ...methods.engine_form import Form
+from ...methods.resolved import Scaling
 from .. import adaptive, vllm_plugin
 from ..configs import FolderTarget, model_dtype
 from .base import EXPORTED, REFUSED, Decision, ExportJob, ExportResult, longrope_switch, yarn_like
@@ -51,16 +51,16 @@ PLUGIN_NOTE = (
 )
 
 
-def bucket_note(plan: adaptive.Plan) -> str:
-    """What the plugin serves against rope-extend's dynamic_yarn in transformers, with this plan's numbers."""
-    edges = ", ".join(f"{n} tokens" for n in plan.lengths[1:])
-    served = ", ".join(f"x{s:g}" for s in plan.factors[1:])
-    patched = ", ".join(f"x{s:.4g}" for s in adaptive.patched_factors(plan))
+def bucket_note(layout: adaptive.BucketLayout) -> str:
+    """What the plugin serves against rope-extend's dynamic_yarn in transformers, with this layout's numbers."""
+    edges = ", ".join(f"{n} tokens" for n in layout.lengths[1:])
+    served = ", ".join(f"x{s:g}" for s in layout.factors[1:])
+    patched = ", ".join(f"x{s:.4g}" for s in adaptive.patched_factors(layout))
     return (
         "a request's factor is chosen from the most positions it feeds (prompt + max_tokens - 1: the last token "
         "sampled is never fed back) and kept from its first token, where rope-extend's dynamic_yarn in transformers "
         "uses l / L at the current length l and turns cached keys as l grows: the two are the same model up to "
-        f"L={plan.original} positions (a prompt of exactly L tokens scored with max_tokens=1 included); at the "
+        f"L={layout.original} positions (a prompt of exactly L tokens scored with max_tokens=1 included); at the "
         f"bucket edges ({edges}) this serves yarn at {served}, dynamic_yarn's l / L there, where the patched "
         f"transformers model, which rounds l up to its re-rotation grid (steps of 1/16), runs yarn at {patched}"
     )
@@ -73,7 +73,7 @@ class VllmTarget(FolderTarget):
     linear_multiplies = True
     longrope_mscale = True
 
-    def decide(self, scaling: registry.Scaling | None, form: Form | None, base: float) -> Decision | None:
+    def decide(self, scaling: Scaling | None, form: Form | None, base: float) -> Decision | None:
         name = scaling.method.name if scaling is not None else "none"
         if scaling is not None and name == "dual_chunk":
             lacks = (
@@ -111,27 +111,27 @@ class VllmTarget(FolderTarget):
                     "global layers alone) is exported for it to vllm (Gemma 3 is, --to gguf)"
                 )
             return super().write(job)
-        updates, plan = adaptive_updates(job)
-        factors = ", ".join(f"x{s:g}" for s in plan.factors[1:])
+        updates, layout = adaptive_updates(job)
+        factors = ", ".join(f"x{s:g}" for s in layout.factors[1:])
         arch = updates[adaptive.CONFIG_KEY]["architecture"]
         how = (
-            f"per request, from prompt + max_tokens: the model's own RoPE up to L={plan.original}, else yarn at the "
+            f"per request, from prompt + max_tokens: the model's own RoPE up to L={layout.original}, else yarn at the "
             f"smallest of {factors} that covers it (rope-extend's vLLM plugin, RopeExtendAdaptive{arch})"
         )
-        command = self.serve_command(str(job.out), None, plan.longest, model_dtype(job))
+        command = self.serve_command(str(job.out), None, layout.longest, model_dtype(job))
         tokens = (
             "give each request max_tokens: its factor is chosen from prompt + max_tokens - 1 and kept for its life "
-            f"(without max_tokens a request may grow to {plan.longest} tokens, so it gets x{plan.factors[-1]:g})"
+            f"(without max_tokens a request may grow to {layout.longest} tokens, so it gets x{layout.factors[-1]:g})"
         )
-        longest = f"do not serve past {plan.longest} tokens: the table ends there"
-        job.notes[:] = [PLUGIN_NOTE, tokens, longest, bucket_note(plan)]
+        longest = f"do not serve past {layout.longest} tokens: the table ends there"
+        job.notes[:] = [PLUGIN_NOTE, tokens, longest, bucket_note(layout)]
         self.write_folder(
             job, updates, method=adaptive.METHOD, how=how, command=command, notes=job.notes, engine=PLUGIN_ENGINE
         )
         return self.result(job, how=how, command=command, method=adaptive.METHOD, engine=PLUGIN_ENGINE)
 
 
-def adaptive_updates(job: ExportJob) -> tuple[dict[str, Any], adaptive.Plan]:
+def adaptive_updates(job: ExportJob) -> tuple[dict[str, Any], adaptive.BucketLayout]:
     """The config keys of a folder served by rope-extend's vLLM plugin (``adaptive``, ``vllm_plugin``)."""
     cfg, scaling, model = job.text, job.scaling, job.model
     if scaling is None:  # decide offers the plugin for dynamic_yarn only
@@ -149,29 +149,29 @@ def adaptive_updates(job: ExportJob) -> tuple[dict[str, Any], adaptive.Plan]:
             "RoPE, so it needs a model without one: pass --approximate for static yarn"
         )
     buckets = adaptive.check_buckets(job.options.buckets, scaling.factor)
-    plan = adaptive.Plan.of(scaling.original_max_position_embeddings, buckets)
+    layout = adaptive.BucketLayout.of(scaling.original_max_position_embeddings, buckets)
     values = {k: v for k, v in dataclasses.asdict(scaling.params).items() if v is not None}
-    adaptive.scaling(plan, values)  # refuses finetuned and bad parameters before anything is written
+    adaptive.scaling(layout, values)  # refuses finetuned and bad parameters before anything is written
     rope: dict[str, Any] = {
         "rope_type": adaptive.METHOD,
         "factor": float(scaling.factor),
-        "original_max_position_embeddings": plan.original,
+        "original_max_position_embeddings": layout.original,
         **values,
         "rope_theta": float(job.base),
     }
     # vLLM serves max_position_embeddings x factor for a rope type it does not know as already scaled, except for
     # Gemma 3, whose max_position_embeddings it takes as the scaled length (``_get_and_verify_max_len``)
-    longest = plan.original
+    longest = layout.original
     if layer is not None:  # Gemma 3: the global layers' dict; the sliding layers keep theirs, unscaled
         rope = {adaptive.LOCAL: dict(cfg.rope_parameters[adaptive.LOCAL]), adaptive.GLOBAL: rope}
-        longest = plan.longest
+        longest = layout.longest
     updates = {
         "architectures": [adaptive.PREFIX + arch],
         "max_position_embeddings": longest,
         "rope_parameters": rope,
-        adaptive.CONFIG_KEY: {**plan.as_config(), "architecture": arch},
+        adaptive.CONFIG_KEY: {**layout.as_config(), "architecture": arch},
     }
-    return updates, plan
+    return updates, layout
 
 
 TARGET = VllmTarget()

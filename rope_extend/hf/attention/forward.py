@@ -112,7 +112,7 @@ def _method_attention(module, plan, query, key, value, attention_mask, *, dropou
         raise UnsupportedModelError(f"{NAME} attention has no dropout; call model.eval() or set attention_dropout=0")
     if scaling is None:
         scaling = module.head_dim**-0.5
-    end = slots.filled(plan.watch, module, key)
+    end = slots.filled(plan.recorder, module, key)
     if end is not None:
         end = int(end)  # one host sync: a static layer's length is a tensor
     # on the mask as the layers share it (before the cut below makes a copy per layer): checked once per forward
@@ -155,7 +155,7 @@ def _check_flex(plan: AttentionPlan, module) -> None:
     layer's own cache update has already advanced, so every query also sees the empty slots after it (decode steps
     off by about 1e-2 on a tiny Llama, with or without rope-extend). The method's own layers are exact there: they
     cut the keys at the newest one first."""
-    if slots.static_full(plan.watch, module):
+    if slots.static_full(plan.recorder, module):
         raise UnsupportedModelError(
             f"{plan.method}{' (log-n)' if plan.logn else ''} with flex_attention and a static cache: layer {module.layer_idx} keeps transformers' "
             "FlexAttention, whose mask reads the static cache's length after the layer has advanced it, so its "

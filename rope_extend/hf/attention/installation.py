@@ -38,9 +38,9 @@ def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
     if not is_registered_name(config._attn_implementation):
         setattr(config, INNER_ATTR, config._attn_implementation)
     decoder = rope_layout.decoder_of(model)
-    watch = slots.install(decoder)
+    recorder = slots.install(decoder)
     for module, plan in planned:
-        plan.watch = watch
+        plan.recorder = recorder
         module.__dict__[PLAN_ATTR] = plan
     kept_keys.install([module for module, _ in planned])
     mrope.install(model, config, scaling, list(rotary))
@@ -65,7 +65,7 @@ def install(model: nn.Module, config, planned, scaling=None, rotary=()) -> None:
             finally:
                 config._attn_implementation = name
             for module, plan in final:
-                plan.watch = watch
+                plan.recorder = recorder
                 module.__dict__[PLAN_ATTR] = plan
             kept_keys.install([module for module, _ in final])
             mrope.attach(model, [module for module, _ in final])
@@ -111,7 +111,7 @@ def kernel(model: nn.Module, config, inner: str, modules) -> str:
 
 def remove(model: nn.Module, config, inner: str, modules) -> None:
     """Undo ``install``: the plans, the rotation tables and work space on the rotary modules, the decoder's hooks
-    (probe, cache watch, position keeper), M-RoPE's runtime, and the config's implementation (back to
+    (probe, cache recorder, position keeper), M-RoPE's runtime, and the config's implementation (back to
     ``inner``)."""
     config = text_config(config)
     kept_keys.remove(model.modules())  # also on modules a deferred probe planned

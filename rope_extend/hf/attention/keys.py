@@ -58,12 +58,12 @@ def holder(plan, module: nn.Module, key: torch.Tensor):
         return None
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
-    cache = plan.watch.cache if plan.watch is not None else None
+    cache = plan.recorder.cache if plan.recorder is not None else None
     if type(cache) is not DynamicCache:  # subclasses (SinkCache, quantized caches) change keys in their own ways
         return None
     if getattr(cache, "offloading", False):  # moved off the device between layers: a kept copy would stay on it
         return None
-    layer = slots.layer_of(plan.watch, module)
+    layer = slots.layer_of(plan.recorder, module)
     if type(layer) is not DynamicLayer or getattr(layer, "keys", None) is not key:
         return None
     return layer
@@ -114,7 +114,7 @@ def check(module: nn.Module, _args) -> None:
     """Forward pre-hook on an attention module, before its cache update: the kept copy is valid for this call only
     if the layer still holds the key tensor it was made from, unchanged (else every slot is turned again)."""
     plan = module.__dict__.get(PLAN_ATTR)
-    layer = slots.layer_of(plan.watch, module) if plan is not None else None
+    layer = slots.layer_of(plan.recorder, module) if plan is not None else None
     kept = layer.__dict__.get(KEPT_ATTR) if layer is not None else None
     if kept is None:
         return

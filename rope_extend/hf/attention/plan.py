@@ -82,6 +82,35 @@ def plans(
 
 def _plan_modules(model, config, scaling, inner: str, probed) -> list[tuple[nn.Module, AttentionPlan]]:
     """``plans`` once the implementation is known, from the probe's ``{module: LayerProbe}`` (None: unprobed)."""
+    modules = _modules(model, config, scaling, probed)
+    rules = scaling.rules()
+    types = list(getattr(config, "layer_types", None) or ())
+    mixed = bool(types) and not all(t in LOCAL_LAYER_TYPES for t in types)
+    common = dict(
+        inner=inner,
+        original_max_position_embeddings=scaling.original_max_position_embeddings,
+        method=scaling.method.name,
+    )
+    out = []
+    for module in modules:
+        idx = getattr(module, "layer_idx", None)
+        layer_type = types[idx] if isinstance(idx, int) and idx < len(types) else None
+        seen = probed.get(module) if probed is not None else None
+        local = mixed and layer_type in LOCAL_LAYER_TYPES
+        plan = _layer_plan(config, scaling, module, seen, local=local, rules=rules, common=common)
+        # the methods and log-n read the query positions; a layer whose attention function is not given them gets
+        # the decoder's (``PositionKeeper``)
+        moved = plan.logn or plan.rules is not None
+        plan.keep_positions = moved and seen is not None and "position_ids" not in seen.kwargs
+        out.append((module, plan))
+    if probed is not None:
+        _check_changes(config, scaling, out, probed, types if mixed else [])
+    return out
+
+
+def _modules(model, config, scaling, probed) -> list[nn.Module]:
+    """The attention modules to plan: the model's (``attention_modules``) and, probed, every module the probe saw
+    call transformers' attention interface; refused when one of the model's does not call it, or none does."""
     modules = attention_modules(model, config)
     if probed is not None:
         if not probed:
@@ -105,64 +134,50 @@ def _plan_modules(model, config, scaling, inner: str, probed) -> list[tuple[nn.M
         modules += [m for m in probed if m not in modules]
     if not modules:
         raise _refuse(config, scaling, f"{type(model).__name__} has no attention modules with a layer_idx")
-    rules = scaling.rules()
-    types = list(getattr(config, "layer_types", None) or ())
-    mixed = bool(types) and not all(t in LOCAL_LAYER_TYPES for t in types)
-    common = dict(
-        inner=inner,
-        original_max_position_embeddings=scaling.original_max_position_embeddings,
-        method=scaling.method.name,
+    return modules
+
+
+def _layer_plan(config, scaling, module: nn.Module, seen, *, local: bool, rules, common: dict) -> AttentionPlan:
+    """One layer's plan: a local layer unchanged; a NoPE layer (``seen.kind == "nope"``) with log-n only; any
+    other layer with the method's rules and log-n, refused where its rotation, causality or attention arguments
+    are ones rope-extend cannot reproduce. ``seen``: the probe's ``LayerProbe`` (None: unprobed)."""
+    idx = getattr(module, "layer_idx", None)
+    if local:
+        return AttentionPlan(**common, rules=None, logn=False)
+    if seen is not None and seen.kind == "nope":  # no position to change; log-n scales its queries
+        if scaling.logn and families.ask("own_temperature", module):
+            raise _refuse(config, scaling, families.ask("own_temperature", module))
+        return AttentionPlan(**common, rules=None, logn=scaling.logn)
+    if seen is not None and seen.kind == "unknown":
+        how = seen.why or f"best known layout off by {seen.error:.2g} relative"
+        raise _refuse(
+            config,
+            scaling,
+            f"layer {idx} rotates its queries and keys in a way rope-extend cannot reproduce ({how})",
+        )
+    noncausal = causality.flag(module, None) or (seen.noncausal if seen is not None else None)
+    if noncausal is not None and rules is not None:
+        raise _refuse(
+            config,
+            scaling,
+            f"layer {idx} {noncausal}; {scaling.method.name}'s position rules are defined for causal "
+            "attention, where every key is at or before its query",
+        )
+    unknown = sorted(seen.kwargs - rope_layout.KNOWN_KWARGS) if seen is not None else []
+    if unknown:
+        raise _refuse(
+            config,
+            scaling,
+            f"layer {idx} passes {', '.join(unknown)} to its attention function, which "
+            "rope-extend's attention does not implement",
+        )
+    return AttentionPlan(
+        **common,
+        rules=rules,
+        logn=scaling.logn,
+        layout=seen.layout if seen else None,
+        runner=_runner(scaling.method.name) if rules is not None else None,
     )
-    out = []
-    for module in modules:
-        idx = getattr(module, "layer_idx", None)
-        layer_type = types[idx] if isinstance(idx, int) and idx < len(types) else None
-        plan = AttentionPlan(**common, rules=None, logn=False)
-        seen = probed.get(module) if probed is not None else None
-        local = mixed and layer_type in LOCAL_LAYER_TYPES
-        if not local and seen is not None and seen.kind == "nope":  # no position to change; log-n scales its queries
-            if scaling.logn and families.ask("own_temperature", module):
-                raise _refuse(config, scaling, families.ask("own_temperature", module))
-            plan = AttentionPlan(**common, rules=None, logn=scaling.logn)
-        elif not local:
-            if seen is not None and seen.kind == "unknown":
-                how = seen.why or f"best known layout off by {seen.error:.2g} relative"
-                raise _refuse(
-                    config,
-                    scaling,
-                    f"layer {idx} rotates its queries and keys in a way rope-extend cannot reproduce ({how})",
-                )
-            noncausal = causality.flag(module, None) or (seen.noncausal if seen is not None else None)
-            if noncausal is not None and rules is not None:
-                raise _refuse(
-                    config,
-                    scaling,
-                    f"layer {idx} {noncausal}; {scaling.method.name}'s position rules are defined for causal "
-                    "attention, where every key is at or before its query",
-                )
-            unknown = sorted(seen.kwargs - rope_layout.KNOWN_KWARGS) if seen is not None else []
-            if unknown:
-                raise _refuse(
-                    config,
-                    scaling,
-                    f"layer {idx} passes {', '.join(unknown)} to its attention function, which "
-                    "rope-extend's attention does not implement",
-                )
-            plan = AttentionPlan(
-                **common,
-                rules=rules,
-                logn=scaling.logn,
-                layout=seen.layout if seen else None,
-                runner=_runner(scaling.method.name) if rules is not None else None,
-            )
-        # the methods and log-n read the query positions; a layer whose attention function is not given them gets
-        # the decoder's (``PositionKeeper``)
-        moved = plan.logn or plan.rules is not None
-        plan.keep_positions = moved and seen is not None and "position_ids" not in seen.kwargs
-        out.append((module, plan))
-    if probed is not None:
-        _check_changes(config, scaling, out, probed, types if mixed else [])
-    return out
 
 
 def _check_changes(config, scaling, planned, probed, types: list) -> None:

@@ -34,7 +34,7 @@ def _query_slots(plan: AttentionPlan | None, module, query: torch.Tensor, key: t
     """The key slots of the query rows ``(T,)``: the last ``n`` of the keys, or of a static layer's filled slots
     (a tensor offset: no host sync, so that torch.compile keeps it in the graph)."""
     n, m = query.shape[2], key.shape[2]
-    end = slots.filled(plan.watch if plan is not None else None, module, key)
+    end = slots.filled(plan.recorder if plan is not None else None, module, key)
     return torch.arange(n, device=query.device) + ((m if end is None else end) - n)
 
 

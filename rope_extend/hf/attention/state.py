@@ -27,7 +27,7 @@ INNER = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attent
 class AttentionPlan:
     """What one attention module does: rules (None: plain attention), log-n, and where its rotary lives.
 
-    Mutable on purpose: ``install`` completes it (``watch``, ``positions``) and a model planned before its weights
+    Mutable on purpose: ``install`` completes it (``recorder``, ``positions``) and a model planned before its weights
     were loaded gets its ``layout`` at its first forward."""
 
     inner: str  # the implementation the model used before (one of INNER)
@@ -37,7 +37,7 @@ class AttentionPlan:
     layout: rope_layout.Layout | None = None  # how the layer rotates (``hf.layout``); None until the model is probed
     method: str = ""  # the method's name, for messages
     runner: Any = None  # ``forward._method_attention`` kept out of torch.compile graphs, named for the method
-    watch: slots.Watch | None = None  # the decoder's record of the cache of the running forward (``hf.slots``)
+    recorder: slots.CacheRecorder | None = None  # the decoder's record of the running forward's cache (hf.slots)
     keep_positions: bool = False  # a method or log-n on a layer whose attention function is given no position ids
     positions: PositionKeeper | None = None  # where it reads them then (``install`` sets it)
 

@@ -1,4 +1,4 @@
-"""What a card measures, decided and checked before anything is measured (``plan``).
+"""What a card measures, decided and checked before anything is measured (``decide_measurements``).
 
 A card that fails after an hour for a reason known at the start is the worst first run, so every check that
 needs no measurement is made here, before the first record: the scaling, the lengths (inside L for retention,
@@ -21,7 +21,7 @@ What was chosen stays measured exactly or is refused; what was left to the defau
 - **the served step** (``--engine``): asked for explicitly, a missing llama-cpp-python or gguf is refused at
   once; left to the default, the card measures it when both are installed and says so in one line when not.
 
-Each thing left out is one line of ``Plan.left_out``, printed before measuring and written into the card.
+Each thing left out is one line of ``Measurements.left_out``, printed before measuring and written into the card.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from .data import default_texts
 from .engines import INSTALL
 from .prompts import encode
 from .records import _config_scaling as configured
-from .ruler import ESSAY, GENERATE, Haystack, PromptFormat, build_prompt, check_tasks
+from .ruler.sizing import Haystack, PromptFormat, build_prompt
+from .ruler.subtasks import ESSAY, GENERATE, check_tasks
 from .runner import check_reachable
 
 ANSWER_SHARE = 4  # RULER's answer budget may take at most a quarter of the trained context (answer_budgets)
@@ -50,7 +51,7 @@ SERVE_PACKAGES = {"gguf": "gguf", "llama_cpp": "llama-cpp-python"}
 
 
 @dataclass
-class Plan:
+class Measurements:
     """The card's measurements: ``lengths`` (passkey, and the card's rows), ``ruler_lengths`` with ``tasks``,
     ``perplexity_lengths`` with ``texts``, each RULER task's tokens to generate (``budgets``), whether the GGUF is served (``served`` is ``None`` when it is, else why
     not) and ``left_out``: one line per task, length or step the card leaves out, with why."""
@@ -69,14 +70,14 @@ class Plan:
     def original_length(self) -> int:
         return int(self.scaling.original_max_position_embeddings)
 
-    def at(self, lengths: list[int]) -> Plan:
-        """The same plan at those of its lengths that are in ``lengths`` (the original is measured inside L,
+    def at(self, lengths: list[int]) -> Measurements:
+        """The same measurements at those of its lengths that are in ``lengths`` (the original is measured inside L,
         the served GGUF at ``--engine-lengths``)."""
 
         def keep(mine: list[int]) -> list[int]:
             return [n for n in mine if n in lengths]
 
-        return Plan(
+        return Measurements(
             self.scaling,
             keep(self.lengths),
             keep(self.ruler_lengths),
@@ -128,8 +129,8 @@ def check_engine(options: CardOptions) -> list[str]:
     return missing
 
 
-def plan(model, tok, model_name: str, options: CardOptions) -> Plan:
-    """The card's plan for ``model`` (patched or configured) and ``tok``, every check made (see the module)."""
+def decide_measurements(model, tok, model_name: str, options: CardOptions) -> Measurements:
+    """The card's measurements for ``model`` (patched or configured) and ``tok``, every check made (see the module)."""
     scaling = patched(model) or configured(model)
     if scaling is None:
         raise RopeExtendError(
@@ -150,7 +151,7 @@ def plan(model, tok, model_name: str, options: CardOptions) -> Plan:
     lengths = _reachable(model, lengths, given, left, max(budgets.values()))  # RULER's decoding adds the most
     ppl_lengths, texts = _texts(tok, lengths, given, options, left)
     ruler_lengths, tasks = _ruler(tok, lengths, given, options, left, budgets)
-    return Plan(
+    return Measurements(
         scaling, lengths, ruler_lengths, tasks, ppl_lengths, texts, {t: budgets[t] for t in tasks}, served, left
     )
 

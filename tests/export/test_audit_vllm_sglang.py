@@ -8,7 +8,7 @@ SGLang's ``models/llama.py``: ``get_rope(head_dim, rotary_dim, max_position_embe
 rope_scaling=config.rope_parameters)``). The engine's module then rotates a probe query (each rotated pair
 ``(1, 0)``) at positions ``0..served-1`` through its own forward, so its own choice of cache rows (LongRoPE's
 short/long switch included) is what is measured: the rotated probe is ``s (cos p f, sin p f)``; ``s`` is its norm
-and ``f`` the slope of its unwrapped phase over the positions. Both must equal what ``engines.layers`` says the
+and ``f`` the slope of its unwrapped phase over the positions. Both must equal what ``vllm_sglang.layers`` says the
 engine computes within ``RTOL`` (relative).
 """
 
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from rope_extend.errors import RopeExtendError
-from rope_extend.export.audit import engines, reference
+from rope_extend.export.audit import reference, vllm_sglang
 from tests.export import engine_code
 
 pytestmark = pytest.mark.engines
@@ -138,7 +138,7 @@ def check(engine: str, config, served: int, params_of=None, table_short: bool = 
     engine's model code hands ``get_rope`` (by default the config's own). ``table_short``: the engine's table is
     expected to hold fewer than ``served`` positions (then the positions it holds are measured)."""
     params_of = params_of or (lambda kind: reference.rope_params(config, kind))
-    layers, notes = engines.layers(config, engine, served)
+    layers, notes = vllm_sglang.layers(config, engine, served)
     seen = set()
     for kind, want in layers:
         if kind in seen:
@@ -165,7 +165,7 @@ def test_audit_computes_what_the_engine_computes(tmp_path, engine, name, rope, m
     needs(engine)
     config = reference.load(folder(tmp_path, rope, max_positions))
     for length in lengths:
-        served = length or engines.longest(config, engine)
+        served = length or vllm_sglang.longest(config, engine)
         if engine == "sglang" and name.startswith("longrope") and served == L + 1:
             continue  # position L rotated by angle 0: test_sglang_longrope_position_original_is_not_rotated
         short = name.startswith("dynamic") and engine == "vllm"  # vLLM serves factor x N from a table of N rows
@@ -196,7 +196,7 @@ def test_an_integer_linear_factor_stops_the_engine_and_the_audit_says_so(tmp_pat
     with pytest.raises(TypeError, match="not iterable"):
         build(engine, reference.rope_params(config, None), L, 2 * L)
     with pytest.raises(RopeExtendError, match="factor 2 is an integer"):
-        engines.layers(config, engine, 2 * L)
+        vllm_sglang.layers(config, engine, 2 * L)
 
 
 def gemma3(tmp_path, local: dict):
@@ -239,10 +239,10 @@ def test_sglang_longrope_position_original_is_not_rotated(tmp_path):
     probe = torch.cat([torch.ones(L + 1, HEAD // 2), torch.zeros(L + 1, HEAD // 2)], dim=-1)
     q, _k = rope(torch.arange(L + 1), probe.clone(), probe.clone())
     assert torch.equal(q[L], q[0]) and not torch.allclose(q[L - 1], q[0])
-    (_kind, want), *_ = engines.layers(config, "sglang", L)[0]
+    (_kind, want), *_ = vllm_sglang.layers(config, "sglang", L)[0]
     freqs, scale = measured(rope, L)  # the same module, positions 0..L-1: the short factors
     assert np.max(np.abs(freqs / want.freqs - 1)) < RTOL and abs(scale / want.scale - 1) < RTOL
-    notes = " ".join(engines.layers(config, "sglang", L + 1)[1])
+    notes = " ".join(vllm_sglang.layers(config, "sglang", L + 1)[1])
     assert f"rotates position {L} by angle 0" in notes and f"short factors up to {L + 1} tokens" in notes, notes
     q2, _k = rope(torch.arange(L + 2), *[torch.ones(L + 2, HEAD // 2).repeat(1, 2)] * 2)
     assert not torch.allclose(q2[L], q2[0])  # one position more: the long table, position L rotated

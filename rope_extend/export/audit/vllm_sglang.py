@@ -1,7 +1,7 @@
 """vLLM 0.33.0 and SGLang 0.5.23 reading a transformers config: the rope dict each effectively computes.
 
 Both engines compute transformers' formulas for most dicts (checked against their own rotary code, run through
-their own forward, in tests/export/test_audit_engines.py); where they differ is what they read
+their own forward, in tests/export/test_audit_vllm_sglang.py); where they differ is what they read
 (``rope_extend/export/configs.py`` has the whole account). File names below are in the wheels'
 ``model_executor/layers/rotary_embedding/`` (vLLM) and ``srt/layers/rotary_embedding/`` (SGLang):
 

@@ -1,4 +1,4 @@
-"""``rope-extend card MODEL --method M --factor S --out DIR`` on the first try (``evaluation.card_plan``): every
+"""``rope-extend card MODEL --method M --factor S --out DIR`` on the first try (``evaluation.card_measurements``): every
 check made before the first measurement; defaults that fit the model, each task, length or step left out named in
 one line with why; what was given measured exactly or refused."""
 
@@ -11,7 +11,7 @@ import pytest
 import rope_extend.evaluation.card as card_module
 from rope_extend.cli import main
 from rope_extend.errors import RopeExtendError
-from rope_extend.evaluation import card_plan
+from rope_extend.evaluation import card_measurements
 from rope_extend.evaluation.card import CardOptions, figure, markdown
 from rope_extend.loading import load_model, load_tokenizer
 from rope_extend.patching import patch
@@ -24,7 +24,7 @@ SERVED = "the served rows: llama-cpp-python not installed: pip install 'rope-ext
 @pytest.fixture
 def no_llama_cpp(monkeypatch):
     """The served step's engine missing, wherever the tests run (CI's engines step has it)."""
-    monkeypatch.setattr(card_plan, "missing_serve_packages", lambda: ["llama-cpp-python"])
+    monkeypatch.setattr(card_measurements, "missing_serve_packages", lambda: ["llama-cpp-python"])
 
 
 def _left_out(err: str) -> list[str]:
@@ -89,7 +89,7 @@ def test_the_default_card_of_a_tiny_saved_model_runs_on_the_first_try(tmp_path, 
     assert "Effective length: not measured (no RULER task was measured)." in text
 
 
-# ------------------------------------------------------------------ the plan alone: nothing is measured here
+# ------------------------------------------------------------------ the measurements alone: nothing is measured here
 @pytest.fixture(scope="module")
 def bundled():
     model = load_model("bundled", attn_implementation="sdpa")
@@ -101,18 +101,24 @@ def test_lengths_no_text_reaches_are_left_out_for_perplexity_only(bundled, tmp_p
     model, tok = bundled
     short = tmp_path / "short.txt"
     short.write_text("The grass is green and the sky is blue. " * 60)  # about 600 tokens
-    plan = card_plan.plan(model, tok, "bundled", CardOptions(text=str(short), engine=False))
-    assert plan.lengths == [256, 512, 1024] and plan.perplexity_lengths == [256, 512]
-    assert any(line.startswith("perplexity at 1024: no text of ") for line in plan.left_out)
+    measurements = card_measurements.decide_measurements(
+        model, tok, "bundled", CardOptions(text=str(short), engine=False)
+    )
+    assert measurements.lengths == [256, 512, 1024] and measurements.perplexity_lengths == [256, 512]
+    assert any(line.startswith("perplexity at 1024: no text of ") for line in measurements.left_out)
     with pytest.raises(RopeExtendError, match="reaches 1024 tokens .the longest has 6.."):
-        card_plan.plan(model, tok, "bundled", CardOptions(text=str(short), lengths=[256, 1024], engine=False))
+        card_measurements.decide_measurements(
+            model, tok, "bundled", CardOptions(text=str(short), lengths=[256, 1024], engine=False)
+        )
 
 
 def test_given_tasks_start_ruler_where_they_all_fit_or_are_refused(bundled):
     model, tok = bundled
-    plan = card_plan.plan(model, tok, "bundled", CardOptions(tasks=["vt", "niah_single_1"], engine=False))
-    assert plan.ruler_lengths == [1024] and plan.tasks == ["vt", "niah_single_1"]
-    assert [line.split(" (")[0] for line in plan.left_out] == [
+    measurements = card_measurements.decide_measurements(
+        model, tok, "bundled", CardOptions(tasks=["vt", "niah_single_1"], engine=False)
+    )
+    assert measurements.ruler_lengths == [1024] and measurements.tasks == ["vt", "niah_single_1"]
+    assert [line.split(" (")[0] for line in measurements.left_out] == [
         "RULER at 256: no given task fits",
         "RULER at 512: no given task fits",
     ]
@@ -120,22 +126,24 @@ def test_given_tasks_start_ruler_where_they_all_fit_or_are_refused(bundled):
         RopeExtendError,
         match=r"length 1024 is too short for RULER task cwe: .* 64 more are generated; use lengths >= 1264$",
     ):
-        card_plan.plan(model, tok, "bundled", CardOptions(tasks=["cwe"], engine=False))
+        card_measurements.decide_measurements(model, tok, "bundled", CardOptions(tasks=["cwe"], engine=False))
 
 
 def test_given_lengths_are_measured_at_every_length_or_refused(bundled):
     model, tok = bundled
     with pytest.raises(RopeExtendError, match="length 200 is too short for RULER task niah_single_1: .* >= 244$"):
-        card_plan.plan(model, tok, "bundled", CardOptions(lengths=[200, 512], engine=False))
-    plan = card_plan.plan(model, tok, "bundled", CardOptions(lengths=[256, 512], answer_tokens=32, engine=False))
-    assert plan.budgets == dict.fromkeys(plan.tasks, 32)
-    assert plan.ruler_lengths == [256, 512] and plan.tasks == [
+        card_measurements.decide_measurements(model, tok, "bundled", CardOptions(lengths=[200, 512], engine=False))
+    measurements = card_measurements.decide_measurements(
+        model, tok, "bundled", CardOptions(lengths=[256, 512], answer_tokens=32, engine=False)
+    )
+    assert measurements.budgets == dict.fromkeys(measurements.tasks, 32)
+    assert measurements.ruler_lengths == [256, 512] and measurements.tasks == [
         "niah_single_1",
         "niah_single_2",
         "niah_single_3",
         "niah_multikey_2",
     ]
-    assert "RULER task fwe: length 256 is too short for RULER task fwe: " in plan.left_out[-1]
+    assert "RULER task fwe: length 256 is too short for RULER task fwe: " in measurements.left_out[-1]
 
 
 def test_a_length_out_of_memory_is_left_out_by_default_and_refused_when_given(bundled, monkeypatch):
@@ -145,13 +153,13 @@ def test_a_length_out_of_memory_is_left_out_by_default_and_refused_when_given(bu
         if length > 512:
             raise RopeExtendError(f"length {length} cannot be reached on cpu: (a test's limit)")
 
-    monkeypatch.setattr(card_plan, "check_reachable", reachable)
-    plan = card_plan.plan(model, tok, "bundled", CardOptions(engine=False))
-    assert plan.lengths == [256, 512] and plan.left_out[0] == (
+    monkeypatch.setattr(card_measurements, "check_reachable", reachable)
+    measurements = card_measurements.decide_measurements(model, tok, "bundled", CardOptions(engine=False))
+    assert measurements.lengths == [256, 512] and measurements.left_out[0] == (
         "length 1024: length 1024 cannot be reached on cpu: (a test's limit)"
     )
     with pytest.raises(RopeExtendError, match="length 1024 cannot be reached"):
-        card_plan.plan(model, tok, "bundled", CardOptions(lengths=[256, 1024], engine=False))
+        card_measurements.decide_measurements(model, tok, "bundled", CardOptions(lengths=[256, 1024], engine=False))
 
 
 def test_engine_asked_for_without_llama_cpp_is_refused_before_anything_loads(
@@ -206,15 +214,17 @@ def test_the_wording_counts_tasks_and_the_figure_names_lines_as_the_table(tmp_pa
 def test_ruler_budgets_are_capped_at_a_quarter_of_L_and_must_hold_the_answers(bundled, monkeypatch):
     from rope_extend.evaluation.ruler import GENERATE
 
-    assert card_plan.answer_budgets(256, None) == {**dict.fromkeys(GENERATE, 64), "vt": 30, "fwe": 50}
-    assert card_plan.answer_budgets(512, None) == card_plan.answer_budgets(8192, None) == GENERATE
-    assert card_plan.answer_budgets(256, 16) == dict.fromkeys(GENERATE, 16)
+    assert card_measurements.answer_budgets(256, None) == {**dict.fromkeys(GENERATE, 64), "vt": 30, "fwe": 50}
+    assert card_measurements.answer_budgets(512, None) == card_measurements.answer_budgets(8192, None) == GENERATE
+    assert card_measurements.answer_budgets(256, 16) == dict.fromkeys(GENERATE, 16)
     # a budget too small for a task's answer (a UUID: 36 tokens) leaves the task out rather than cut the answer
-    monkeypatch.setattr(card_plan, "answer_budgets", lambda original, given: dict.fromkeys(GENERATE, 8))
+    monkeypatch.setattr(card_measurements, "answer_budgets", lambda original, given: dict.fromkeys(GENERATE, 8))
     model, tok = bundled
-    plan = card_plan.plan(model, tok, "bundled", CardOptions(tasks=None, engine=False, lengths=[256, 512]))
-    assert "niah_single_1" in plan.tasks and "niah_single_3" not in plan.tasks
+    measurements = card_measurements.decide_measurements(
+        model, tok, "bundled", CardOptions(tasks=None, engine=False, lengths=[256, 512])
+    )
+    assert "niah_single_1" in measurements.tasks and "niah_single_3" not in measurements.tasks
     assert (
         "RULER task niah_single_3: the answers of RULER task niah_single_3 take 36 tokens of this tokenizer, more "
         "than the 8 it may generate (RULER's 128, capped at L/4 on this model)"
-    ) in plan.left_out
+    ) in measurements.left_out

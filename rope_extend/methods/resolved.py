@@ -106,7 +106,7 @@ def check_amounts(
 
     Exactly one of ``factor`` and ``target_length``, except for attention methods, which need neither.
     ``keep_shipped`` is checked here (true or false, attention methods only) and left to the caller that has
-    the model's config (``hf.config.plan``).
+    the model's config (``hf.config.scaling_for``).
     """
     params = dict(params)
     logn = params.pop("logn", False)
