@@ -8,6 +8,7 @@ project owns its commands.
 from __future__ import annotations
 
 import argparse
+import logging
 import shutil
 import sys
 from pathlib import Path
@@ -254,11 +255,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _LogToStderr(logging.Filter):
+    """DeepSpeed's logger writes to stdout (deepspeed/utils/logging.py gives it a handler on ``sys.stdout``), and
+    transformers imports DeepSpeed whenever it is installed, so its import-time warning ("Setting accelerator to
+    CPU") came first in what a command printed, ``--json`` output included. Put on that logger before DeepSpeed
+    is imported, this filter writes each record to stderr instead and stops it there (a logger's filters run
+    before its handlers, and DeepSpeed's setup adds a handler without clearing them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.handler = logging.StreamHandler(sys.stderr)
+        self.handler.setFormatter(
+            logging.Formatter("[%(asctime)s] [%(levelname)s] [%(filename)s:%(lineno)d] %(message)s")
+        )
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.handler.handle(record)
+        return False
+
+
+def keep_stdout_for_results() -> None:
+    """Route DeepSpeed's log records to stderr (``_LogToStderr``), once."""
+    logger = logging.getLogger("DeepSpeed")
+    if not any(isinstance(f, _LogToStderr) for f in logger.filters):
+        logger.addFilter(_LogToStderr())
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run a subcommand. A user error ends in one line on stderr and exit code 2, never a traceback."""
+    """Run a subcommand. A user error ends in one line on stderr and exit code 2, never a traceback. Results go
+    to stdout, logs to stderr (``keep_stdout_for_results``)."""
     from .errors import RopeExtendBaseError
     from .loading import BundledModelMissing
 
+    keep_stdout_for_results()
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -22,6 +22,7 @@ def test_configure_copies_a_model_with_a_scaled_config(tmp_path, capsys):
     model = tiny_model()
     model.save_pretrained(tmp_path / "src")
     (tmp_path / "src" / "notes.txt").write_text("kept")
+    capsys.readouterr()  # what building the model printed (DeepSpeed's import warning) is not the command's
     assert (
         main(
             [
@@ -146,3 +147,17 @@ def test_recipes_prints_bundled_paths_only(capsys):
         captured = capsys.readouterr()
         assert captured.out == "" and captured.err.count("\n") == 1
         assert "is not a shipped recipe" in captured.err and "allowed: " in captured.err and "tiny-cpu" in captured.err
+
+
+def test_the_command_line_prints_logs_on_stderr_and_results_on_stdout(tmp_path):
+    """Training imports DeepSpeed when it is installed, and DeepSpeed logs to stdout: a fresh process's stdout
+    holds the command's own lines only (the summary, the result as JSON), DeepSpeed's warning goes to stderr."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "rope_extend", "train", "tiny-cpu", "max_steps=1", f"output_dir={tmp_path / 'run'}"],
+        capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2 and "trainable parameters" in lines[0] and json.loads(lines[1])["step"] == 1
