@@ -8,6 +8,9 @@
    documents sized for 4x ``L``.
 3. The fine-tuned model, evaluated the same way.
 4. One table on the terminal; a report folder with results.json/csv, report.md and the plots.
+5. The long-context card of the bundled model under YaRN x4 (``rope-extend card``, ``card/``): RULER's needle
+   tasks that fit ``L`` (niah_single_1 and niah_single_2: the model was taught RULER's formats at ``L``), passkey
+   and perplexity at ``L``, 2 ``L`` and 4 ``L``, the effective lengths and the retention inside ``L``.
 
 Deterministic under ``--seed`` (data, trials and training). ``--quick`` runs a smaller version of each
 step in under a minute (37 s on 2 idle cores; the full run 4.5 minutes). One line per stage on stderr gives
@@ -49,11 +52,15 @@ OWNED = {
     "report.md",
     "passkey.png",
     "perplexity.png",
+    "card",
 }
 FACTOR = 4.0
 FINETUNED = "yarn x4 fine-tuned"
 # relative cost of each stage (seconds measured on 2 idle cores, full run), for the time-left estimate
-COST = {"attention": 15.0, "frequencies": 8.5, "fine-tune": 160.0}
+COST = {"attention": 15.0, "frequencies": 8.5, "fine-tune": 160.0, "card": 40.0}
+# the card's RULER tasks: the two whose prompt and 64-token answer budget fit L = 256 (the others are too long)
+CARD_TASKS = ["niah_single_1", "niah_single_2"]
+CARD = "card (yarn x4)"
 
 
 class Stages:
@@ -120,13 +127,14 @@ class Effort:
     ppl_docs: int
     steps: int
     documents: int
+    card_samples: int  # RULER samples per task and length on the card
 
     @staticmethod
     def of(quick: bool) -> Effort:
         return (
-            Effort(trials=3, ppl_docs=2, steps=12, documents=150)
+            Effort(trials=3, ppl_docs=2, steps=12, documents=150, card_samples=2)
             if quick
-            else Effort(trials=20, ppl_docs=8, steps=200, documents=3000)
+            else Effort(trials=20, ppl_docs=8, steps=200, documents=3000, card_samples=10)
         )
 
 
@@ -197,6 +205,19 @@ def finetune(out: Path, L: int, effort: Effort, seed: int):
     return train(args).final_dir
 
 
+def long_context_card(out: Path, effort: Effort, seed: int) -> tuple[dict, str]:
+    """The card of the bundled model under YaRN x4 in ``out``: ``(card, one line saying what it shows)``."""
+    from .evaluation.card import card
+    from .evaluation.card_options import CardOptions
+
+    options = CardOptions(samples=effort.card_samples, tasks=CARD_TASKS, trials=effort.trials, engine=False, seed=seed)
+    result = card("bundled", out, method="yarn", scaling_kwargs={"factor": FACTOR}, options=options)
+    patched = result["backends"]["transformers"]
+    ruler = ", ".join(f"{patched['ruler'][n]:.0f} at {n}" for n in result["ruler_lengths"])
+    effective = (patched.get("effective") or {}).get("length") or "none"
+    return result, f"RULER (yarn x4) {ruler}; effective length {effective} (L = {result['original_length']})"
+
+
 def table(summary: dict, lengths: list[int]) -> str:
     """Method x length: passkey accuracy and perplexity, one line per method."""
     rows: dict[str, dict] = {}
@@ -225,7 +246,9 @@ def table(summary: dict, lengths: list[int]) -> str:
     return "\n".join([text[0], "-" * len(text[0])] + text[1:] + footer)
 
 
-def run(out: Path, *, quick: bool, seed: int, overwrite: bool, finetune_too: bool = True) -> dict:
+def run(
+    out: Path, *, quick: bool, seed: int, overwrite: bool, finetune_too: bool = True, card_too: bool = True
+) -> dict:
     import torch
 
     from . import bundled
@@ -247,6 +270,8 @@ def run(out: Path, *, quick: bool, seed: int, overwrite: bool, finetune_too: boo
     stage_costs = [(m, COST["attention" if m in ATTENTION else "frequencies"]) for m in METHODS]
     if finetune_too:
         stage_costs += [(f"fine-tune ({effort.steps} steps)", COST["fine-tune"]), (FINETUNED, COST["frequencies"])]
+    if card_too:
+        stage_costs.append((CARD, COST["card"]))
     stages = Stages(stage_costs, start)
     records = evaluate(model, tokenizer, METHODS, lengths, effort, out / "zero-shot", seed=seed, stages=stages)
     if finetune_too:
@@ -288,10 +313,15 @@ def run(out: Path, *, quick: bool, seed: int, overwrite: bool, finetune_too: boo
     )
     text = table(summary, lengths)
     print(text)
+    result: dict[str, Any] = {"summary": summary, "files": files, "table": text}
+    if card_too:
+        stages.next()
+        result["card"], line = long_context_card(out / "card", effort, seed)
+        print(f"\n{line}; card: {out / 'card' / 'card.md'}")
     print(
         f"\n[demo] report: {files['markdown']} (plots beside it); {time.perf_counter() - start:.0f} s", file=sys.stderr
     )
-    return {"summary": summary, "files": files, "table": text}
+    return result
 
 
 def register(sub) -> None:
@@ -301,8 +331,17 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.add_argument("--no-finetune", action="store_true", help="zero-shot evaluation only")
+    p.add_argument("--no-card", action="store_true", help="end without the long-context card")
     p.set_defaults(
         func=lambda a: (
-            run(Path(a.out), quick=a.quick, seed=a.seed, overwrite=a.overwrite, finetune_too=not a.no_finetune) and 0
+            run(
+                Path(a.out),
+                quick=a.quick,
+                seed=a.seed,
+                overwrite=a.overwrite,
+                finetune_too=not a.no_finetune,
+                card_too=not a.no_card,
+            )
+            and 0
         )
     )

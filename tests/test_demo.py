@@ -6,7 +6,7 @@ import re
 import pytest
 
 from rope_extend.cli import main
-from rope_extend.demo import FINETUNED, METHODS, Stages
+from rope_extend.demo import CARD, CARD_TASKS, FINETUNED, METHODS, Stages
 
 
 def test_stage_lines_scale_elapsed_time_by_the_costs_left(monkeypatch, capsys):
@@ -49,10 +49,10 @@ def test_demo_quick(tmp_path, capsys):
     assert main(["demo", "--quick", "--out", str(out)]) == 0
     captured = capsys.readouterr()
     table = captured.out
-    # one progress line per stage: the nine methods, the fine-tune, the fine-tuned model
+    # one progress line per stage: the nine methods, the fine-tune, the fine-tuned model, the card
     stages = re.findall(r"\[demo\] stage (\d+)/(\d+): (.+?) \|", captured.err)
-    assert [int(i) for i, _, _ in stages] == list(range(1, 12)) and {n for _, n, _ in stages} == {"11"}
-    assert stages[-1][2] == FINETUNED and stages[9][2] == "fine-tune (12 steps)"
+    assert [int(i) for i, _, _ in stages] == list(range(1, 13)) and {n for _, n, _ in stages} == {"12"}
+    assert stages[-1][2] == CARD and stages[-2][2] == FINETUNED and stages[9][2] == "fine-tune (12 steps)"
     for label in [
         "none",
         "linear x4",
@@ -69,6 +69,13 @@ def test_demo_quick(tmp_path, capsys):
     assert len(labels) == len(METHODS) + 1
     for name in ("report.md", "results.csv", "passkey.png", "perplexity.png"):
         assert (out / name).is_file()
+    # the card of YaRN x4: RULER's two needle tasks that fit L, a nonzero score at L (the model was taught their
+    # format), at L, 2L and 4L
+    card = json.loads((out / "card" / "card.json").read_text())
+    assert card["ruler_tasks"] == CARD_TASKS and card["ruler_lengths"] == [256, 512, 1024]
+    assert card["backends"]["transformers"]["ruler"]["256"] > 0
+    line = re.search(r"RULER \(yarn x4\) (.+); effective length (\w+) \(L = 256\); card: (.+)", table)
+    assert line and line.group(3).endswith("card.md") and (out / "card" / "card.png").is_file()
     finetuned = json.loads((out / "finetune" / "model" / "config.json").read_text())
     assert finetuned["rope_parameters"]["rope_type"] == "yarn" and finetuned["max_position_embeddings"] == 1024
     # a second run refuses to replace the report unless told to
