@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ from .report import _pyplot, wilson
 from .retention import retention_from_records
 from .ruler import GENERATE, ruler
 from .tasks.base import Common
+from .vllm_engine import VllmModel
 
 AGREE = {"perplexity": 1e-3}  # relative; retrieval: within 1 / trials (one answer) per length
 OWNED = {"records.jsonl", "card.md", "card.json", "card.png"}
@@ -132,8 +133,9 @@ def agreement(a: Backend, b: Backend, trials: int) -> dict[str, Any]:
     """Where two backends measured the same thing: the largest differences and whether they are within ``AGREE``."""
     common = sorted(set(a.perplexity) & set(b.perplexity))
     ppl = max((abs(a.perplexity[n] - b.perplexity[n]) / a.perplexity[n] for n in common), default=0.0)
-    pk = max((abs(a.passkey[n] - b.passkey[n]) for n in common), default=0.0)
-    ru = max((abs(a.ruler[n] - b.ruler[n]) / 100 for n in common if n in a.ruler and n in b.ruler), default=0.0)
+    # every length both measured (vLLM measures no passkey where its answer would pass the export's length)
+    pk = max((abs(a.passkey[n] - b.passkey[n]) for n in set(a.passkey) & set(b.passkey)), default=0.0)
+    ru = max((abs(a.ruler[n] - b.ruler[n]) / 100 for n in set(a.ruler) & set(b.ruler)), default=0.0)
     one = 1 / trials + 1e-9
     return {
         "perplexity_rel_diff": ppl,
@@ -200,7 +202,7 @@ def card(
             f"{out} already holds a card's records: pass resume=True (--resume) to continue it, or give another folder"
         )
     check_records_file(out / "records.jsonl", resume=resume)  # a folder, a link or a bad record: before any load
-    check_engine(options)  # --engine without llama-cpp-python: refused before anything loads
+    check_engine(options)  # --engine without llama-cpp-python (--engine vllm without vLLM): refused before any load
     began = time.perf_counter()
     tok = load_tokenizer(model_name)
     if original is not None:
@@ -223,8 +225,8 @@ def card(
     backends["transformers"], patched_records = measure(model, tok, label, plan, bench)
     served: dict[str, Any] | None = None
     if plan.served is None:
-        served = _served(model, tok, label, plan.at(options.engine_lengths or lengths), bench)
-        backends["llama.cpp"] = served.pop("backend")
+        served = _served(model, tok, label, plan.at(options.engine_lengths or lengths), bench, options.engine_name)
+        backends[served["engine"]] = served.pop("backend")
     elif options.engine is not False:
         served = {"skipped": plan.served}
     # the original (unpatched, or --original) inside L: the same examples
@@ -252,8 +254,8 @@ def card(
         "retention": kept,
         "served": served,
         "agreement": (
-            agreement(backends["transformers"], backends["llama.cpp"], options.trials)
-            if "llama.cpp" in backends
+            agreement(backends["transformers"], backends[served["engine"]], options.trials)
+            if served is not None and "engine" in served
             else None
         ),
         "seconds": round(time.perf_counter() - began, 1),
@@ -279,29 +281,37 @@ def retention(original: list[dict], patched: list[dict], within: int) -> dict[st
     return out
 
 
-def _served(model, tok, label: str, plan: Plan, bench: Bench) -> dict[str, Any]:
-    """The GGUF export of the patched model, measured in llama.cpp at the plan's lengths (the file in a temporary
-    folder: records name its SHA-256, which is the same for the same model and export)."""
+def _served(model, tok, label: str, plan: Plan, bench: Bench, engine: str) -> dict[str, Any]:
+    """The export of the patched model, measured in ``engine`` at the plan's lengths: a GGUF in llama.cpp, or a
+    vLLM folder in ``vllm.LLM`` (passkey at the lengths whose answer fits in the export, ``Plan.served_passkey``).
+    In a temporary folder: records name the file's or folder's digest, the same for the same model and export."""
 
-    scaling, lengths = plan.scaling, plan.lengths
+    lengths = plan.lengths
     with tempfile.TemporaryDirectory() as tmp:
-        result = export(model, "gguf", Path(tmp) / "served.gguf", tokenizer=tok)  # the patched model's scaling
-        n_ctx = max(lengths) + 256  # RULER's budgets are inside the length; passkey adds 10 tokens
-        with LlamaCppModel(
-            result.out,
-            n_ctx=n_ctx,
-            method=scaling.method.name,
-            factor=scaling.factor,
-            original_length=scaling.original_max_position_embeddings,
-        ) as served:
-            backend, _ = measure(served, tok, f"{label} (llama.cpp)", plan, bench)
+        if engine == "vllm":
+            result = export(model, "vllm", Path(tmp) / "served", tokenizer=tok)  # the patched model's scaling
+            opened: Any = VllmModel(result.out)
+            plan = replace(plan, lengths=lengths if plan.served_passkey is None else plan.served_passkey)
+        else:
+            result = export(model, "gguf", Path(tmp) / "served.gguf", tokenizer=tok)
+            scaling = plan.scaling
+            opened = LlamaCppModel(
+                result.out,
+                n_ctx=max(lengths) + 256,  # RULER's budgets are inside the length; passkey adds 10 tokens
+                method=scaling.method.name,
+                factor=scaling.factor,
+                original_length=scaling.original_max_position_embeddings,
+            )
+        with opened as served:
+            backend, _ = measure(served, tok, f"{label} ({SERVED[engine][1]})", plan, bench)
             digest = served.digest
-    return {"engine": "llama.cpp", "how": result.how, "file_digest": digest, "backend": backend, "lengths": lengths}
+    return {"engine": engine, "how": result.how, "file_digest": digest, "backend": backend, "lengths": lengths}
 
 
 # ----------------------------------------------------------------------------------------------- writing
 # what each backend's numbers are called in the card's table and figure (one mapping for both)
-SHOWN = {"original": "original", "transformers": "patched", "llama.cpp": "served in llama.cpp"}
+SERVED = {"llama.cpp": ("GGUF", "llama.cpp"), "vllm": ("vLLM", "vLLM")}  # engine: (its export, its name)
+SHOWN = {"original": "original", "transformers": "patched", **{k: f"served in {v}" for k, (_, v) in SERVED.items()}}
 
 
 def _pct(x: float | None) -> str:
@@ -388,7 +398,8 @@ def markdown(card: dict[str, Any]) -> str:
         a = card["agreement"]
         lines += [
             "",
-            f"Served: the GGUF export ({served['how']}) in llama.cpp, the same prompts at "
+            f"Served: the {SERVED[served['engine']][0]} export ({served['how']}) in {SERVED[served['engine']][1]}, "
+            "the same prompts at "
             f"{', '.join(str(n) for n in served.get('lengths', card['lengths']))}: perplexity within "
             f"{100 * a['perplexity_rel_diff']:.3f}%, passkey within {100 * a['passkey_abs_diff']:.0f} points, RULER "
             f"within {100 * a['ruler_abs_diff']:.1f} points of transformers: "

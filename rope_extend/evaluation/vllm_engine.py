@@ -24,10 +24,12 @@ in one line that gives the command making that venv (``INSTALL``), before any mo
   ``stop_token_ids=[eos]``: it stops after the tokenizer's end-of-sequence token only, as transformers' greedy
   search and ``LlamaCppModel`` do (vLLM's own rule would also stop at every id of the folder's
   ``generation_config.json``).
-- ``nll``: the window as one prompt with ``prompt_logprobs=0``: vLLM returns, per position, the log-prob of the
-  prompt's own token (``k=0`` top tokens; the actual token is always included), computed as a float32
-  log-softmax of the float32 logits (``Sampler.compute_logprobs``); they are summed here in float64. vLLM
-  computes them for every prompt position, the context-only ones of a sliding window too (unused here).
+- ``nll``: the window but its last token as one prompt with ``prompt_logprobs=0``: vLLM returns, per position,
+  the log-prob of the prompt's own token (``k=0`` top tokens; the actual token is always included), and the last
+  token's as the one output step's ``logprob_token_ids``; both are a float32 log-softmax of the float32 logits
+  (``Sampler.compute_logprobs``, ``raw_logprobs``: before any sampling processor), summed here in float64. The
+  positions fed are those scored (0 .. n - 2), as in ``LlamaCppModel``; vLLM computes the log-probs of every prompt
+  position, the context-only ones of a sliding window too (unused here).
 - Memory: the prompt is fed in chunks of ``N_BATCH`` tokens (chunked prefill), so the float32 logits of a chunk,
   ``N_BATCH x vocab`` (2048 x 49152 x 4 bytes = 403 MB for SmolLM2) and their log-softmax are the most that
   exists at once; the KV cache is sized for one sequence of ``max_len`` tokens (``kv_cache_bytes``), unless
@@ -99,7 +101,7 @@ def folder_digest(folder: Path) -> str:
     """SHA-256 over the sorted relative names and the SHA-256 of every file of ``folder`` (what vLLM may read:
     config, weights, generation config); first checked to hold only regular files and folders
     (``untrusted.check_folder``)."""
-    fix = "give the folder rope-extend export --to vllm wrote"
+    fix = "give a folder written by rope-extend export MODEL --to vllm --out DIR"
     check_folder(folder, fix=fix)
     files = sorted(p for p in folder.rglob("*") if not p.is_dir())
     if len(files) > MAX_FILES:
@@ -110,10 +112,11 @@ def folder_digest(folder: Path) -> str:
     return h.hexdigest()[:DIGEST_DIGITS]
 
 
-def read_export(folder: Path) -> tuple[dict[str, Any], int, str | None]:
+def read_export(path: str | os.PathLike) -> tuple[dict[str, Any], int, str | None]:
     """``(info, served length, dtype)`` of a folder ``rope-extend export --to vllm`` wrote: its info file, and
     ``--max-model-len`` and ``--dtype`` of the command it printed (None: vLLM's default dtype)."""
-    fix = f"give the folder written by rope-extend export MODEL --to vllm --out {folder}"
+    folder = Path(path)
+    fix = "give a folder written by rope-extend export MODEL --to vllm --out DIR"
     if not folder.is_dir():
         raise RopeExtendError(f"{folder} is not a folder: --backend vllm runs a vLLM export; {fix}")
     if not (folder / INFO).exists():
@@ -296,10 +299,22 @@ class VllmModel(EngineModel):
         if n - score_from <= 0:
             return 0.0, 0
         self.check_reachable(n)
-        params = self._params(temperature=0.0, max_tokens=1, prompt_logprobs=0, ignore_eos=True, detokenize=False)
-        rows = self._run(ids, params).prompt_logprobs  # rows[j]: {token: Logprob} at j (None at 0)
-        total = 0.0
-        for j in range(score_from, n):
+        # the prompt is ids[:-1] (position n - 1 is never needed, as in llama.cpp's nll; fed, a window of the
+        # export's length would be refused: vLLM wants room for one output); the last token is scored as the one
+        # output step's logprob of the id asked for (``logprob_token_ids``, before any sampling processor)
+        last = ids[n - 1]
+        params = self._params(
+            temperature=0.0,
+            max_tokens=1,
+            prompt_logprobs=0,
+            logprob_token_ids=[last],
+            ignore_eos=True,
+            detokenize=False,
+        )
+        out = self._run(ids[: n - 1], params)
+        rows = out.prompt_logprobs  # rows[j]: {token: Logprob} of prompt position j (None at 0)
+        total = -float(out.outputs[0].logprobs[0][last].logprob)
+        for j in range(score_from, n - 1):
             total -= float(rows[j][ids[j]].logprob)
         if not math.isfinite(total):
             raise RopeExtendError(f"vLLM gave non-finite log-probs for a {n}-token window of {self.path}")
