@@ -16,7 +16,8 @@ and the tokenizer, so two backends or two models answer the same questions):
 - **the served artifact**: when the method exports to GGUF exactly (``export.routes``) and llama-cpp-python is
   installed (the ``llama`` extra), the exported file is measured in llama.cpp (``evaluation.engines``) at every
   length, and the card says whether the backends agree within ``AGREE``: perplexity within 0.1% relative,
-  retrieval scores within one trial's share per length.
+  retrieval scores within one trial's share per length; with ``--engine vllm``, the vLLM export in ``vllm.LLM``
+  (``evaluation.vllm_engine``), passkey where its answer fits in the export's length.
 
 Which tasks and lengths each measurement runs at is decided, and every check that needs no model output made,
 before the first measurement (``evaluation.card_plan``): what was given is measured exactly or refused, what was

@@ -277,7 +277,11 @@ class VllmModel(EngineModel):
 
     def check_reachable(self, length: int, generated: int = 0) -> None:
         check_served(self.path, self.served, length, generated)
-        super().check_reachable(length, generated)
+        if length + generated > self.n_ctx:
+            raise RopeExtendError(
+                f"length {length} (+{generated} generated) is past the {self.n_ctx} tokens this vLLM model was "
+                f"opened for: open it with max_len >= {length + generated} (the export serves {self.served})"
+            )
 
     # ------------------------------------------------------------------------------------------ decoding
     def _run(self, ids: Sequence[int], params) -> Any:

@@ -175,3 +175,14 @@ def test_vllm_passkey_lengths(capsys):
     assert left == [f"{said} (RULER and perplexity are measured there)"]
     with pytest.raises(RopeExtendError, match=r"--engine-lengths \[1024\]: passkey generates 10 tokens past"):
         card_plan._vllm_passkey([512, 1024], 1024, CardOptions(lengths=[512, 1024], engine_lengths=[512, 1024]), [])
+
+
+def test_a_length_past_what_the_engine_was_opened_for_names_max_len(exported):
+    """Checked before a prompt is sent (the engine itself is not needed: an opened model's fields are)."""
+    opened = VllmModel.__new__(VllmModel)
+    opened.path, opened.served, opened.n_ctx = exported, 1024, 600
+    opened.check_reachable(590, 10)
+    with pytest.raises(RopeExtendError, match=r"past the 600 tokens this vLLM model was opened for: open it with "):
+        opened.check_reachable(600, 10)
+    with pytest.raises(RopeExtendError, match="length 1020 \\(\\+10 generated\\) is past the 1024 tokens the vLLM"):
+        opened.check_reachable(1020, 10)
