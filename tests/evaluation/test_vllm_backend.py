@@ -4,8 +4,9 @@ is not installed).
 
 The same prompts (token ids built by the transformers tokenizer) on both backends, float32 on both:
 
-- perplexity within 1e-5 relative on the bundled model (4 layers; measured 2e-8 to 3e-7) and 5e-5 on SmolLM2-135M
-  (30 layers add float32 rounding: measured 8e-6 at 4088 tokens, tests/export/test_vllm_engine.py); both above
+- perplexity within 1e-5 relative on the bundled model (4 layers; measured 2e-8 on a tiny random Llama at 1000
+  tokens) and 5e-5 on SmolLM2-135M (30 layers add float32 rounding: measured 1.2e-7 at 4096 tokens by
+  ``card --engine vllm``, 8e-6 at 4088 tokens by tests/export/test_vllm_engine.py); both above
   what float32 sums of a few thousand log-probs can drift (1e-7 relative per token, vLLM's log-softmax in float32),
   far below any difference between methods (yarn against none at 1024 tokens on the bundled model: 30%);
 - every passkey, niah and RULER answer the same text, trial by trial (greedy decoding of the same logits up to
