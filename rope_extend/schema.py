@@ -300,10 +300,30 @@ class _Items(argparse.Action):
         setattr(namespace, self.dest, items)
 
 
+class _FlagOrChoice(argparse.BooleanOptionalAction):
+    """``--x`` (true), ``--x VALUE`` (one of the field's Literal values, checked by ``build``) or ``--no-x``
+    (false): a bool field that may also name which one (``card --engine``, ``--engine vllm``)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.nargs = "?"
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string is not None and option_string.startswith("--no-"):
+            if values is not None:
+                raise argparse.ArgumentError(self, f"{option_string} takes no value, got {values!r}")
+            setattr(namespace, self.dest, False)
+        else:
+            setattr(namespace, self.dest, True if values is None else values)
+
+
 def _argument(hint: Any) -> dict[str, Any]:
-    """argparse keywords for a field's type: choices for a Literal, --x/--no-x for a bool, a list as one or
-    more (comma-separated) values, a scalar typed; anything else (Any, a mapping) is passed on as text."""
+    """argparse keywords for a field's type: choices for a Literal, --x/--no-x for a bool (and --x VALUE for a
+    bool or a Literal), a list as one or more (comma-separated) values, a scalar typed; anything else (Any, a
+    mapping) is passed on as text."""
     inner = [h for h in typing.get_args(hint) if h is not type(None)] if _is_union(hint) else [hint]
+    if len(inner) == 2 and bool in inner and any(typing.get_origin(h) is Literal for h in inner):
+        return {"action": _FlagOrChoice}
     hint = inner[0] if len(inner) == 1 else hint
     if typing.get_origin(hint) is Literal:
         return {"choices": typing.get_args(hint)}
@@ -330,7 +350,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls) -> None:
         if not required:
             # a field that is not required has a default, or else a factory (MISSING is not callable)
             default = f.default_factory() if callable(f.default_factory) else f.default
-            if default is not None and keywords.get("action") is not argparse.BooleanOptionalAction:
+            if default is not None and keywords.get("action") not in (argparse.BooleanOptionalAction, _FlagOrChoice):
                 shown = ",".join(map(str, default)) if isinstance(default, list) else default
                 text += f" (default: {shown})"
         parser.add_argument(

@@ -16,7 +16,8 @@ and the tokenizer, so two backends or two models answer the same questions):
 - **the served artifact**: when the method exports to GGUF exactly (``export.routes``) and llama-cpp-python is
   installed (the ``llama`` extra), the exported file is measured in llama.cpp (``evaluation.engines``) at every
   length, and the card says whether the backends agree within ``AGREE``: perplexity within 0.1% relative,
-  retrieval scores within one trial's share per length.
+  retrieval scores within one trial's share per length; with ``--engine vllm``, the vLLM export in ``vllm.LLM``
+  (``evaluation.vllm_engine``), passkey where its answer fits in the export's length.
 
 Which tasks and lengths each measurement runs at is decided, and every check that needs no model output made, before
 the first measurement (``evaluation.card_measurements``): what was given is measured exactly or refused, what was
@@ -29,14 +30,13 @@ model (its digest: weights and config, or the GGUF's SHA-256), tokenizer, data a
 
 from __future__ import annotations
 
-import math
 import os
 import platform
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,21 +45,22 @@ import torch
 from ..errors import RopeExtendError
 from ..export import export
 from ..hf.reading import text_config
-from ..io import write_json, write_text, writing
+from ..io import write_json, write_text
 from ..loading import load_model, load_tokenizer, model_config
 from ..patching import patch, unpatch
-from .card_measurements import ANSWER_SHARE, Measurements, check_engine, decide_measurements, default_lengths  # noqa: F401 (default_lengths: importable from here, as before)
+from .card_measurements import Measurements, check_engine, decide_measurements, default_lengths  # noqa: F401 (default_lengths: importable from here, as before)
 from .card_options import CardOptions
+from .card_writing import SERVED, figure, markdown
 from .engines import LlamaCppModel
 from .identity import tokenizer_digest
 from .passkey import passkey
 from .perplexity import perplexity
 from .records import RecordLog, check_records_file
-from .report import _pyplot, wilson
+from .report import wilson
 from .retention import retention_from_records
 from .ruler.harness import ruler
-from .ruler.subtasks import GENERATE
 from .tasks.base import Common
+from .vllm_engine import VllmModel
 
 AGREE = {"perplexity": 1e-3}  # relative; retrieval: within 1 / trials (one answer) per length
 OWNED = {"records.jsonl", "card.md", "card.json", "card.png"}
@@ -132,8 +133,9 @@ def agreement(a: Backend, b: Backend, trials: int) -> dict[str, Any]:
     """Where two backends measured the same thing: the largest differences and whether they are within ``AGREE``."""
     common = sorted(set(a.perplexity) & set(b.perplexity))
     ppl = max((abs(a.perplexity[n] - b.perplexity[n]) / a.perplexity[n] for n in common), default=0.0)
-    pk = max((abs(a.passkey[n] - b.passkey[n]) for n in common), default=0.0)
-    ru = max((abs(a.ruler[n] - b.ruler[n]) / 100 for n in common if n in a.ruler and n in b.ruler), default=0.0)
+    # every length both measured (vLLM measures no passkey where its answer would pass the export's length)
+    pk = max((abs(a.passkey[n] - b.passkey[n]) for n in set(a.passkey) & set(b.passkey)), default=0.0)
+    ru = max((abs(a.ruler[n] - b.ruler[n]) / 100 for n in set(a.ruler) & set(b.ruler)), default=0.0)
     one = 1 / trials + 1e-9
     return {
         "perplexity_rel_diff": ppl,
@@ -200,7 +202,7 @@ def card(
             f"{out} already holds a card's records: pass resume=True (--resume) to continue it, or give another folder"
         )
     check_records_file(out / "records.jsonl", resume=resume)  # a folder, a link or a bad record: before any load
-    check_engine(options)  # --engine without llama-cpp-python: refused before anything loads
+    check_engine(options)  # --engine without llama-cpp-python (--engine vllm without vLLM): refused before any load
     began = time.perf_counter()
     tok = load_tokenizer(model_name)
     if original is not None:
@@ -223,8 +225,8 @@ def card(
     backends["transformers"], patched_records = measure(model, tok, label, plan, bench)
     served: dict[str, Any] | None = None
     if plan.served is None:
-        served = _served(model, tok, label, plan.at(options.engine_lengths or lengths), bench)
-        backends["llama.cpp"] = served.pop("backend")
+        served = _served(model, tok, label, plan.at(options.engine_lengths or lengths), bench, options.engine_name)
+        backends[served["engine"]] = served.pop("backend")
     elif options.engine is not False:
         served = {"skipped": plan.served}
     # the original (unpatched, or --original) inside L: the same examples
@@ -265,8 +267,8 @@ def _card_json(model_name, original, plan: Measurements, options, *, backends, k
         "retention": kept,
         "served": served,
         "agreement": (
-            agreement(backends["transformers"], backends["llama.cpp"], options.trials)
-            if "llama.cpp" in backends
+            agreement(backends["transformers"], backends[served["engine"]], options.trials)
+            if served is not None and "engine" in served
             else None
         ),
         "seconds": round(time.perf_counter() - began, 1),
@@ -288,158 +290,28 @@ def retention(original: list[dict], patched: list[dict], within: int) -> dict[st
     return out
 
 
-def _served(model, tok, label: str, plan: Measurements, bench: Bench) -> dict[str, Any]:
-    """The GGUF export of the patched model, measured in llama.cpp at the plan's lengths (the file in a temporary
-    folder: records name its SHA-256, which is the same for the same model and export)."""
+def _served(model, tok, label: str, plan: Measurements, bench: Bench, engine: str) -> dict[str, Any]:
+    """The export of the patched model, measured in ``engine`` at the plan's lengths: a GGUF in llama.cpp, or a
+    vLLM folder in ``vllm.LLM`` (passkey at the lengths whose answer fits in the export, ``Measurements.served_passkey``).
+    In a temporary folder: records name the file's or folder's digest, the same for the same model and export."""
 
-    scaling, lengths = plan.scaling, plan.lengths
+    lengths = plan.lengths
     with tempfile.TemporaryDirectory() as tmp:
-        result = export(model, "gguf", Path(tmp) / "served.gguf", tokenizer=tok)  # the patched model's scaling
-        n_ctx = max(lengths) + 256  # RULER's budgets are inside the length; passkey adds 10 tokens
-        with LlamaCppModel(
-            result.out,
-            n_ctx=n_ctx,
-            method=scaling.method.name,
-            factor=scaling.factor,
-            original_length=scaling.original_max_position_embeddings,
-        ) as served:
-            backend, _ = measure(served, tok, f"{label} (llama.cpp)", plan, bench)
-            digest = served.digest
-    return {"engine": "llama.cpp", "how": result.how, "file_digest": digest, "backend": backend, "lengths": lengths}
-
-
-# ----------------------------------------------------------------------------------------------- writing
-# what each backend's numbers are called in the card's table and figure (one mapping for both)
-SHOWN = {"original": "original", "transformers": "patched", "llama.cpp": "served in llama.cpp"}
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1f}"
-
-
-def _ruler_what(card: dict[str, Any]) -> str:
-    """What the RULER column averages: its tasks, counted and named, and why it is not RULER's own number."""
-    tasks = card.get("ruler_tasks")
-    if tasks is None:  # a card.json written before the plan named its tasks
-        tasks = [None] * card["backends"]["transformers"]["ruler_tasks"]
-    if not tasks:
-        return "not measured (see what is left out)"
-    names = f": {', '.join(tasks)}" if all(tasks) else ""
-    budgets = card.get("answer_tokens") or {}
-    capped = sorted({n for t, n in budgets.items() if n < GENERATE[t]})
-    if card["options"].get("answer_tokens") is not None:
-        budget = f"; {card['options']['answer_tokens']} answer tokens for every task (--answer-tokens)"
-    elif capped:
-        budget = (
-            f"; answer tokens: RULER's per task, capped at L/{ANSWER_SHARE} = {capped[-1]} (RULER's own budgets, up "
-            "to 128, are for contexts of 4k and more)"
-        )
-    else:
-        budget = ""
-    return (
-        f"average over {len(tasks)} {'task' if len(tasks) == 1 else 'tasks'}{names} "
-        f"({card['options']['samples']} samples each{budget}; RULER's own average is over 13, so the numbers are "
-        "not comparable with its tables)"
-    )
-
-
-def markdown(card: dict[str, Any]) -> str:
-    """The model-card block: one table by length (each backend), effective lengths, retention, agreement."""
-    b = card["backends"]
-    names = [n for n in SHOWN if n in b]
-    head = ["length"] + [f"{what} ({SHOWN[n]})" for n in names for what in ("RULER", "passkey", "ppl")]
-    lines = [
-        f"### Long context: {card['model']}, {card['scaling']}",
-        "",
-        (
-            f"Trained context L = {card['original_length']}, target {card['target_length']}. RULER: {_ruler_what(card)}; "
-            f"passkey: {card['options']['trials']} trials (95% Wilson interval); perplexity: token-weighted."
-        ),
-        "",
-        *(["Left out (decided before measuring):", ""] if card.get("left_out") else []),
-        *(f"- {line}" for line in card.get("left_out", ())),
-        *([""] if card.get("left_out") else []),
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-    ]
-    for n in card["lengths"]:
-        row = [str(n)]
-        for name in names:
-            x = b[name]
-            lo_hi = x["passkey_interval"].get(str(n)) or x["passkey_interval"].get(n)
-            pk = x["passkey"].get(str(n), x["passkey"].get(n))
-            row += [
-                _pct(x["ruler"].get(str(n), x["ruler"].get(n))),
-                "-" if pk is None else f"{100 * pk:.0f}% ({100 * lo_hi[0]:.0f}-{100 * lo_hi[1]:.0f})",
-                "-" if (p := x["perplexity"].get(str(n), x["perplexity"].get(n))) is None else f"{p:.3f}",
-            ]
-        lines.append("| " + " | ".join(row) + " |")
-    eff = b["transformers"].get("effective") or {}
-    lines += [
-        "",
-        (
-            f"Effective length (RULER's rule, average >= {eff.get('threshold')}): {eff.get('length') or 'none'}; "
-            f"keeping {eff.get('keep')} of the score at {eff.get('reference_length')}: {eff.get('relative_length') or 'none'}."
-            if eff
-            else "Effective length: not measured (no RULER task was measured)."
-        ),
-        "",
-        "| retention inside L | ratio | 95% interval | examples |",
-        "|---|---|---|---|",
-    ]
-    for k, v in card["retention"].items():
-        if "undefined" in v:
-            lines.append(f"| {k} | undefined: {v['undefined']} | - | - |")
+        if engine == "vllm":
+            result = export(model, "vllm", Path(tmp) / "served", tokenizer=tok)  # the patched model's scaling
+            opened: Any = VllmModel(result.out)
+            plan = replace(plan, lengths=lengths if plan.served_passkey is None else plan.served_passkey)
         else:
-            lines.append(f"| {k} | {v['ratio']:.3f} | {v['low']:.3f}-{v['high']:.3f} | {v['examples']} |")
-    served = card.get("served")
-    if served and "engine" in served:
-        a = card["agreement"]
-        lines += [
-            "",
-            f"Served: the GGUF export ({served['how']}) in llama.cpp, the same prompts at "
-            f"{', '.join(str(n) for n in served.get('lengths', card['lengths']))}: perplexity within "
-            f"{100 * a['perplexity_rel_diff']:.3f}%, passkey within {100 * a['passkey_abs_diff']:.0f} points, RULER "
-            f"within {100 * a['ruler_abs_diff']:.1f} points of transformers: "
-            + ("agrees." if a["agree"] else "DOES NOT AGREE within the stated limits."),
-        ]
-    elif served:
-        lines += ["", f"Served: not measured ({served['skipped']})."]
-    hw = card["hardware"]
-    lines += ["", f"Measured in {card['seconds']:.0f} s on {hw.get('gpu') or hw['cpu']} ({hw['cores']} cores)."]
-    return "\n".join(lines) + "\n"
-
-
-def figure(card: dict[str, Any], path: Path) -> list[str]:
-    """RULER average, passkey accuracy and perplexity by length, one line per backend, named as the table's
-    columns name it (``SHOWN``: original, patched, served in llama.cpp) in one legend for the three panels (a
-    backend a panel lacks, such as the original's RULER when RULER starts past L, is still named). Returns the
-    legend's names."""
-
-    plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    colors = {name: f"C{i}" for i, name in enumerate(SHOWN)}
-    handles: dict[str, Any] = {}
-    for name, x in card["backends"].items():
-        label = SHOWN.get(name, name)
-        for ax, key, scale in ((axes[0], "ruler", 1), (axes[1], "passkey", 100), (axes[2], "perplexity", 1)):
-            pts = sorted((int(n), v * scale) for n, v in x[key].items())
-            if pts:
-                (line,) = ax.plot(*zip(*pts, strict=True), marker="o", color=colors.get(name), label=label)
-                handles.setdefault(label, line)
-    for ax, title in zip(axes, ("RULER average (%)", "passkey (%)", "perplexity"), strict=True):
-        ax.set_xscale("log", base=2)
-        ax.axvline(card["original_length"], color="grey", linestyle=":", linewidth=1)
-        ax.set_title(title)
-        ax.set_xlabel("tokens")
-        if title.endswith("(%)"):
-            ax.set_ylim(-5, 105)  # a share: 0 and 100 in sight, so a flat line at 0 is not read as a trend
-        if not any(line.get_label() in handles for line in ax.lines):  # only the line at L: nothing measured
-            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, color="grey")
-    fig.legend(handles.values(), handles.keys(), loc="upper right", fontsize=8)
-    fig.suptitle(f"{card['model']}: {card['scaling']}", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 0.9, 1))
-    with writing(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    return list(handles)
+            result = export(model, "gguf", Path(tmp) / "served.gguf", tokenizer=tok)
+            scaling = plan.scaling
+            opened = LlamaCppModel(
+                result.out,
+                n_ctx=max(lengths) + 256,  # RULER's budgets are inside the length; passkey adds 10 tokens
+                method=scaling.method.name,
+                factor=scaling.factor,
+                original_length=scaling.original_max_position_embeddings,
+            )
+        with opened as served:
+            backend, _ = measure(served, tok, f"{label} ({SERVED[engine][1]})", plan, bench)
+            digest = served.digest
+    return {"engine": engine, "how": result.how, "file_digest": digest, "backend": backend, "lengths": lengths}

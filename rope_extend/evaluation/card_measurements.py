@@ -20,6 +20,8 @@ What was chosen stays measured exactly or is refused; what was left to the defau
   task, capped at L/4 (``answer_budgets``), and a task whose answers would not fit its capped budget left out;
 - **the served step** (``--engine``): asked for explicitly, a missing llama-cpp-python or gguf is refused at
   once; left to the default, the card measures it when both are installed and says so in one line when not.
+  ``--engine vllm`` (only when asked for) needs vLLM importable, and measures passkey at the lengths whose
+  answer fits in the export (``_vllm_passkey``).
 
 Each thing left out is one line of ``Measurements.left_out``, printed before measuring and written into the card.
 """
@@ -27,8 +29,8 @@ Each thing left out is one line of ``Measurements.left_out``, printed before mea
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, cast
 
 from ..documents import read_documents
 from ..errors import RopeExtendError
@@ -44,10 +46,14 @@ from .records import _config_scaling as configured
 from .ruler.sizing import Haystack, PromptFormat, build_prompt
 from .ruler.subtasks import ESSAY, GENERATE, check_tasks
 from .runner import check_reachable
+from .tasks.options import PasskeyOptions
+from .vllm_engine import vllm_missing
 
 ANSWER_SHARE = 4  # RULER's answer budget may take at most a quarter of the trained context (answer_budgets)
 # what the served step imports: the export (gguf) and the engine (llama_cpp), as CI installs them
 SERVE_PACKAGES = {"gguf": "gguf", "llama_cpp": "llama-cpp-python"}
+# the answer tokens the card's passkey generates past each length (the harness's default)
+PASSKEY_NEW = cast(int, next(f.default for f in fields(PasskeyOptions) if f.name == "max_new_tokens"))
 
 
 @dataclass
@@ -65,6 +71,7 @@ class Measurements:
     budgets: dict[str, int] = field(default_factory=dict)
     served: str | None = None
     left_out: list[str] = field(default_factory=list)
+    served_passkey: list[int] | None = None  # vLLM: the lengths passkey's answer fits in the export (None: all)
 
     @property
     def original_length(self) -> int:
@@ -86,6 +93,7 @@ class Measurements:
             self.texts,
             self.budgets,
             self.served,
+            served_passkey=None if self.served_passkey is None else keep(self.served_passkey),
         )
 
 
@@ -119,7 +127,14 @@ def missing_serve_packages() -> list[str]:
 
 def check_engine(options: CardOptions) -> list[str]:
     """The served step's missing packages; asked for explicitly (``--engine``), a missing one is refused (the
-    first check of a card: before anything loads)."""
+    first check of a card: before anything loads). ``--engine vllm`` needs vLLM importable here."""
+    if options.engine_name == "vllm":
+        problem = vllm_missing()
+        if problem is not None:
+            raise RopeExtendError(
+                f"--engine vllm: {problem}; or leave --engine out (the card then skips the served rows)"
+            )
+        return []
     missing = missing_serve_packages() if options.engine is not False else []
     if missing and options.engine:
         raise RopeExtendError(
@@ -147,24 +162,49 @@ def decide_measurements(model, tok, model_name: str, options: CardOptions) -> Me
         raise RopeExtendError(f"engine_lengths {extra} are not among the card's lengths {lengths}")
     served = _served(model, scaling, options)
     left: list[str] = [] if served is None or options.engine is False else [f"the served rows: {served}"]
+    served_lengths = None
+    if served is None and options.engine_name == "vllm":
+        served_lengths = _vllm_passkey(options.engine_lengths or lengths, scaling.target_length, options, left)
     budgets = answer_budgets(L, options.answer_tokens)
     lengths = _reachable(model, lengths, given, left, max(budgets.values()))  # RULER's decoding adds the most
     ppl_lengths, texts = _texts(tok, lengths, given, options, left)
     ruler_lengths, tasks = _ruler(tok, lengths, given, options, left, budgets)
+    budgets = {t: budgets[t] for t in tasks}
     return Measurements(
-        scaling, lengths, ruler_lengths, tasks, ppl_lengths, texts, {t: budgets[t] for t in tasks}, served, left
+        scaling, lengths, ruler_lengths, tasks, ppl_lengths, texts, budgets, served, left, served_passkey=served_lengths
     )
 
 
+def _vllm_passkey(lengths: list[int], served: int, options: CardOptions, left: list[str]) -> list[int]:
+    """The lengths passkey is measured at in vLLM: those whose prompt and ``PASSKEY_NEW`` answer tokens fit in
+    the export's ``served`` tokens (its rotary table ends there; transformers and llama.cpp compute past it).
+    RULER's lengths hold their answers and perplexity generates nothing, so both run at every length. A length
+    given by ``--engine-lengths`` that does not fit is refused; a default one is left out, in one line."""
+    fits = [n for n in lengths if n + PASSKEY_NEW <= served]
+    past = [n for n in lengths if n not in fits]
+    if past and options.engine_lengths is not None:
+        raise RopeExtendError(
+            f"--engine-lengths {past}: passkey generates {PASSKEY_NEW} tokens past each length, past the {served} "
+            f"tokens the vLLM export serves; give engine lengths up to {served - PASSKEY_NEW}"
+        )
+    if past:
+        left.append(
+            f"passkey served in vLLM at {', '.join(map(str, past))}: its {PASSKEY_NEW} answer tokens go past the "
+            f"{served} tokens the export serves (RULER and perplexity are measured there)"
+        )
+    return fits
+
+
 def _served(model, scaling, options: CardOptions) -> str | None:
-    """Why the GGUF export is not measured in llama.cpp (``None``: it is): ``--no-engine``, a method llama.cpp
+    """Why the export is not measured in its engine (``None``: it is): ``--no-engine``, a method the engine
     does not compute exactly, or a package missing (refused when ``--engine`` was asked for)."""
     if options.engine is False:
         return "--no-engine"
     missing = check_engine(options)
-    decision = routes.decide(scaling, "gguf", *rotary_geometry(text_config(model.config)))
+    target = "vllm" if options.engine_name == "vllm" else "gguf"
+    decision = routes.decide(scaling, target, *rotary_geometry(text_config(model.config)))
     if decision.status != EXPORTED:
-        return decision.message(scaling.method.name, "gguf")
+        return decision.message(scaling.method.name, target)
     if missing:
         return f"{' and '.join(missing)} not installed: {INSTALL}"
     return None

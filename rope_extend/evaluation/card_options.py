@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import RopeExtendError
 from ..schema import option
@@ -32,19 +32,28 @@ class CardOptions:
     chat_template: bool = option(True, help="RULER prompts in the tokenizer's chat template when it has one")
     threshold: float = option(RULER_THRESHOLD, help="RULER's effective-length bar, percent")
     keep: float = option(KEEP, help="the share of the score at L a length must keep (relative effective length)")
-    engine: bool | None = option(
+    engine: bool | Literal["llama.cpp", "vllm"] | None = option(
         None,
-        help="also measure the GGUF export in llama.cpp when the method exports exactly (default: when "
-        "llama-cpp-python and gguf are installed, the rope-extend[llama] extra; --engine refuses without them)",
+        help="also measure the export in a serving engine when the method exports exactly: the GGUF in llama.cpp "
+        "(--engine or --engine llama.cpp; default: when llama-cpp-python and gguf are installed, the "
+        "rope-extend[llama] extra) or the vLLM folder in vllm.LLM (--engine vllm); refused when the engine is "
+        "not installed",
     )
     engine_lengths: list[Any] | None = option(
         None,
-        help="the lengths the served GGUF is measured at, some of --lengths (default: all of them; llama.cpp as "
+        help="the lengths the served export is measured at, some of --lengths (default: all of them; llama.cpp as "
         "built by pip is several times slower than torch on a CPU)",
     )
     seed: int = option(0, help="seed of every prompt")
 
+    @property
+    def engine_name(self) -> str:
+        """The engine the served step runs in: ``vllm`` when named, else ``llama.cpp``."""
+        return "vllm" if self.engine == "vllm" else "llama.cpp"
+
     def __post_init__(self):
+        if self.engine not in (None, True, False, "llama.cpp", "vllm"):
+            raise RopeExtendError(f"engine must be true, false, 'llama.cpp' or 'vllm', got {self.engine!r}")
         for name in ("samples", "trials", "docs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -38,6 +38,13 @@ def _print_result(args, report: Path, payload: dict) -> None:
 def _common(p: argparse.ArgumentParser) -> None:
     """The model, the scaling and the output folder: what every task's command takes besides its options."""
     add_model_arguments(p, tokenizer=True)
+    p.add_argument(
+        "--backend",
+        choices=["transformers", "vllm"],
+        default="transformers",
+        help="what runs the model: transformers (default; --method patches it), or vllm: --model is a folder "
+        "`rope-extend export --to vllm` wrote, served by vllm.LLM as exported (the same prompts)",
+    )
     add_method_arguments(p)
     p.add_argument("--label", help="name of this run in tables and plots (default: method and factor)")
     p.add_argument("--out", required=True, help="output folder (records.jsonl, results.json/.csv, report.md, PNGs)")
@@ -69,15 +76,21 @@ def _cmd_task(args) -> int:
     from .tasks.base import Context, get_task, load_task_texts
 
     task = get_task(args.eval_command)
+    if args.backend == "vllm":
+        check_served_arguments(args)  # vLLM missing, or a flag it would ignore: refused before anything is read
     options = schema.build(task.options, schema.arguments_data(args, task.options), where="the command line")
     scaling = scaling_from_args(args)  # checked before a model is loaded
     claim_output_dir(args.out, kind="eval", owned=owned, resume=args.resume, overwrite=args.overwrite, check_only=True)
     earlier = earlier_records(args.records_from)  # a bad file fails before the model is loaded
     check_records_file(Path(args.out) / "records.jsonl", resume=args.resume)  # so does a bad --out/records.jsonl
     texts = load_task_texts(options) if task.reads_texts else None
-    model = load_model(args.model, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code)
+    if args.backend == "vllm":
+        model = open_served(args, task.name, options)
+    else:
+        model = load_model(args.model, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code)
     tokenizer = load_tokenizer(args.tokenizer or args.model, trust_remote_code=args.trust_remote_code)
-    scaling.apply(model)
+    if args.backend != "vllm":
+        scaling.apply(model)
     # everything checked: now write
     claim_output_dir(args.out, kind="eval", owned=owned, resume=args.resume, overwrite=args.overwrite)
     import_records(Path(args.out) / "records.jsonl", earlier)
@@ -88,8 +101,55 @@ def _cmd_task(args) -> int:
         progress=args.progress,
         run={"label": args.label} if args.label else {},
     )
-    records = task.run(model, tokenizer, options, context)
+    try:
+        records = task.run(model, tokenizer, options, context)
+    finally:
+        if args.backend == "vllm":
+            model.close()
     return _finish(args, records, f"{task.title}: {args.model}")
+
+
+def check_served_arguments(args) -> None:
+    """``--backend vllm``: vLLM importable (else the command that installs it), and no flag it would ignore:
+    the export's folder is served as exported (its scaling is in its config), on vLLM's own device."""
+    from ..errors import RopeExtendError
+    from .vllm_engine import vllm_missing
+
+    problem = vllm_missing()
+    if problem is not None:
+        raise RopeExtendError(f"--backend vllm: {problem}")
+    given = [
+        flag
+        for flag, value in (
+            ("--method", args.method),
+            ("--factor", args.factor),
+            ("--target-length", args.target_length),
+            ("--original-length", args.original_max_position_embeddings),
+            ("--param", args.param),
+            ("--params-from", getattr(args, "params_from", None)),
+            ("--device", args.device),
+        )
+        if value is not None
+    ]
+    if given:
+        raise RopeExtendError(
+            f"--backend vllm serves the exported folder as it is: {', '.join(given)} would change nothing; export "
+            "the scaling (rope-extend export MODEL --to vllm --method ...) and give the folder as --model"
+        )
+
+
+def open_served(args, task: str, options):
+    """The ``--model`` folder in vLLM, opened for the task's longest length plus the tokens it generates (a
+    length past the export's is refused here, before vLLM starts)."""
+    from .vllm_engine import VllmModel, check_served, read_export
+
+    _, served, _ = read_export(Path(args.model))
+    # the tokens a retrieval task generates past each length (RULER's lengths hold them); a task of one's own is
+    # checked by its harness, before its first prompt
+    generated = 0 if task == "ruler" else getattr(options, "max_new_tokens", None) or 0
+    check_served(args.model, served, max(options.lengths), generated)
+    longest = max(options.lengths) + generated
+    return VllmModel(args.model, max_len=longest, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
 
 
 def _finish(args, records: list[dict], title: str) -> int:

@@ -12,7 +12,8 @@ import rope_extend.evaluation.card as card_module
 from rope_extend.cli import main
 from rope_extend.errors import RopeExtendError
 from rope_extend.evaluation import card_measurements
-from rope_extend.evaluation.card import CardOptions, figure, markdown
+from rope_extend.evaluation.card_options import CardOptions
+from rope_extend.evaluation.card_writing import figure, markdown
 from rope_extend.loading import load_model, load_tokenizer
 from rope_extend.patching import patch
 
