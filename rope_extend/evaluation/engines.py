@@ -54,6 +54,8 @@ INSTALL = "pip install 'rope-extend[llama]', which builds llama.cpp from source 
 N_BATCH = 512
 N_UBATCH = 512  # llama.cpp's micro-batch: larger ones were no faster here (2048: 10.1 against 9.3 CPU s at 2k)
 FLASH_ATTN = True
+KV_TYPE = "f16"  # llama.cpp's own default for its KV cache
+KV_TYPES = {"f32": 0, "f16": 1}  # GGML_TYPE_F32, GGML_TYPE_F16 (ggml.h): the cache types its CPU attention reads
 
 
 def default_threads() -> int:
@@ -103,7 +105,8 @@ class LlamaCppModel(EngineModel):
     for it up front). ``method``, ``factor`` and ``original_length`` are what the file was exported with
     (``ExportResult.method``); they label records, the file's digest identifies them. ``threads`` (default: every
     core this process may run on) runs prompts and single steps alike; ``n_batch`` positions are fed per call,
-    cut by llama.cpp into micro-batches of ``n_ubatch``; ``flash_attn`` is llama.cpp's fused attention. On cores
+    cut by llama.cpp into micro-batches of ``n_ubatch``; ``flash_attn`` is llama.cpp's fused attention;
+    ``kv_type`` the type its KV cache keeps keys and values in (``f16`` or ``f32``). On cores
     shared with other busy work ``threads=1`` can be faster: llama.cpp's threads meet at a barrier after every
     operation, and one of them descheduled holds up the other.
     """
@@ -122,6 +125,7 @@ class LlamaCppModel(EngineModel):
         n_batch: int = N_BATCH,
         n_ubatch: int = N_UBATCH,
         flash_attn: bool = FLASH_ATTN,
+        kv_type: str = KV_TYPE,
     ):
         try:
             import llama_cpp  # noqa: PLC0415 - optional: only this backend needs it
@@ -136,10 +140,12 @@ class LlamaCppModel(EngineModel):
             raise RopeExtendError(f"n_ubatch ({n_ubatch}) must be <= n_batch ({n_batch}): a batch is cut into these")
         if not isinstance(flash_attn, bool):
             raise RopeExtendError(f"flash_attn must be True or False, got {flash_attn!r}")
+        if not isinstance(kv_type, str) or kv_type not in KV_TYPES:
+            raise RopeExtendError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
         self.n_ctx = n_ctx
         # a batch never holds more than the context (llama-cpp-python's own bound)
         self.settings = {"threads": threads, "n_batch": min(n_batch, n_ctx), "n_ubatch": min(n_ubatch, n_ctx)}
-        self.settings["flash_attn"] = flash_attn
+        self.settings.update(flash_attn=flash_attn, kv_type=kv_type)
         self.n_batch = self.settings["n_batch"]
         self.labels = {"method": method, "factor": float(factor), "original_length": original_length}
         # a regular file or one line naming what is there (a pipe named like a GGUF is refused, not waited on)
@@ -154,6 +160,8 @@ class LlamaCppModel(EngineModel):
             n_threads=threads,
             n_threads_batch=threads,
             flash_attn=flash_attn,
+            type_k=KV_TYPES[kv_type],
+            type_v=KV_TYPES[kv_type],
             logits_all=False,
             verbose=False,
         )
