@@ -138,7 +138,7 @@ def test_a_float32_kv_cache_gives_the_same_answers(backends):
     assert sizes[0] > 1.8 * sizes[1], sizes  # an f16 cache would be the same size
 
 
-def test_nll_scores_exactly_the_positions_asked_for(backends):
+def test_nll_scores_exactly_the_positions_asked_for(backends, monkeypatch):
     """Against llama-cpp-python's own path (``logits_all=True``, ``Llama.eval``, every position's logits kept),
     with the same settings: the sum over positions >= score_from of -log p(next token), in float64."""
     _, served, _, folder = backends
@@ -154,11 +154,12 @@ def test_nll_scores_exactly_the_positions_asked_for(backends):
         ref.close()
     logp = logits - logits.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
-    for score_from in (1, 150, 399):
+    for score_from, rows in [(1, 512), (150, 512), (399, 512), (1, 100), (150, 100), (399, 7)]:
+        monkeypatch.setattr(engines, "REDUCE_ROWS", rows)  # a batch reduced in slices of rows
         want = -sum(logp[j - 1, ids[j]] for j in range(score_from, len(ids)))
         total, count = served.nll(ids, score_from)
         assert count == len(ids) - score_from
-        assert total == pytest.approx(want, rel=1e-5), score_from
+        assert total == pytest.approx(want, rel=1e-5), (score_from, rows)
     assert served.nll(ids, 400) == (0.0, 0)
 
 
