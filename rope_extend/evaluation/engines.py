@@ -147,7 +147,11 @@ class LlamaCppModel(EngineModel):
             raise RopeExtendError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
         self.n_ctx = n_ctx
         # a batch never holds more than the context (llama-cpp-python's own bound)
-        self.settings = {"threads": threads, "n_batch": min(n_batch, n_ctx), "n_ubatch": min(n_ubatch, n_ctx)}
+        self.settings: dict[str, Any] = {
+            "threads": threads,
+            "n_batch": min(n_batch, n_ctx),
+            "n_ubatch": min(n_ubatch, n_ctx),
+        }
         self.settings.update(flash_attn=flash_attn, kv_type=kv_type)
         self.n_batch = self.settings["n_batch"]
         self.labels = {"method": method, "factor": float(factor), "original_length": original_length}
