@@ -15,9 +15,9 @@ difference between the two backends is a difference in what the model computes, 
   time, choosing the argmax of its float32 logits (no sampler), and stops after the tokenizer's end-of-sequence
   token, as transformers' greedy search.
 - ``nll``: the window is decoded in batches of ``n_batch`` tokens with logits asked for at the scored positions
-  only, and each batch's logits are reduced (log-softmax in float64) before the next is decoded, so at most
-  ``n_batch x vocab`` logits exist at once (``Llama(logits_all=True)`` would hold ``n_ctx x vocab``: 6.4 GB at 32k
-  tokens of a 49k vocabulary).
+  only, and each batch's logits are reduced (log-softmax in float64, ``REDUCE_ROWS`` rows at a time) before the
+  next is decoded, so at most ``n_batch x vocab`` logits exist at once (``Llama(logits_all=True)`` would hold
+  ``n_ctx x vocab``: 6.4 GB at 32k tokens of a 49k vocabulary).
 - Settings (measured by eval/benchmarks/engine_speed.py, docs/benchmarks.md): flash attention on (it changes
   no answer and perplexity by less than 1e-4), every core this process may use for prompts as for single steps
   (llama-cpp-python would take half the machine's cores for steps, all of them for prompts, ignoring ``threads``).
@@ -48,12 +48,17 @@ DIGEST_DIGITS = 16  # of the file's SHA-256 (io.sha256), in its records: enough 
 # the extra that installs llama-cpp-python 0.3.36 (pyproject.toml; .ci/run builds the same from its source)
 INSTALL = "pip install 'rope-extend[llama]', which builds llama.cpp from source in minutes"
 
-# How the harnesses drive llama.cpp (eval/benchmarks/engine_speed.py --variants, docs/benchmarks.md). A batch of
-# n_batch positions whose logits are all asked for holds n_batch x vocab float32 logits in llama.cpp and a float64
-# copy here: 512 x 49152 x 12 bytes = 302 MB for SmolLM2, 787 MB for Llama 3's 128k vocabulary.
-N_BATCH = 512
-N_UBATCH = 512  # llama.cpp's micro-batch: larger ones were no faster here (2048: 10.1 against 9.3 CPU s at 2k)
+# How the harnesses drive llama.cpp (eval/benchmarks/engine_speed.py --variants, docs/benchmarks.md). 2048-token
+# batches and micro-batches: a quarter of the meetings of llama.cpp's threads per token (one after every operation
+# of every micro-batch), 0.68-0.86 of 512's CPU time (SmolLM2, 2 threads, 2k and 8k). A batch whose logits are all
+# asked for holds n_batch x vocab float32 logits in llama.cpp (2048 x 49152 x 4 = 403 MB for SmolLM2, 1.05 GB for
+# Llama 3's 128k vocabulary); they are reduced REDUCE_ROWS at a time, in a float64 copy of 512 x vocab x 8 bytes.
+N_BATCH = 2048
+N_UBATCH = 2048
+REDUCE_ROWS = 512
 FLASH_ATTN = True
+KV_TYPE = "f16"  # llama.cpp's own default for its KV cache
+KV_TYPES = {"f32": 0, "f16": 1}  # GGML_TYPE_F32, GGML_TYPE_F16 (ggml.h): the cache types its CPU attention reads
 
 
 def default_threads() -> int:
@@ -103,7 +108,8 @@ class LlamaCppModel(EngineModel):
     for it up front). ``method``, ``factor`` and ``original_length`` are what the file was exported with
     (``ExportResult.method``); they label records, the file's digest identifies them. ``threads`` (default: every
     core this process may run on) runs prompts and single steps alike; ``n_batch`` positions are fed per call,
-    cut by llama.cpp into micro-batches of ``n_ubatch``; ``flash_attn`` is llama.cpp's fused attention. On cores
+    cut by llama.cpp into micro-batches of ``n_ubatch``; ``flash_attn`` is llama.cpp's fused attention;
+    ``kv_type`` the type its KV cache keeps keys and values in (``f16`` or ``f32``). On cores
     shared with other busy work ``threads=1`` can be faster: llama.cpp's threads meet at a barrier after every
     operation, and one of them descheduled holds up the other.
     """
@@ -122,6 +128,7 @@ class LlamaCppModel(EngineModel):
         n_batch: int = N_BATCH,
         n_ubatch: int = N_UBATCH,
         flash_attn: bool = FLASH_ATTN,
+        kv_type: str = KV_TYPE,
     ):
         try:
             import llama_cpp  # noqa: PLC0415 - optional: only this backend needs it
@@ -136,10 +143,16 @@ class LlamaCppModel(EngineModel):
             raise RopeExtendError(f"n_ubatch ({n_ubatch}) must be <= n_batch ({n_batch}): a batch is cut into these")
         if not isinstance(flash_attn, bool):
             raise RopeExtendError(f"flash_attn must be True or False, got {flash_attn!r}")
+        if not isinstance(kv_type, str) or kv_type not in KV_TYPES:
+            raise RopeExtendError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {kv_type!r}")
         self.n_ctx = n_ctx
         # a batch never holds more than the context (llama-cpp-python's own bound)
-        self.settings = {"threads": threads, "n_batch": min(n_batch, n_ctx), "n_ubatch": min(n_ubatch, n_ctx)}
-        self.settings["flash_attn"] = flash_attn
+        self.settings: dict[str, Any] = {
+            "threads": threads,
+            "n_batch": min(n_batch, n_ctx),
+            "n_ubatch": min(n_ubatch, n_ctx),
+        }
+        self.settings.update(flash_attn=flash_attn, kv_type=kv_type)
         self.n_batch = self.settings["n_batch"]
         self.labels = {"method": method, "factor": float(factor), "original_length": original_length}
         # a regular file or one line naming what is there (a pipe named like a GGUF is refused, not waited on)
@@ -154,6 +167,8 @@ class LlamaCppModel(EngineModel):
             n_threads=threads,
             n_threads_batch=threads,
             flash_attn=flash_attn,
+            type_k=KV_TYPES[kv_type],
+            type_v=KV_TYPES[kv_type],
             logits_all=False,
             verbose=False,
         )
@@ -229,12 +244,13 @@ class LlamaCppModel(EngineModel):
         total = 0.0
         # position j predicts ids[j + 1]: positions score_from - 1 .. n - 2 are scored and the last token is never
         # fed; each batch's rows are reduced as they come (log-softmax in float64), never an n x vocab array
-        for first, rows in self._batches(ids[: n - 1], want_from=score_from - 1):
-            logits = rows.astype(np.float64)
-            logits -= logits.max(-1, keepdims=True)
-            log_z = np.log(np.exp(logits).sum(-1))
-            targets = np.asarray(ids[first + 1 : first + 1 + len(logits)])
-            total += float((log_z - logits[np.arange(len(targets)), targets]).sum())
+        for first, batch in self._batches(ids[: n - 1], want_from=score_from - 1):
+            for at in range(0, len(batch), REDUCE_ROWS):
+                logits = batch[at : at + REDUCE_ROWS].astype(np.float64)
+                logits -= logits.max(-1, keepdims=True)
+                log_z = np.log(np.exp(logits).sum(-1))
+                targets = np.asarray(ids[first + at + 1 : first + at + 1 + len(logits)])
+                total += float((log_z - logits[np.arange(len(targets)), targets]).sum())
         if not math.isfinite(total):
             raise RopeExtendError(f"llama.cpp gave non-finite logits for a {n}-token window of {self.path}")
         return total, n - score_from

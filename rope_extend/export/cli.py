@@ -51,7 +51,7 @@ def register(sub) -> None:
         help="dynamic_yarn to vllm: the factors a request can get, comma-separated (default: powers of two up to "
         "the factor, then the factor), each request the smallest covering its prompt + max_tokens",
     )
-    p.add_argument("--dtype", default="f32", help="GGUF weights: f32, f16 or q8_0 (default f32)")
+    p.add_argument("--dtype", default="f32", help="GGUF weights: f32, f16, bf16 or q8_0 (default f32)")
     p.add_argument(
         "--tokenizer-pre",
         help="llama.cpp's pre-tokenizer name for a byte-level BPE tokenizer rope-extend does not know",

@@ -52,7 +52,7 @@ from .gguf_families import LONG, ROPE_FREQS, SHORT, Family, check_rope, family, 
 LLAMACPP_VERSION = "llama.cpp 0c1e57098 (llama-cpp-python 0.3.36)"
 UINT32_MAX = 2**32 - 1  # the context length keys' type in GGUF and in llama.cpp
 YARN_BETAS = (32.0, 1.0)  # the llama architecture's fixed betas
-DTYPES = ("f32", "f16", "q8_0")
+DTYPES = ("f32", "f16", "bf16", "q8_0")
 # llama.cpp names a BPE tokenizer's pre-tokenizer (tokenizer.ggml.pre); its converter recognises a tokenizer by
 # hashing how it splits a test text. Here: by the SHA-256 of its vocabulary and merges (vocab_digest).
 KNOWN_PRE = {
@@ -185,6 +185,8 @@ def _encode(array: np.ndarray, dtype: str, gguf) -> tuple[np.ndarray, Any]:
         return array.astype(np.float32), q.F32
     if dtype == "f16":
         return array.astype(np.float16), q.F16
+    if dtype == "bf16":  # rounded to nearest even, as torch's .to(torch.bfloat16)
+        return gguf.quants.quantize(array.astype(np.float32), q.BF16), q.BF16
     if array.shape[-1] % 32:  # q8_0 blocks are 32 values along a row
         return array.astype(np.float16), q.F16
     return gguf.quants.quantize(array.astype(np.float32), q.Q8_0), q.Q8_0
@@ -356,9 +358,11 @@ def _add_hparams(writer, config, fam: Family, context: int, dtype: str) -> None:
     import gguf
 
     writer.add_file_type(
-        {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}.get(
-            dtype, gguf.LlamaFileType.MOSTLY_Q8_0
-        )
+        {
+            "f32": gguf.LlamaFileType.ALL_F32,
+            "f16": gguf.LlamaFileType.MOSTLY_F16,
+            "bf16": gguf.LlamaFileType.MOSTLY_BF16,
+        }.get(dtype, gguf.LlamaFileType.MOSTLY_Q8_0)
     )
     writer.add_context_length(int(context))
     writer.add_embedding_length(config.hidden_size)

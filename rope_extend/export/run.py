@@ -89,7 +89,7 @@ def export(
     With ``method`` (and ``factor`` or ``target_length``, and the method's parameters) an unpatched model or a
     folder is exported with that scaling; without it, the scaling the model was patched or configured with.
     ``gguf`` needs the tokenizer (``tokenizer=``, read from the folder when ``model`` is one) and takes
-    ``dtype`` (f32, f16, q8_0) and ``tokenizer_pre`` (llama.cpp's pre-tokenizer name, when rope-extend does not
+    ``dtype`` (f32, f16, bf16, q8_0) and ``tokenizer_pre`` (llama.cpp's pre-tokenizer name, when rope-extend does not
     know the tokenizer). ``dynamic_yarn`` to ``vllm`` is served per request by rope-extend's vLLM plugin, with
     YaRN at the smallest of ``buckets`` (factors, default powers of two up to the factor) that covers the prompt
     plus ``max_tokens`` (``adaptive``); with ``approximate`` it is made static instead. Returns an
@@ -105,7 +105,7 @@ def export(
         original_max_position_embeddings: ``L`` when the config's is not the pretraining length.
         tokenizer: the tokenizer (``gguf`` needs it).
         approximate: export a method the engine serves only approximately (it is refused otherwise).
-        dtype: ``gguf`` weights: f32, f16 or q8_0.
+        dtype: ``gguf`` weights: f32, f16, bf16 or q8_0.
         tokenizer_pre: ``gguf``: llama.cpp's pre-tokenizer name.
         trust_remote_code: passed on when the model is read from a folder or name.
         buckets: ``dynamic_yarn`` to ``vllm``: the factors a request can get.

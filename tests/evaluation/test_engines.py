@@ -96,7 +96,9 @@ def test_threads_apply_to_batches_and_the_defaults_are_the_measured_ones(backend
         ctx = one._llm._ctx.ctx
         # llama-cpp-python alone would run every batch of a prefill on multiprocessing.cpu_count() threads
         assert (llama_cpp.llama_n_threads(ctx), llama_cpp.llama_n_threads_batch(ctx)) == (1, 1)
-        assert one.settings == {"threads": 1, "n_batch": 512, "n_ubatch": 512, "flash_attn": engines.FLASH_ATTN}
+        assert one.settings == {
+            "threads": 1, "n_batch": 512, "n_ubatch": 512, "flash_attn": engines.FLASH_ATTN, "kv_type": engines.KV_TYPE
+        }  # fmt: skip
         assert llama_cpp.llama_n_batch(ctx) == 512 and llama_cpp.llama_n_ubatch(ctx) == 512  # cut to n_ctx
     with LlamaCppModel(folder / "m.gguf", n_ctx=8192) as wide:
         ctx = wide._llm._ctx.ctx
@@ -118,7 +120,25 @@ def test_the_measured_settings_give_the_numbers_of_the_settings_before(backends)
         assert abs(a.perplexity[n] - b.perplexity[n]) / a.perplexity[n] < 1e-4, (n, a.perplexity, b.perplexity)
 
 
-def test_nll_scores_exactly_the_positions_asked_for(backends):
+def test_a_float32_kv_cache_gives_the_same_answers(backends):
+    """``kv_type="f32"`` (engine_speed.py's ``kv_f32``): keys and values kept unrounded, the same passkey outputs,
+    perplexity within 1e-4 of the f16 cache's; the cache really is float32 (its state, mostly the cache, twice
+    the bytes)."""
+    _, served, tok, folder = backends
+    texts = [" ".join([FILLER] * 40)]
+    with LlamaCppModel(folder / "m.gguf", n_ctx=512, kv_type="f32", threads=2) as wide:
+        a = passkey(wide, tok, LENGTHS, trials=3, progress=False)
+        b = passkey(served, tok, LENGTHS, trials=3, progress=False)
+        assert [r["output"] for r in a.records] == [r["output"] for r in b.records]
+        a = perplexity(wide, tok, texts, LENGTHS, stride=100, progress=False)
+        b = perplexity(served, tok, texts, LENGTHS, stride=100, progress=False)
+        sizes = [llama_cpp.llama_state_get_size(m._llm._ctx.ctx) for m in (wide, served)]
+    for n in LENGTHS:
+        assert abs(a.perplexity[n] - b.perplexity[n]) / a.perplexity[n] < 1e-4, (n, a.perplexity, b.perplexity)
+    assert sizes[0] > 1.8 * sizes[1], sizes  # an f16 cache would be the same size
+
+
+def test_nll_scores_exactly_the_positions_asked_for(backends, monkeypatch):
     """Against llama-cpp-python's own path (``logits_all=True``, ``Llama.eval``, every position's logits kept),
     with the same settings: the sum over positions >= score_from of -log p(next token), in float64."""
     _, served, _, folder = backends
@@ -134,11 +154,12 @@ def test_nll_scores_exactly_the_positions_asked_for(backends):
         ref.close()
     logp = logits - logits.max(-1, keepdims=True)
     logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
-    for score_from in (1, 150, 399):
+    for score_from, rows in [(1, 512), (150, 512), (399, 512), (1, 100), (150, 100), (399, 7)]:
+        monkeypatch.setattr(engines, "REDUCE_ROWS", rows)  # a batch reduced in slices of rows
         want = -sum(logp[j - 1, ids[j]] for j in range(score_from, len(ids)))
         total, count = served.nll(ids, score_from)
         assert count == len(ids) - score_from
-        assert total == pytest.approx(want, rel=1e-5), score_from
+        assert total == pytest.approx(want, rel=1e-5), (score_from, rows)
     assert served.nll(ids, 400) == (0.0, 0)
 
 
@@ -149,6 +170,8 @@ def test_nll_scores_exactly_the_positions_asked_for(backends):
         ({"n_batch": True}, "n_batch must be an integer >= 1, got True"),
         ({"n_batch": 256, "n_ubatch": 512}, r"n_ubatch \(512\) must be <= n_batch \(256\)"),
         ({"flash_attn": "yes"}, "flash_attn must be True or False, got 'yes'"),
+        ({"kv_type": "q8_0"}, "kv_type must be one of f32, f16, got 'q8_0'"),
+        ({"kv_type": ["f32"]}, r"kv_type must be one of f32, f16, got \['f32'\]"),
     ],
 )
 def test_bad_settings_are_one_line_errors(backends, settings, message):

@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import transformers as T
@@ -84,6 +85,24 @@ def test_gguf_reads_back_with_the_same_logits(tmp_path):
     ids = torch.randint(3, 500, (1, 64))
     with torch.no_grad():
         torch.testing.assert_close(back(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_gguf_bf16_weights_are_torchs_bfloat16_rounding(tmp_path):
+    """``dtype="bf16"``: each matrix stored as torch's own rounding to bfloat16 (norms stay f32)."""
+    pytest.importorskip("gguf")
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    model, tok = tiny_model("llama"), tiny_tokenizer()
+    out = export(model, "gguf", tmp_path / "m.gguf", tokenizer=tok, tokenizer_pre="smollm", dtype="bf16").out
+    tensors = {t.name: t for t in GGUFReader(out).tensors}
+    down, norm = tensors["blk.0.ffn_down.weight"], tensors["blk.0.attn_norm.weight"]
+    assert down.tensor_type == GGMLQuantizationType.BF16 and norm.tensor_type == GGMLQuantizationType.F32
+    stored = (
+        torch.from_numpy(np.asarray(down.data).view(np.int16).copy())
+        .view(torch.bfloat16)
+        .reshape(model.model.layers[0].mlp.down_proj.weight.shape)
+    )
+    assert torch.equal(stored, model.model.layers[0].mlp.down_proj.weight.detach().to(torch.bfloat16))
 
 
 def test_gguf_unknown_tokenizer_is_refused_before_writing(tmp_path):

@@ -95,7 +95,7 @@ class ExportOptions:
     """The options of ``export`` that only some targets read (each target checks its own in ``check``)."""
 
     approximate: bool = False  # export a method the engine serves only approximately
-    dtype: str = "f32"  # GGUF weights: f32, f16, q8_0
+    dtype: str = "f32"  # GGUF weights: f32, f16, bf16, q8_0
     tokenizer_pre: str | None = None  # llama.cpp's pre-tokenizer name
     trust_remote_code: bool = False
     buckets: Any = None  # dynamic_yarn to vllm: the factors a request can get

@@ -18,7 +18,7 @@ from .base import APPROXIMATE, Decision, ExportJob, ExportOptions, ExportResult,
 class GgufTarget(ExportTarget):
     name = "gguf"
     engine = llamacpp.LLAMACPP_VERSION
-    writes = "a GGUF file: weights (f32, f16 or q8_0), tokenizer, the scaling in llama.cpp's rope keys"
+    writes = "a GGUF file: weights (f32, f16, bf16 or q8_0), tokenizer, the scaling in llama.cpp's rope keys"
 
     def check(self, options: ExportOptions) -> None:
         llamacpp.check_dtype(options.dtype)
