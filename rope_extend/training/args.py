@@ -335,7 +335,7 @@ class TrainArgs:
 
     def _check_parallel(self) -> None:
         """Sequence parallelism that the recipe alone shows cannot be exact (the model's heads and layers are
-        checked at setup, ``hf.ulysses.plan``)."""
+        checked at setup, ``hf.ulysses.head_split``)."""
         n = self.parallel.sequence
         if n < 1:
             _bad("parallel.sequence", n, "a positive number of processes per sequence (1: off)")

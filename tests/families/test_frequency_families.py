@@ -195,14 +195,14 @@ def test_rewritten_rope_dict_keeps_family_keys_and_drops_the_old_types_own():
         "mrope_section": [2, 3, 3],
     }
     scaling = rope_extend.get_method("linear")
-    new = rope_types.scaled_rope_dict(old, C.plan(_config(old), "linear", factor=2.0))
+    new = rope_types.scaled_rope_dict(old, C.scaling_for(_config(old), "linear", factor=2.0))
     # the shipped yarn x16 reaches 65536; linear x2 counts from there: 131072 = 32 x the pretraining 4096
     assert scaling.rope_type == new["rope_type"] == "linear" and new["factor"] == 32.0
     assert new["llama_4_scaling_beta"] == 0.1 and new["mrope_section"] == [2, 3, 3] and new["rope_theta"] == 1e6
     assert "beta_fast" not in new and "mscale_all_dim" not in new
     assert new["original_max_position_embeddings"] == 4096  # the family reads it there (llama-4 scale)
     prop = {"rope_type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.25}
-    new = rope_types.scaled_rope_dict(prop, C.plan(_config(prop), "yarn", factor=2.0))
+    new = rope_types.scaled_rope_dict(prop, C.scaling_for(_config(prop), "yarn", factor=2.0))
     assert new["rope_type"] == "proportional_yarn" and new["partial_rotary_factor"] == 0.25
 
 
