@@ -89,6 +89,15 @@ class EngineModel:
         """Sum of ``-log p(ids[j] | ids[:j])`` for ``j >= score_from`` (``>= 1``), and their count."""
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Free the engine (its weights, its cache)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def check_reachable(self, length: int, generated: int = 0) -> None:
         if length + generated > self.n_ctx:
             raise RopeExtendError(
@@ -177,12 +186,6 @@ class LlamaCppModel(EngineModel):
 
     def close(self) -> None:
         self._llm.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def info(self) -> dict[str, Any]:
         return {

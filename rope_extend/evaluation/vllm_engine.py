@@ -260,12 +260,6 @@ class VllmModel(EngineModel):
 
         cleanup_dist_env_and_memory()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     def info(self) -> dict[str, Any]:
         return {
             "model": str(self.path),
