@@ -51,16 +51,23 @@ if TYPE_CHECKING:
     RopeExtendException = RopeExtendBaseError
 
 
-def __getattr__(name: str):
-    if name in _DEPRECATED:
-        new = _DEPRECATED[name]
-        warnings.warn(
-            f"rope_extend.{name} is deprecated; use rope_extend.{new} (the same class)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return globals()[new]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def deprecated_aliases(module: str, public: str, renamed: dict[str, str], namespace: dict[str, Any]):
+    """A module ``__getattr__`` that gives each old name of ``renamed`` (old -> new) as the new one from
+    ``namespace``, warning once per read that ``{public}.{old}`` is deprecated; any other name is missing."""
+
+    def __getattr__(name: str):
+        if name in renamed:
+            new = renamed[name]
+            warnings.warn(
+                f"{public}.{name} is deprecated; use {public}.{new} (the same class)", DeprecationWarning, stacklevel=2
+            )
+            return namespace[new]
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
+__getattr__ = deprecated_aliases(__name__, "rope_extend", _DEPRECATED, globals())
 
 
 def close_matches(name, allowed, cutoff: float = 0.6) -> list[str]:

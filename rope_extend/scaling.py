@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import untrusted
-from .errors import RopeExtendError, shown
+from .errors import RopeExtendError, deprecated_aliases, shown
 from .methods import registry
 from .methods._common import check_original_length
 from .methods.resolved import check_amounts
@@ -166,13 +165,4 @@ if TYPE_CHECKING:
     ScalingSpec = ScalingRequest
 
 
-def __getattr__(name: str):
-    if name in _DEPRECATED:
-        new = _DEPRECATED[name]
-        warnings.warn(
-            f"rope_extend.scaling.{name} is deprecated; use rope_extend.scaling.{new} (the same class)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return globals()[new]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = deprecated_aliases(__name__, "rope_extend.scaling", _DEPRECATED, globals())
