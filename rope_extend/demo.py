@@ -162,8 +162,9 @@ def evaluate(
     """Passkey and perplexity of ``model`` under each method, records appended to ``out/records.jsonl``."""
     from . import bundled
     from .evaluation.compare import run_suite
+    from .evaluation.passkey import PasskeyOptions
+    from .evaluation.perplexity import PerplexityOptions
     from .evaluation.suite import MethodSpec, make_suite
-    from .evaluation.tasks.options import PasskeyOptions, PerplexityOptions
 
     specs = []
     for m in methods:

@@ -486,3 +486,68 @@ def test_each_registry_lists_its_built_ins_before_importing_them():
     )
     done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------------------ evaluation tasks
+# The task registry is the generic layer: it lists the built-in tasks by path and never imports one (as
+# lm-evaluation-harness's registry never imports a model it lists). Each task is one module above it, holding its
+# options dataclass, its harness (the function of the task's name) and its ``TASK``; so the imports point one way,
+# from a task to the registry. (A task used to take up to five files, and its harness imported the task layer that
+# imported it.)
+TASK_REGISTRY = "rope_extend.evaluation.tasks"
+
+
+def _in_registry(name: str) -> bool:
+    return name == TASK_REGISTRY or name.startswith(TASK_REGISTRY + ".")
+
+
+def task_layer_breaks(graph: dict[str, set[str]]) -> list[str]:
+    """Every module the registry package reaches through its imports (lazy ones included) that imports the package
+    back: a harness or a task imported by the layer its tasks register in."""
+    seen: set[str] = set()
+    todo = [name for name in graph if _in_registry(name)]
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            if target not in seen and not _in_registry(target):
+                seen.add(target)
+                todo.append(target)
+    return sorted(name for name in seen if any(_in_registry(t) for t in graph.get(name, ())))
+
+
+def test_the_task_registry_imports_no_task_nor_harness():
+    graph = import_graph()
+    assert {name for name in graph if _in_registry(name)} == {TASK_REGISTRY, f"{TASK_REGISTRY}.base"}
+    assert task_layer_breaks(graph) == []
+
+
+def test_the_task_layer_rule_can_fail():
+    """On the old layout (a task module in the registry package running its harness, which imports the options
+    from the package) the rule names the harness."""
+    old = {
+        TASK_REGISTRY: {f"{TASK_REGISTRY}.base"},
+        f"{TASK_REGISTRY}.base": {"rope_extend.registry"},
+        f"{TASK_REGISTRY}.passkey": {f"{TASK_REGISTRY}.base", "rope_extend.evaluation.passkey"},
+        "rope_extend.evaluation.passkey": {f"{TASK_REGISTRY}.options", "rope_extend.evaluation.retrieval"},
+        "rope_extend.evaluation.retrieval": set(),
+        "rope_extend.registry": set(),
+    }
+    assert task_layer_breaks(old) == ["rope_extend.evaluation.passkey"]
+
+
+def test_each_built_in_task_is_one_module_with_its_options_and_harness():
+    import importlib
+    import inspect
+
+    from rope_extend.evaluation.tasks.base import TASKS
+
+    assert TASKS.names()[:4] == ["passkey", "niah", "perplexity", "ruler"]
+    for name in ["passkey", "niah", "perplexity", "ruler"]:
+        task = TASKS.get(name)
+        module = importlib.import_module(task.run.__module__)
+        assert not _in_registry(module.__name__), name
+        assert module.TASK is task and task.options.__module__ == module.__name__, name
+        harness = getattr(module, name)  # the harness a user calls: passkey(model, tokenizer, ..., options=...)
+        assert inspect.isfunction(harness) and harness.__module__ == module.__name__, name
+        assert "options" in inspect.signature(harness).parameters, name
+        for part in (task.summarize, task.render, task.plot):
+            assert part.__module__ == module.__name__, (name, part)

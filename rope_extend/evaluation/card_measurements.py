@@ -41,12 +41,12 @@ from ..patching import patched
 from .card_options import CardOptions
 from .data import default_texts
 from .engines import INSTALL
+from .passkey import PasskeyOptions
 from .prompts import encode
 from .records import _config_scaling as configured
 from .ruler.sizing import Haystack, PromptFormat, build_prompt
 from .ruler.subtasks import ESSAY, GENERATE, check_tasks
 from .runner import check_reachable
-from .tasks.options import PasskeyOptions
 from .vllm_engine import vllm_missing
 
 ANSWER_SHARE = 4  # RULER's answer budget may take at most a quarter of the trained context (answer_budgets)

@@ -1,27 +1,55 @@
-"""Needle in a haystack (Kamradt 2023): a user-given needle sentence placed at a depth (on a sentence
-boundary) in a haystack of real text, over a length x depth grid; scored by substring match (the answer,
-case-insensitive, appears in the greedy output), not by an LLM judge. The deliverable is the heatmap.
+"""The ``niah`` task: needle in a haystack (Kamradt 2023); its options, its harness ``niah()`` and its ``TASK`` in
+one module.
+
+A user-given needle sentence is placed at a depth (on a sentence boundary) in a haystack of real text, over a
+length x depth grid; scored by substring match (the answer, case-insensitive, appears in the greedy output), not
+by an LLM judge. The deliverable is the heatmap.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import RopeExtendError
+from ..hf.window import SlidingWindowMode
+from ..schema import option
+from . import retrieval_task
 from .passkey import trial_rng
 from .prompts import Prompt, build, haystack_ids, sentence_ends
 from .records import short_hash
 from .retrieval import RetrievalResult, run_grid
-from .tasks.base import options_for
-from .tasks.options import NiahOptions
+from .tasks.base import WINDOW_HELP, Context, Task, TextOptions, options_for
 
 NEEDLE = "The best thing to do in San Francisco is eat a sandwich and sit in Dolores Park on a sunny day."
 QUESTION = "What is the best thing to do in San Francisco? Answer: The best thing to do in San Francisco is"
 ANSWER = "Dolores Park"
 HEAD = "Read the document below and answer the question at the end."
 DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
+
+
+@dataclass(kw_only=True)
+class NiahOptions(TextOptions):
+    """The niah task's options: a suite's section, the subcommand's flags and ``niah()``'s keywords (of the text
+    options only ``max_docs``: the harness takes the haystack itself)."""
+
+    lengths: list[Any] = option(help="prompt lengths in tokens")
+    needle: str | None = option(None, help="the sentence to hide (default: the San Francisco needle)")
+    question: str | None = option(None, help="the question asked at the end")
+    answer: str | None = option(None, help="the substring a correct answer contains")
+    depths: Any = option(None, help="depth grid: 0,0.5,1 or 0%,50%,100% or grid:N (default 0, 25, 50, 75, 100%)")
+    trials: int = option(1, help="trials per cell (each from another haystack document)")
+    trials_at: dict[Any, int] | None = option(
+        None, help="other trial counts at particular lengths, e.g. {16k: 10} (each a length of lengths)"
+    )
+    seed: int = option(0, help="seed")
+    max_new_tokens: int = option(32, help="tokens generated for the answer")
+    sliding_window: SlidingWindowMode = option("auto", help=WINDOW_HELP)
+
+    def __post_init__(self):
+        retrieval_task.check_grid(self)
 
 
 def score(output: str, answer: str) -> tuple[str, bool]:
@@ -112,3 +140,20 @@ def niah(
         run=run,
         sliding_window=options.sliding_window,
     )
+
+
+# ------------------------------------------------------------------------------------------ the task
+def _run(model, tokenizer, options: NiahOptions, context: Context) -> list[dict]:
+    return niah(model, tokenizer, context.documents("niah"), options=options, **context.common()).records
+
+
+TASK = Task(
+    name="niah",
+    help="needle in a haystack: length x depth heatmap, substring match",
+    title="Needle in a haystack",
+    options=NiahOptions,
+    run=_run,
+    summarize=lambda records: retrieval_task.summarize("niah", records),
+    render=lambda summary: retrieval_task.render(summary, "niah", "Needle in a haystack accuracy"),
+    plot=lambda summary, out: retrieval_task.heatmaps(summary, out, "niah", "Needle"),
+)

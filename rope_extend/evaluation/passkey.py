@@ -1,5 +1,5 @@
-"""Passkey retrieval (Mohtashami & Jaggi 2023, "Landmark Attention"; the protocol of YaRN, LongLoRA,
-LongRoPE and Self-Extend).
+"""The ``passkey`` task: passkey retrieval (Mohtashami & Jaggi 2023, "Landmark Attention"; the protocol of YaRN,
+LongLoRA, LongRoPE and Self-Extend); its options, its harness ``passkey()`` and its ``TASK`` in one module.
 
 A random integer key is hidden at a depth in repeated filler; the model is asked for it with greedy
 decoding (about 10 new tokens); the first integer in its output must equal the key. Lengths are token
@@ -12,13 +12,45 @@ import os
 import random
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from ..errors import RopeExtendError
+from ..hf.window import SlidingWindowMode
+from ..schema import option
+from . import report, retrieval_task
 from .prompts import passkey_prompt, split_sentences
 from .records import short_hash
 from .retrieval import RetrievalResult, run_grid
-from .tasks.base import options_for
-from .tasks.options import PasskeyOptions
+from .tasks.base import WINDOW_HELP, Context, Task, options_for
+
+
+@dataclass
+class PasskeyOptions:
+    """The passkey task's options: a suite's section, the subcommand's flags and ``passkey()``'s keywords."""
+
+    lengths: list[Any] = option(help="prompt lengths in tokens, e.g. [4k, 8k] (1k = 1024)")
+    depths: Any = option(
+        None, help="null: a random depth per trial; a list (0,0.5,1) or grid:N: a depth x length heatmap"
+    )
+    trials: int = option(10, help="trials per length (per cell with depths)")
+    trials_at: dict[Any, int] | None = option(
+        None, help="other trial counts at particular lengths, e.g. {16k: 10} (each a length of lengths)"
+    )
+    seed: int = option(0, help="seed of the keys and depths")
+    key_range: list[int] = option(help="inclusive range of the keys, LOW HIGH", factory=lambda: [1, 50000])
+    max_new_tokens: int = option(10, help="tokens generated for the answer")
+    sliding_window: SlidingWindowMode = option("auto", help=WINDOW_HELP)
+
+    def __post_init__(self) -> None:
+        retrieval_task.check_grid(self)
+        pair = self.key_range if len(self.key_range) == 2 else []
+        ints = [v for v in pair if isinstance(v, int) and not isinstance(v, bool)]
+        if len(ints) != 2 or not 0 <= ints[0] <= ints[1]:
+            raise RopeExtendError(f"key_range must be two integers 0 <= LOW <= HIGH, got {self.key_range!r}")
+        self.key_range = ints
+
 
 _INTEGER = re.compile(r"\d+")
 
@@ -104,3 +136,29 @@ def passkey(
         run=run,
         sliding_window=options.sliding_window,
     )
+
+
+# ------------------------------------------------------------------------------------------ the task
+def _run(model, tokenizer, options: PasskeyOptions, context: Context) -> list[dict]:
+    return passkey(model, tokenizer, options=options, **context.common()).records
+
+
+def _plot(summary: dict, out: Path) -> dict[str, Path]:
+    files = retrieval_task.heatmaps(summary, out, "passkey", "Passkey")
+    if summary.get("passkey"):
+        files["passkey_plot"] = report.plot_lines(
+            summary["passkey"], "accuracy", out / "passkey.png", title="Passkey retrieval", ylabel="accuracy (%)"
+        )
+    return files
+
+
+TASK = Task(
+    name="passkey",
+    help="passkey retrieval accuracy per length (and depth)",
+    title="Passkey retrieval",
+    options=PasskeyOptions,
+    run=_run,
+    summarize=lambda records: retrieval_task.summarize("passkey", records),
+    render=lambda summary: retrieval_task.render(summary, "passkey", "Passkey retrieval accuracy", context=True),
+    plot=_plot,
+)

@@ -1,4 +1,5 @@
-"""Long-context perplexity without full-sequence logits.
+"""The ``perplexity`` task (its options, its harness ``perplexity()`` and its ``TASK``): long-context perplexity
+without full-sequence logits.
 
 Protocol (transformers docs, "Perplexity of fixed-length models"; the long-context papers): a window of
 ``length`` tokens; with ``stride=None`` one window per document, its first ``length`` tokens (documents
@@ -22,8 +23,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,13 +36,33 @@ from ..errors import RopeExtendError
 from ..hf import head as hf_head
 from ..hf.head import LMHead
 from ..hf.reading import attn_implementation
-from . import runner
+from ..hf.window import SlidingWindowMode
+from ..schema import option
+from . import report, runner
 from .engines import is_engine
 from .records import short_hash
-from .tasks.base import options_for
-from .tasks.options import PerplexityOptions
+from .tasks.base import WINDOW_HELP, Context, Task, TextOptions, check_lengths, check_positive, options_for
 
 CHUNK_LOGITS = 1 << 24  # logits per chunk (64 MB in float32): 512 positions of a 32k vocabulary
+
+
+@dataclass(kw_only=True)
+class PerplexityOptions(TextOptions):
+    """The perplexity task's options: a suite's section, the subcommand's flags and ``perplexity()``'s keywords
+    (of the text options only ``max_docs``: the harness takes the texts themselves)."""
+
+    lengths: list[Any] = option(help="window lengths in tokens")
+    stride: int | None = option(None, help="sliding-window step; null: one truncated window per document")
+    chunk_size: int | None = option(None, help="positions per LM-head chunk (default: 16M logits / vocab)")
+    sliding_window: SlidingWindowMode = option("auto", help=WINDOW_HELP)
+
+    def __post_init__(self):
+        check_lengths(self)
+        check_positive(self, "stride", "chunk_size")
+        if self.stride is not None and self.stride > min(self.lengths):
+            raise RopeExtendError(
+                f"stride {self.stride} is larger than the window length {min(self.lengths)}: tokens would be skipped"
+            )
 
 
 @torch.no_grad()
@@ -208,3 +231,62 @@ def _result(done: list[dict], docs: list[list[int]], lengths: list[int]) -> Perp
         ppl[length], tokens[length] = math.exp(nll / count), count
     skipped = {n: sum(1 for d in docs if len(d) < n) for n in lengths}
     return PerplexityResult(done, ppl, tokens, skipped)
+
+
+# ------------------------------------------------------------------------------------------ the task
+def _run(model, tokenizer, options: PerplexityOptions, context: Context) -> list[dict]:
+    return perplexity(model, tokenizer, context.documents("perplexity"), options=options, **context.common()).records
+
+
+def _summarize(records: list[dict]) -> dict[str, list[dict]]:
+    """Per (run, length): exp(sum of NLL / sum of tokens) over the documents (token-weighted)."""
+    sums: dict = defaultdict(lambda: [0.0, 0, 0])
+    for r in records:
+        row = sums[(report.label_of(r), r["length"])]
+        row[0] += r["nll"]
+        row[1] += r["tokens"]
+        row[2] += 1
+    return {
+        "perplexity": [
+            {
+                "label": label,
+                "length": length,
+                "perplexity": math.exp(nll / tokens) if tokens else None,
+                "tokens": tokens,
+                "docs": docs,
+            }
+            for (label, length), (nll, tokens, docs) in sums.items()
+        ]
+    }
+
+
+def _render(summary: dict) -> list[str]:
+    rows = summary.get("perplexity")
+    title = "Perplexity (token-weighted; lower is better)"
+    return report.length_table(rows, title, report.perplexity_cell) if rows else []
+
+
+def _plot(summary: dict, out: Path) -> dict[str, Path]:
+    if not summary.get("perplexity"):
+        return {}
+    path = report.plot_lines(
+        summary["perplexity"],
+        "perplexity",
+        out / "perplexity.png",
+        title="Perplexity vs context length",
+        ylabel="perplexity (log)",
+        log_y=True,
+    )
+    return {"perplexity_plot": path}
+
+
+TASK = Task(
+    name="perplexity",
+    help="token-weighted perplexity per length (chunked, no full logits)",
+    title="Perplexity",
+    options=PerplexityOptions,
+    run=_run,
+    summarize=_summarize,
+    render=_render,
+    plot=_plot,
+)

@@ -21,7 +21,6 @@ from typing import Any
 from .. import untrusted
 from ..errors import RopeExtendBaseError, RopeExtendError, shown
 from ..hf.reading import config_scaling, scaled_layer_types, text_config
-from ..patching import patched
 from ..version import __version__
 from .engines import is_engine
 from .identity import model_digest
@@ -54,6 +53,10 @@ def run_info(model, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     (``identity.model_digest``: the name alone is what the user typed, and two models can share it), the
     rope-extend version, and the rope-extend scaling applied; with no patch, the scaling its config names
     (``scaling_from: config``: a fine-tuned or shipped scaling), else ``none``."""
+    # here, not at the top: patching imports transformers, and the task modules (which the command line's parser
+    # imports for their options) import this module
+    from ..patching import patched
+
     if is_engine(model):  # a served file: its digest and the engine name it
         return {**model.info(), **(extra or {})}
     scaling, source = patched(model), "patch"

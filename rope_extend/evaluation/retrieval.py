@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import GenerationConfig
 
 from ..errors import RopeExtendError
 from . import runner
@@ -42,6 +41,10 @@ def greedy_config(tokenizer, max_new_tokens: int):
     changes the choice of token is set here explicitly to its neutral value (``top_k=50`` is transformers'
     default, ignored by greedy search; 0 or None would make transformers warn or inherit the checkpoint's).
     """
+    # here, not at the top: the task modules import this one, and the command line's parser imports them for their
+    # options without loading transformers
+    from transformers import GenerationConfig
+
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
     return GenerationConfig(

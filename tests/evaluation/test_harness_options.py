@@ -10,11 +10,10 @@ import pytest
 
 from rope_extend.errors import RopeExtendError
 from rope_extend.evaluation.niah import niah
-from rope_extend.evaluation.passkey import passkey
+from rope_extend.evaluation.passkey import PasskeyOptions, passkey
 from rope_extend.evaluation.perplexity import perplexity
 from rope_extend.evaluation.ruler import ruler
 from rope_extend.evaluation.tasks import READING, get_task, options_for
-from rope_extend.evaluation.tasks.passkey import PasskeyOptions
 
 HARNESSES = {"passkey": passkey, "niah": niah, "perplexity": perplexity, "ruler": ruler}
 

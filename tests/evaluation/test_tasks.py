@@ -245,8 +245,8 @@ def test_every_task_option_is_a_flag_with_its_help():
 def test_max_docs_holds_for_the_bundled_corpus_too():
     """It used to apply only with --data: without it every bundled document was read."""
     from rope_extend.evaluation.data import default_texts
+    from rope_extend.evaluation.perplexity import PerplexityOptions
     from rope_extend.evaluation.tasks import load_task_texts
-    from rope_extend.evaluation.tasks.perplexity import PerplexityOptions
 
     assert len(default_texts()) > 2
     assert load_task_texts(PerplexityOptions(lengths=[64], max_docs=2)) == default_texts()[:2]
@@ -272,10 +272,8 @@ def test_a_list_option_that_cannot_be_read_is_a_usage_error(tmp_path, capsys):
 @pytest.mark.parametrize("name", ["niah", "perplexity"])
 def test_a_text_task_without_texts_names_the_task(name):
     # a Context built without loading the texts used to reach the harness and fail with a TypeError there
-    import importlib
+    from rope_extend.evaluation.tasks.base import TASKS, Context
 
-    from rope_extend.evaluation.tasks.base import Context
-
-    task = importlib.import_module(f"rope_extend.evaluation.tasks.{name}")
+    task = TASKS.get(name)
     with pytest.raises(RopeExtendError, match=f"the {name} task reads texts, but its context holds none"):
         task.run(None, None, None, Context())

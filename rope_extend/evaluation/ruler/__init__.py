@@ -53,10 +53,11 @@ joined into one run of words as RULER joins Paul Graham's essays. A length the w
 error, not a repeated text.
 """
 
-# The package's parts: ``tasks`` (specs, templates, drafts), ``sizing`` (prompt format, haystack, RULER's sizing),
-# ``scoring`` (metrics and tables) and ``harness`` (``ruler()``); every name is importable from here.
+# The package's parts: ``subtasks`` (specs, templates, drafts), ``sizing`` (prompt format, haystack, RULER's sizing),
+# ``scoring`` (metrics and tables) and ``harness`` (the ``ruler`` task: ``RulerOptions``, ``ruler()``, ``TASK``); every
+# name is importable from here.
 from ...errors import RopeExtendError
-from .harness import RulerResult, ruler
+from .harness import RulerOptions, RulerResult, ruler
 from .scoring import (
     average_label,
     is_empty,
@@ -130,6 +131,7 @@ __all__ = [
     "Niah",
     "PromptFormat",
     "RopeExtendError",
+    "RulerOptions",
     "RulerPrompt",
     "RulerResult",
     "average_label",

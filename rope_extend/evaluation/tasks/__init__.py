@@ -12,14 +12,17 @@ four functions:
 - ``plot(summary, out) -> {name: path}``: its pictures (none by default).
 
 ``TASKS.register(task)`` adds it (``TASKS`` is a ``rope_extend.registry.Registry``); from then on a suite takes
-a section of that name, ``rope-extend eval`` has a subcommand of that name, and reports show it. Options that subclass ``TextOptions`` read texts (the
-one document reader) before the model is loaded, so bad data fails early. The built-in tasks are
-``passkey``, ``niah``, ``perplexity`` and ``ruler`` (one module each in this package, listed in ``TASKS`` by
-module path, so that their names are known before their modules are imported); their options are in
-``options``, because each harness takes its task's options too (``options=``, or keywords built into them by
-``options_for``).
+a section of that name, ``rope-extend eval`` has a subcommand of that name, and reports show it. Options that
+subclass ``TextOptions`` read texts (the one document reader) before the model is loaded, so bad data fails early.
 
-This package imports neither torch nor transformers: a task's ``run`` imports its harness when called.
+The built-in tasks are ``passkey``, ``niah``, ``perplexity`` and ``ruler``: one module each
+(``evaluation.passkey``, ``evaluation.niah``, ``evaluation.perplexity``, ``evaluation.ruler.harness``) holding
+the task's options dataclass, its harness (which takes those options: ``options=``, or keywords built into them by
+``options_for``) and its ``TASK``, listed in ``TASKS`` by module path, so that their names are known before their
+modules are imported. The layers point one way: a task module imports this package, which never imports a task
+(as lm-evaluation-harness's registry never imports a model it lists by path).
+
+This package imports neither torch nor transformers, nor any task.
 """
 
 from .base import (

@@ -1,4 +1,5 @@
-"""The task interface and registry (see the package docstring); imports neither torch nor transformers."""
+"""The task interface and registry (see the package docstring); imports neither torch nor transformers, nor any
+task."""
 
 from __future__ import annotations
 
@@ -94,10 +95,16 @@ RESERVED = frozenset(
 
 # the tasks, in registration order (the order of the report's sections); a name is a suite key and a command.
 # A task of one's own: ``TASKS.register(Task(...))``; its name must be new, a Python identifier and not one of
-# ``RESERVED``.
+# ``RESERVED``. The built-in tasks are one module each, above this package (each holds its options, its harness and
+# its ``TASK``, and imports this registry; the registry names them by path only, so it never imports one).
 TASKS: Registry[Task] = Registry("evaluation task", reserved=RESERVED, identifiers=True)
-for _name in ("passkey", "niah", "perplexity", "ruler"):  # the built-in tasks, one module each in this package
-    TASKS.register_lazy(_name, f"{__package__}.{_name}:TASK")
+for _name, _module in (
+    ("passkey", "passkey"),
+    ("niah", "niah"),
+    ("perplexity", "perplexity"),
+    ("ruler", "ruler.harness"),
+):
+    TASKS.register_lazy(_name, f"rope_extend.evaluation.{_module}:TASK")
 
 # the names callers used before there was one registry: the registry's own methods, not functions wrapping them
 register_task = TASKS.register

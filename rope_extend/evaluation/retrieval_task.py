@@ -1,11 +1,22 @@
-"""What the retrieval tasks (passkey, needle) share: accuracy per length, per depth, and their pictures."""
+"""What the retrieval tasks (passkey, needle) share as tasks: the checks of their grid options, accuracy per length
+and per depth, and their pictures. What their harnesses share (greedy generation, the grid run) is ``retrieval``."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
 
-from .. import report
+from . import report
+from .data import parse_trials_at
+from .tasks.base import check_lengths, check_positive
+
+
+def check_grid(options) -> None:
+    """A retrieval grid's options (passkey, niah): lengths and depths parsed, ``trials_at`` read against the
+    lengths, ``trials`` and ``max_new_tokens`` positive."""
+    check_lengths(options)
+    options.trials_at = parse_trials_at(options.trials_at, options.lengths)
+    check_positive(options, "trials", "max_new_tokens")
 
 
 def summarize(name: str, records: list[dict]) -> dict[str, list[dict]]:
