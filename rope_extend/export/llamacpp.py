@@ -283,15 +283,18 @@ def _gpt2_metadata(tokenizer, data: dict, vocab_size: int, pre: str | None) -> d
             tokens.append(f"[PAD{i}]")
             types.append(5)  # UNUSED
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-    out: dict[str, Any] = {
+    # what the tokenizer adds, found by running it: its add_bos_token attribute need not be what its
+    # post-processor does (a tokenizer.json whose template adds BOS, with no add_bos_token in its config)
+    bos, eos = gguf_spm.special_ends(tokenizer)
+    return {
         "model": "gpt2",
         "pre": pre,
         "tokens": tokens,
         "token_type": types,
         "merges": merges,
-        "add_bos_token": bool(getattr(tokenizer, "add_bos_token", False)),
+        "add_bos_token": bos,
+        "add_eos_token": eos,
     }
-    return out
 
 
 # ----------------------------------------------------------------------------------------------- writing
