@@ -486,3 +486,25 @@ def test_each_registry_lists_its_built_ins_before_importing_them():
     )
     done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def _imports_tests(path: Path) -> list[str]:
+    """The ``tests`` modules the script at ``path`` imports, at any depth of its code."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        found += [n for n in names if n == "tests" or n.startswith("tests.")]
+    return found
+
+
+def test_eval_scripts_import_nothing_from_tests():
+    """A benchmark script runs from a checkout or an installed copy without the test suite: helpers it shares
+    with the tests live in the package or in eval/ (eval/tiny.py, eval/spm_bpe.py), never in tests/."""
+    eval_dir = PACKAGE.parent / "eval"
+    found = {str(p.relative_to(eval_dir)): _imports_tests(p) for p in sorted(eval_dir.rglob("*.py"))}
+    assert found and {k: v for k, v in found.items() if v} == {}
+    # the check can fail: it finds a test module's own imports from tests/, the top-level one and a lazy one
+    found = _imports_tests(PACKAGE.parent / "tests" / "export" / "test_engines.py")
+    assert "tests.export" in found and "tests.export.smollm2" in found
