@@ -21,10 +21,10 @@ from pathlib import Path
 
 import transformers as T
 
+from eval.spm_bpe import train
+from eval.tiny import tiny_model
 from rope_extend.documents import read_documents
 from rope_extend.export import export
-from tests.export.spm_tokenizers import train
-from tests.tiny import tiny_model
 
 FAMILIES = {"LlamaTokenizer": "llama", "GemmaTokenizer": "gemma"}
 ALPHABET = " \t\nab1é北🙂"
@@ -50,7 +50,7 @@ def main() -> None:
     lines = [line for line in text.splitlines() if line.strip()]
     for cls, family in FAMILIES.items():
         folder = work / family
-        train(folder, vocab_size=args.vocab, split_digits=True, corpus=lines)
+        train(folder, lines, args.vocab, split_digits=True)
         (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": cls, "add_bos_token": True}))
         tok = T.AutoTokenizer.from_pretrained(str(folder))
         ids = {"pad_token_id": 0, "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id}

@@ -121,7 +121,7 @@ def measure(case: Case, model, source, ids: list[int], folder: Path, python: str
 
 
 def tiny_rows(cases: list[Case], tmp: Path, python: str) -> list[dict]:
-    from tests.tiny import tiny_model
+    from eval.tiny import tiny_model
 
     rows = []
     for i, case in enumerate(cases):

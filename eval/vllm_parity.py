@@ -132,13 +132,13 @@ def tiny_cases() -> list[Case]:
 
 
 def tiny_overrides(family: str) -> dict:
-    """``tests.tiny.tiny_model`` arguments for ``family`` as vLLM serves it (4 heads of 32)."""
+    """``eval.tiny.tiny_model`` arguments for ``family`` as vLLM serves it (4 heads of 32)."""
     return {"hidden_size": 128, "initializer_range": 0.2, **TINY[family]}
 
 
 def tiny_folder(family: str, folder: Path) -> Path:
     """A tiny random ``family`` model (L=256) with the test tokenizer, saved to ``folder``."""
-    from tests.tiny import tiny_model, tiny_tokenizer
+    from eval.tiny import tiny_model, tiny_tokenizer
 
     tiny_model(family, **tiny_overrides(family)).save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
@@ -257,7 +257,7 @@ def random_ids(count: int, seed: int = 0) -> list[int]:
 
 
 def tiny_rows(cases: list[Case], tmp: Path) -> list[dict]:
-    from tests.tiny import tiny_model
+    from eval.tiny import tiny_model
 
     rows = []
     for i, case in enumerate(cases):

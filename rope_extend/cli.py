@@ -288,8 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     from .loading import BundledModelMissing
 
     keep_stdout_for_results()
-    args = build_parser().parse_args(argv)
-    try:
+    try:  # parsing too: an option's action may refuse a value with a RopeExtendError (schema._FlagOrChoice)
+        args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)
     except (RopeExtendBaseError, BundledModelMissing) as exc:
         print(f"rope-extend: error: {' '.join(str(exc).split())}", file=sys.stderr)

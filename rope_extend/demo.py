@@ -19,6 +19,7 @@ the stage, the time elapsed and an estimate of the time left.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -203,7 +204,10 @@ def finetune(out: Path, L: int, effort: Effort, seed: int):
             f"warmup_steps={max(1, effort.steps // 20)}",
         ],
     )
-    return train(args).final_dir
+    # the loop's summary line (and any library log on stdout, DeepSpeed's among them) is `rope-extend train`'s
+    # stdout; the demo's stdout is its own table and card line only, so the fine-tune writes on stderr
+    with contextlib.redirect_stdout(sys.stderr):
+        return train(args).final_dir
 
 
 def long_context_card(out: Path, effort: Effort, seed: int) -> tuple[dict, str]:

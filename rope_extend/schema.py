@@ -301,20 +301,35 @@ class _Items(argparse.Action):
 
 
 class _FlagOrChoice(argparse.BooleanOptionalAction):
-    """``--x`` (true), ``--x VALUE`` (one of the field's Literal values, checked by ``build``) or ``--no-x``
-    (false): a bool field that may also name which one (``card --engine``, ``--engine vllm``)."""
+    """``--x`` (true), ``--x VALUE`` (one of the field's Literal values, ``allowed``) or ``--no-x`` (false): a
+    bool field that may also name which one (``card --engine``, ``--engine vllm``).
 
-    def __init__(self, option_strings, dest, **kwargs):
+    argparse gives an optional value the next word whatever it is, so ``card --engine bundled`` read the model
+    as an engine name; a word that is none of ``allowed`` is refused here, naming them and saying where the bare
+    flag goes (a ``RopeExtendError``: one line, exit 2), rather than taken as a value or guessed to be a
+    positional argument (a misspelt engine would then be read as a model)."""
+
+    def __init__(self, option_strings, dest, allowed: tuple = (), **kwargs):
         super().__init__(option_strings, dest, **kwargs)
         self.nargs = "?"
+        self.allowed = tuple(allowed)
 
     def __call__(self, parser, namespace, values, option_string=None):
         if option_string is not None and option_string.startswith("--no-"):
             if values is not None:
                 raise argparse.ArgumentError(self, f"{option_string} takes no value, got {values!r}")
             setattr(namespace, self.dest, False)
-        else:
-            setattr(namespace, self.dest, True if values is None else values)
+            return
+        if values is not None and values not in self.allowed:
+            names = " or ".join(map(str, self.allowed))
+            flag = option_string or self.option_strings[0]
+            positionals = " ".join((a.metavar or a.dest).upper() for a in parser._actions if not a.option_strings)
+            raise RopeExtendError(  # one line and exit 2 from the command line's main, as any bad value
+                f"{flag} takes {names}, not {values!r}; {flag} without a value goes after the positional arguments "
+                f"or before another option ({parser.prog} {positionals} {flag} ...), or name one "
+                f"({flag} {self.allowed[0]})"
+            )
+        setattr(namespace, self.dest, True if values is None else values)
 
 
 def _argument(hint: Any) -> dict[str, Any]:
@@ -322,8 +337,10 @@ def _argument(hint: Any) -> dict[str, Any]:
     bool or a Literal), a list as one or more (comma-separated) values, a scalar typed; anything else (Any, a
     mapping) is passed on as text."""
     inner = [h for h in typing.get_args(hint) if h is not type(None)] if _is_union(hint) else [hint]
-    if len(inner) == 2 and bool in inner and any(typing.get_origin(h) is Literal for h in inner):
-        return {"action": _FlagOrChoice}
+    literals = [h for h in inner if typing.get_origin(h) is Literal]
+    if len(inner) == 2 and bool in inner and literals:
+        allowed = typing.get_args(literals[0])
+        return {"action": _FlagOrChoice, "allowed": allowed, "metavar": "{" + ",".join(map(str, allowed)) + "}"}
     hint = inner[0] if len(inner) == 1 else hint
     if typing.get_origin(hint) is Literal:
         return {"choices": typing.get_args(hint)}

@@ -40,10 +40,28 @@ def test_the_time_left_follows_this_runs_speed_per_kind_of_stage(monkeypatch, ca
     assert "(the cores are shared: load 5.0 on 2)" in capsys.readouterr().err.splitlines()[-1]
 
 
-@pytest.mark.skipif(
+BUILT = pytest.mark.skipif(
     not __import__("rope_extend.bundled", fromlist=["available"]).available(),
     reason="the bundled model is not built into this checkout",
 )
+
+
+@BUILT
+def test_the_fine_tune_writes_nothing_on_the_demos_stdout(tmp_path, capsys):
+    """The training loop's summary line is `rope-extend train`'s stdout (tests/test_cli.py); inside the demo it
+    goes to stderr, so the demo's stdout is its table and card line only."""
+    from rope_extend import bundled
+    from rope_extend.demo import Effort, finetune
+
+    effort = Effort(trials=1, ppl_docs=1, steps=1, documents=20, card_samples=1)
+    folder = finetune(tmp_path, bundled.trained_length(), effort, seed=0)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "trainable parameters" in captured.err and "1 process(es)" in captured.err
+    assert (folder / "config.json").is_file()
+
+
+@BUILT
 def test_demo_quick(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--quick", "--out", str(out)]) == 0

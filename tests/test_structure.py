@@ -551,3 +551,25 @@ def test_each_built_in_task_is_one_module_with_its_options_and_harness():
         assert "options" in inspect.signature(harness).parameters, name
         for part in (task.summarize, task.render, task.plot):
             assert part.__module__ == module.__name__, (name, part)
+
+
+def _imports_tests(path: Path) -> list[str]:
+    """The ``tests`` modules the script at ``path`` imports, at any depth of its code."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        found += [n for n in names if n == "tests" or n.startswith("tests.")]
+    return found
+
+
+def test_eval_scripts_import_nothing_from_tests():
+    """A benchmark script runs from a checkout or an installed copy without the test suite: helpers it shares
+    with the tests live in the package or in eval/ (eval/tiny.py, eval/spm_bpe.py), never in tests/."""
+    eval_dir = PACKAGE.parent / "eval"
+    found = {str(p.relative_to(eval_dir)): _imports_tests(p) for p in sorted(eval_dir.rglob("*.py"))}
+    assert found and {k: v for k, v in found.items() if v} == {}
+    # the check can fail: it finds a test module's own imports from tests/, the top-level one and a lazy one
+    found = _imports_tests(PACKAGE.parent / "tests" / "export" / "test_engines.py")
+    assert "tests.export" in found and "tests.export.smollm2" in found

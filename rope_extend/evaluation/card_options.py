@@ -37,7 +37,8 @@ class CardOptions:
         help="also measure the export in a serving engine when the method exports exactly: the GGUF in llama.cpp "
         "(--engine or --engine llama.cpp; default: when llama-cpp-python and gguf are installed, the "
         "rope-extend[llama] extra) or the vLLM folder in vllm.LLM (--engine vllm); refused when the engine is "
-        "not installed",
+        "not installed. A bare --engine goes after MODEL or before another option: the word after it, if any, "
+        "must be an engine",
     )
     engine_lengths: list[Any] | None = option(
         None,

@@ -158,7 +158,7 @@ def _check_pairs(texts: dict[str, int], skip: set[int], pairs: set[tuple[str, st
                 )
 
 
-def _special_ends(tokenizer) -> tuple[bool, bool]:
+def special_ends(tokenizer) -> tuple[bool, bool]:
     """Whether transformers adds BOS in front and EOS behind a text, found by tokenizing one both ways."""
     plain = list(tokenizer("a", add_special_tokens=False)["input_ids"])
     full = list(tokenizer("a")["input_ids"])
@@ -228,7 +228,7 @@ def spm_metadata(tokenizer, data: dict, vocab_size: int) -> dict[str, Any]:
     tokens, types = _token_list(texts, added, tokenizer.unk_token_id, vocab_size)
     _check_pairs(texts, set(added), pairs)
     floor = -1.0 - len(scores)  # below every merge
-    bos, eos = _special_ends(tokenizer)
+    bos, eos = special_ends(tokenizer)
     return {
         "model": "llama",
         "tokens": tokens,

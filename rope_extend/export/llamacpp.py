@@ -48,6 +48,7 @@ from ..methods.engine_form import DEFAULT, LINEAR, LLAMA3, LONGROPE, YARN, Form
 from . import gguf_spm
 from .forms import yarn_attn_factor
 from .gguf_families import LONG, ROPE_FREQS, SHORT, Family, check_rope, family, head_dim, problems, rotary_dim, shifted
+from .gguf_name import gguf_name
 
 LLAMACPP_VERSION = "llama.cpp 0c1e57098 (llama-cpp-python 0.3.36)"
 UINT32_MAX = 2**32 - 1  # the context length keys' type in GGUF and in llama.cpp
@@ -282,15 +283,18 @@ def _gpt2_metadata(tokenizer, data: dict, vocab_size: int, pre: str | None) -> d
             tokens.append(f"[PAD{i}]")
             types.append(5)  # UNUSED
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
-    out: dict[str, Any] = {
+    # what the tokenizer adds, found by running it: its add_bos_token attribute need not be what its
+    # post-processor does (a tokenizer.json whose template adds BOS, with no add_bos_token in its config)
+    bos, eos = gguf_spm.special_ends(tokenizer)
+    return {
         "model": "gpt2",
         "pre": pre,
         "tokens": tokens,
         "token_type": types,
         "merges": merges,
-        "add_bos_token": bool(getattr(tokenizer, "add_bos_token", False)),
+        "add_bos_token": bos,
+        "add_eos_token": eos,
     }
-    return out
 
 
 # ----------------------------------------------------------------------------------------------- writing
@@ -317,8 +321,9 @@ def write(
         vocab = tokenizer_metadata(tokenizer, config.vocab_size, tokenizer_pre)
     except UnsupportedModelError as exc:  # a tokenizer llama.cpp's converter writes: say how to add the rope
         raise UnsupportedModelError(f"{exc}, then {override_flags(fam.arch_name, rope_keys, rope_tensors)}") from None
+    general_name, name_notes = gguf_name(config, gguf_spm.pipeline(tokenizer), name)
     writer = gguf.GGUFWriter(path, fam.arch_name)
-    writer.add_name(name or str(getattr(config, "_name_or_path", "") or "model"))
+    writer.add_name(general_name)
     _add_hparams(writer, config, fam, context, dtype)
     _add_rope(writer, fam.arch_name, rope_keys)
     writer.add_tokenizer_model(vocab["model"])
@@ -350,7 +355,7 @@ def write(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return list(vocab.get("notes", []))
+    return list(vocab.get("notes", [])) + name_notes
 
 
 def _add_hparams(writer, config, fam: Family, context: int, dtype: str) -> None:

@@ -18,12 +18,12 @@ a folder with a ``tokenizer_config.json`` and converted by transformers itself (
 from __future__ import annotations
 
 import functools
-import io
 import json
 from pathlib import Path
 
 import transformers as T
 
+from eval import spm_bpe
 from tests.tiny import TOKENIZER_TEXT
 
 CORPUS = (
@@ -80,28 +80,10 @@ VOCAB = 700
 
 
 def train(folder: Path, vocab_size: int = VOCAB, corpus: list[str] | None = None, **options) -> Path:
-    """A SentencePiece BPE trained on ``corpus`` (lines; ``CORPUS``'s twice by default), written as
-    ``folder/tokenizer.model``."""
-    import sentencepiece as spm
-
-    out = io.BytesIO()
+    """A SentencePiece BPE (``eval/spm_bpe.py``) trained on ``corpus`` (lines; ``CORPUS``'s twice by default),
+    written as ``folder/tokenizer.model``."""
     lines = corpus or [line for line in CORPUS.splitlines() if line.strip()] * 2
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines),
-        model_writer=out,
-        model_type="bpe",
-        vocab_size=vocab_size,
-        byte_fallback=True,
-        normalization_rule_name="identity",
-        remove_extra_whitespaces=False,
-        allow_whitespace_only_pieces=True,
-        character_coverage=1.0,
-        minloglevel=2,
-        **options,
-    )
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "tokenizer.model").write_bytes(out.getvalue())
-    return folder / "tokenizer.model"
+    return spm_bpe.train(folder, lines, vocab_size, **options)
 
 
 @functools.cache
