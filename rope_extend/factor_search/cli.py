@@ -29,7 +29,7 @@ def _cmd_search(args) -> int:
     print(
         f"critical dimension (LongRoPE2): {critical} of {dim} (frequency pair {critical // 2}; rotary base {base:g}, "
         f"trained length {L}); search bounds: "
-        + (f"[1, {args.factor:g}] below it, [{args.factor:g}, 1.25 x {args.factor:g}] from it on"
+        + (f"[{args.factor:g}, 2 x {args.factor:g}] from it on, NTK scaling from it below it"
            if args.space == "longrope2" else f"[1, 1.25 x {args.factor:g}] for every pair"),
         file=sys.stderr,
     )  # fmt: skip
@@ -102,7 +102,7 @@ def register(subparsers) -> None:
         choices=SPACES,
         default="longrope",
         help="the factors' bounds: longrope [1, 1.25 s] for every pair; longrope2 split at the critical dimension, "
-        "[1, s] below it and [s, 1.25 s] from it on. Default longrope",
+        "[s, 2 s] from it on and NTK scaling from its factor below it (LongRoPE2). Default longrope",
     )
     add_folder_arguments(p, "search")
     add_model_arguments(p, model=None, dtype="float32")

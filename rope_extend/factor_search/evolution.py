@@ -7,14 +7,19 @@ the lowest, applied as ``inv_freq'_i = theta_i / lambda_i``. The paper's constra
 - non-decreasing, ``lambda_i <= lambda_{i+1}``: low frequencies are interpolated at least as much as high ones;
 - bounded, ``1 <= lambda_i <= 1.25 s`` for an extension ratio ``s`` (the paper's range), on a grid of 0.01.
 
-LongRoPE2 (Shang et al. 2025, "LongRoPE2: Near-Lossless LLM Context Window Scaling", section 3) splits the
-bounds at the critical dimension (``methods.longrope.critical_dimension``; here its frequency pair ``c``): the
-pairs from ``c`` on, whose period the pretraining length did not cover, are interpolated at least as much as
-position interpolation, ``s <= lambda_i <= 1.25 s``, and the pairs below it stay small, ``1 <= lambda_i <= s``
-(``Space.for_critical``). Both bounds are non-decreasing in ``i``, so the order constraint still fits.
+LongRoPE2 (Shang et al. 2025, "LongRoPE2: Near-Lossless LLM Context Window Scaling", section 3.2, Algorithms 1
+and 2) splits the factors at the critical dimension (``methods.longrope.critical_dimension``; here its
+frequency pair ``c``, ``Space.for_critical``): only the pairs from ``c`` on are searched, in
+``s <= lambda_i <= 2 s`` (the paper's search space; at least position interpolation's, whose bound the RoPE OOD
+theory sets), non-decreasing; the pairs below ``c`` are not searched but follow NTK scaling from the critical
+pair's factor, ``lambda_i = lambda_c^(i / c)`` (the base that turns pair ``c`` by ``1 / lambda_c``, applied below
+it). The authors' search code does the same (J-shang/LongRoPE, branch dev/nishang/omni,
+evolution/algorithms/dim_mono.py: mutation and crossover touch the pairs from the critical one on, then set the
+lower ones from it).
 
 ``repair`` maps any list into that space (clip, then running maximum, then round up to the grid, so the
-order survives rounding); mutation and crossover end with it, so every candidate they make is valid.
+order survives rounding; in LongRoPE2's space, then the pairs below ``c`` set from pair ``c``); mutation and
+crossover end with it, so every candidate they make is valid.
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ STEP = 0.01  # the paper's grid
 @dataclass(frozen=True)
 class Space:
     """``size`` factors in ``[low, high]``, non-decreasing, on a grid of ``STEP``; with ``critical`` (a pair
-    index) and ``floor``, the pairs below ``critical`` in ``[low, floor]`` and the others in ``[floor, high]``."""
+    index) and ``floor``, the pairs from ``critical`` on in ``[floor, high]`` and the ones below it tied to the
+    critical pair by NTK scaling (``tied``); a ``critical`` past the last pair leaves every pair in
+    ``[low, floor]``, free."""
 
     size: int
     low: float
@@ -52,10 +59,19 @@ class Space:
             raise RopeExtendError(f"floor must lie in [low, high], got {self.floor}")
 
     def bounds(self, i: int) -> tuple[float, float]:
-        """``(lowest, highest)`` factor of pair ``i``."""
+        """``(lowest, highest)`` factor of pair ``i`` (below ``tied``, the factor follows pair ``tied``'s)."""
         if self.critical is None or self.floor is None:
             return self.low, self.high
-        return (self.floor, self.high) if i >= self.critical else (self.low, self.floor)
+        if self.critical >= self.size:
+            return self.low, self.floor
+        return (self.floor, self.high) if i >= self.critical else (self.low, self.high)
+
+    @property
+    def tied(self) -> int:
+        """The first searched pair: the pairs below it are set from it, ``lambda_i = lambda_c^(i / c)`` (0: none)."""
+        if self.critical is None or self.critical >= self.size:
+            return 0
+        return self.critical
 
     @classmethod
     def for_factor(cls, size: int, factor: float, upper: float = 1.25) -> Space:
@@ -65,8 +81,9 @@ class Space:
         return cls(size, 1.0, round(upper * float(factor), 2))
 
     @classmethod
-    def for_critical(cls, size: int, factor: float, critical: int, upper: float = 1.25) -> Space:
-        """LongRoPE2's space: ``[1, s]`` below the critical pair ``critical``, ``[s, upper * s]`` from it on."""
+    def for_critical(cls, size: int, factor: float, critical: int, upper: float = 2.0) -> Space:
+        """LongRoPE2's space: ``[s, upper * s]`` from the critical pair ``critical`` on (the paper's ``[s, 2 s]``),
+        NTK scaling from it below it."""
         space = cls.for_factor(size, factor, upper)
         if not isinstance(critical, int) or isinstance(critical, bool) or critical < 0:
             raise RopeExtendError(f"the critical pair index must be an integer >= 0, got {critical!r}")
@@ -78,27 +95,38 @@ def repair(space: Space, values: Sequence[float]) -> list[float]:
     """Clip to the bounds, make non-decreasing (running maximum) and round up to the grid."""
     if len(values) != space.size:
         raise RopeExtendError(f"a candidate needs {space.size} factors, got {len(values)}")
+    c = space.tied
     out, top = [], space.low
-    for i, v in enumerate(values):
+    for i in range(c, space.size):  # the searched pairs; the ones below c do not push them up
         low, high = space.bounds(i)
-        v = min(max(float(v), low), high)
+        v = min(max(float(values[i]), low), high)
         top = max(top, v)  # the bounds never fall with i, so the running maximum stays within them
-        out.append(min(high, math.ceil(round(top / STEP, 6)) * STEP))
-    return [round(v, 2) for v in out]
+        out.append(round(min(high, math.ceil(round(top / STEP, 6)) * STEP), 2))
+    return _ntk_below(out[0], c) + out if c else out
+
+
+def _ntk_below(factor: float, c: int) -> list[float]:
+    """LongRoPE2's factors below the critical pair ``c`` whose factor is ``factor``: ``factor^(i / c)``, the NTK
+    scaling whose base turns pair ``c`` by ``1 / factor`` (rounded to 1e-6, so a saved state reads back equal)."""
+    return [round(factor ** (i / c), 6) for i in range(c)]
 
 
 def valid(space: Space, values: Sequence[float]) -> bool:
+    c = space.tied
     return (
         len(values) == space.size
         and all(space.bounds(i)[0] - 1e-9 <= v <= space.bounds(i)[1] + 1e-9 for i, v in enumerate(values))
         and all(a <= b + 1e-12 for a, b in itertools.pairwise(values))
+        and (not c or all(abs(a - b) <= 1e-6 for a, b in zip(values[:c], _ntk_below(values[c], c), strict=True)))
     )
 
 
 def mutate(space: Space, parent: Sequence[float], rng: random.Random, *, rate: float = 0.3, scale: float = 0.1):
-    """Move each factor with probability ``rate`` by a Gaussian step of ``scale * (high - low)``; at least one moves."""
+    """Move each searched factor (from ``space.tied`` on) with probability ``rate`` by a Gaussian step of
+    ``scale * (high - low)``; at least one moves."""
     child = list(parent)
-    picks = [i for i in range(space.size) if rng.random() < rate] or [rng.randrange(space.size)]
+    c = space.tied
+    picks = [i for i in range(c, space.size) if rng.random() < rate] or [rng.randrange(c, space.size)]
     for i in picks:
         child[i] += rng.gauss(0.0, scale * (space.high - space.low))
     return repair(space, child)

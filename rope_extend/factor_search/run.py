@@ -15,8 +15,9 @@ Ding et al. 2024, "LongRoPE", section 3.2 (the authors did not release their sea
   ``fitness="needle"``: LongRoPE2's needle-driven perplexity, over the answer tokens of passkey and RULER
   key-value needles placed at several depths of ``s L``-token documents built from the texts (``needles``);
 - bounds (``space="longrope"``): the paper's ``[1, 1.25 s]``; ``space="longrope2"``: split at LongRoPE2's
-  critical dimension (``methods.longrope.critical_dimension``, from the base, the head dimension and ``L``),
-  ``[1, s]`` below it and ``[s, 1.25 s]`` from it on (``evolution.Space.for_critical``).
+  critical dimension (``methods.longrope.critical_dimension``, from the base, the head dimension and ``L``):
+  the pairs from it on searched in ``[s, 2 s]``, the ones below it set by NTK scaling from the critical pair's
+  factor (``evolution.Space.for_critical``, as the authors' code does).
 
 The state (population, fitnesses, history, random generator, and the generation's candidates not yet evaluated)
 is written atomically after each fitness evaluation, so ``resume=True`` continues an interrupted search from its
@@ -25,8 +26,9 @@ budget on resume continues the same sequence. A time budget stops after the eval
 reproducible.
 The fitness and the bounds are part of the saved settings: a resume with another one is refused.
 Not implemented: the paper's "start tokens" (the first positions kept unscaled need position-dependent
-frequencies, which ``patch`` does not apply), and LongRoPE2's search of the critical dimension itself around
-the computed one (the bounds split at the computed one).
+frequencies, which ``patch`` does not apply), and LongRoPE2's search of the critical dimension itself (its
+Algorithm 1 draws candidates between the pair with ten theoretical periods in ``L`` and the computed one; the
+authors' scripts pass one by hand); here the split is at the computed one.
 """
 
 from __future__ import annotations
@@ -295,7 +297,7 @@ def search(
     max_seconds: float | None = None,
     population: int = 16,
     seed: int = 0,
-    upper: float = 1.25,
+    upper: float | None = None,
     out: str | Path | None = None,
     resume: bool = False,
     overwrite: bool = False,
@@ -308,14 +310,16 @@ def search(
     (``search_state.json``), the result (``longrope.json``) and the report (``report.md``, ``search.png``);
     ``resume`` continues the state found there, ``overwrite`` replaces an earlier search there (a folder
     rope-extend did not make is never touched). ``fitness``: ``text`` or ``needle``; ``space``: ``longrope`` or
-    ``longrope2`` (the bounds; see the module docstring).
+    ``longrope2`` (the bounds; see the module docstring). ``upper``: the largest factor as a multiple of ``factor``
+    (default 1.25 for ``longrope``, LongRoPE's; 2 for ``longrope2``, LongRoPE2's).
     The model is left as it was (unpatched)."""
     _check_search(model, max_evaluations, max_seconds, population, fitness, space)
     dim, base, L = geometry(model)
     critical = critical_dimension(dim, base, L)
-    bounds = evolution.Space.for_factor(dim // 2, factor, upper)
     if space == "longrope2":
-        bounds = evolution.Space.for_critical(dim // 2, factor, critical // 2, upper)
+        bounds = evolution.Space.for_critical(dim // 2, factor, critical // 2, 2.0 if upper is None else upper)
+    else:
+        bounds = evolution.Space.for_factor(dim // 2, factor, 1.25 if upper is None else upper)
     length = round(float(factor) * L)
     docs = documents(tokenizer, texts, length, fitness=fitness, seed=seed)
     check_reachable(model, length, cache=False)

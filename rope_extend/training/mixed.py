@@ -14,8 +14,11 @@ of the run, numbered ``i = step x G + micro``, those with ``floor((i + 1) f) > f
 micro-batch is a window of the same data without PoSE, cut to ``L`` tokens, drawn in its own order
 (seed + 1); the loss normalisation of the step counts its target tokens like any other's.
 
-LongRoPE2 packs short and long documents into one 128k sequence and picks the rope per document; per-token
-frequencies are not something ``patch`` applies, so whole micro-batches are switched instead.
+The authors switch by the same rule: their training example (microsoft/nnscaler, examples/longrope2) packs short
+documents (at most ``L`` tokens) and long ones into separate 128k sequences, and its rotary module takes the long
+factors when the batch's largest position id reaches ``L`` (rope_modifier.py). Their rotary module keeps
+transformers' LongRoPE attention scale at every length, short sequences included; here the short micro-batches
+keep the original scale (docs/methods.md, LongRoPE2).
 """
 
 from __future__ import annotations

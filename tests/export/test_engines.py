@@ -24,7 +24,7 @@ pytestmark = pytest.mark.engines
 DIM, BASE, L, FACTOR = 64, 10000.0, 256, 4.0
 # LongRoPE factors as a LongRoPE2 search leaves them (--space longrope2; head dimension 64, base 10000, L 256:
 # critical dimension 26, pair 13 of 32):
-# short all 1, long within [1, s] below the critical pair and [s, 1.25 s] from it on
+# short all 1, long rising to s below the critical pair and within [s, 2 s] from it on
 SEARCHED = {
     "short_factor": [1.0] * 32,
     "long_factor": [1.0 + 3 * i / 13 for i in range(13)] + [4.0 + i / 18 for i in range(19)],

@@ -91,15 +91,25 @@ def test_seeds_are_the_factors_patch_applies(method):
 
 
 def test_the_longrope2_space_splits_at_the_critical_pair():
+    # LongRoPE2 (arXiv 2502.20082, Algorithm 2; J-shang/LongRoPE dev/nishang/omni evolution/algorithms/
+    # dim_mono.py): from the critical pair on, searched in [s, 2 s] and non-decreasing; below it, NTK scaling
+    # from the critical pair's factor, lambda_i = lambda_c^(i / c)
     space = E.Space.for_critical(8, 4.0, 3)
-    assert [space.bounds(i) for i in (0, 2, 3, 7)] == [(1.0, 4.0), (1.0, 4.0), (4.0, 5.0), (4.0, 5.0)]
-    # below the critical pair factors stay at most s; from it on, at least s (position interpolation's)
-    assert E.repair(space, [0.5, 4.6, 2.0, 1.0, 9.0, 4.2, 4.1, 4.0]) == [1.0, 4.0, 4.0, 4.0, 5.0, 5.0, 5.0, 5.0]
-    assert E.repair(space, [1.0] * 8) == [1.0, 1.0, 1.0, 4.0, 4.0, 4.0, 4.0, 4.0]
+    assert space.tied == 3 and [space.bounds(i) for i in (3, 7)] == [(4.0, 8.0), (4.0, 8.0)]
+    assert E.repair(space, [0.5, 4.6, 2.0, 8.0, 9.0, 4.2, 4.1, 4.0]) == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0, 8.0, 8.0]
+    assert E.repair(space, [1.0] * 8) == [1.0, round(4 ** (1 / 3), 6), round(4 ** (2 / 3), 6), 4.0, 4.0, 4.0, 4.0, 4.0]
+    # the pairs below the critical one never push the searched ones up (only pair 3 on is read)
+    assert E.repair(space, [9.0, 9.0, 9.0, 4.0, 4.0, 4.0, 4.0, 4.0]) == E.repair(space, [1.0] * 8)
     assert not E.valid(space, [1.0] * 8) and E.valid(space, E.repair(space, [1.0] * 8))
+    assert not E.valid(space, [1.0, 1.0, 1.0, 4.0, 4.0, 4.0, 4.0, 4.0])  # free lower pairs are not in this space
     odd = E.Space.for_critical(4, 3.333, 2)  # an s off the 0.01 grid: the floor is rounded up onto it
     assert odd.floor == 3.34 and E.valid(odd, E.repair(odd, [1.0, 9.0, 1.0, 1.0]))
-    assert E.Space.for_critical(4, 2.0, 99).critical == 4  # every pair below a critical pair past the last
+    past = E.Space.for_critical(4, 2.0, 99)  # every pair below a critical pair past the last: free in [1, s]
+    assert past.critical == 4 and past.tied == 0 and E.repair(past, [0.5, 3.0, 1.5, 9.0]) == [1.0, 2.0, 2.0, 2.0]
+    rng = random.Random(0)
+    for _ in range(20):  # mutation moves only the searched pairs; the lower ones follow
+        child = E.mutate(space, E.repair(space, [1.0] * 8), rng)
+        assert E.valid(space, child) and child[:3] == E.repair(space, child)[:3]
 
 
 @settings(max_examples=40)
@@ -107,6 +117,7 @@ def test_the_longrope2_space_splits_at_the_critical_pair():
 def test_operators_stay_in_the_longrope2_space(size, s, critical, seed):
     space = E.Space.for_critical(size, s, critical)
     rng = random.Random(seed)
+    assert space.tied == (critical if critical < size else 0)
     parents = [E.repair(space, [rng.uniform(0, 2 * s) for _ in range(size)]) for _ in range(3)]
     for child in E.offspring(space, parents, 6, rng, set()):
         assert E.valid(space, child)

@@ -14,6 +14,9 @@ from rope_extend.methods.longrope import critical_dimension
     (64, 100000.0, 8192, 40),     # SmolLM2-135M: 32 log_100000(1303.8) = 19.94 -> 20 pairs
     (64, 1600.0, 256, 34),        # the bundled testbed: 16.08 -> 17 pairs
     (96, 10000.0, 4096, 68),      # Phi-3-mini (head dimension 96, L 4096)
+    # LongRoPE2 (arXiv 2502.20082) section 2.1, Eq. 7 and its worked example: Phi3-mini pretrained at 2048,
+    # d_tcd 62 ("the 31st cosine dimension"); section 3.2: LLaMA3-8B's theoretical 35 pairs (70 above)
+    (96, 10000.0, 2048, 62),      # 48 log_10000(2048 / 2 pi) = 30.16 -> 31 pairs
 ])  # fmt: skip
 def test_the_critical_dimension_of_known_models(dim, base, L, expected):
     assert critical_dimension(dim, base, L) == expected
