@@ -4,7 +4,7 @@ Two roads lead here: ``rope_extend.patch`` (a loaded model; it has checked every
 into the config and the frequency buffers) and a model built from a config that already names a rope-extend
 type (``hf.register``'s ``post_init``: transformers computed the buffers through rope-extend's init function).
 Both then need the same things, in the same order, with the same checks: each rotary module's frequency sets
-(``entry``: its buffer must hold the frequencies the config implies), the rotary runtime (float32 frequencies,
+(``hf.rotary_plan``, checked while planning: its buffer must hold the frequencies the config implies), the rotary runtime (float32 frequencies,
 dynamic methods) and the cache keeper of the dynamic ones (``hf.cache_keeper``), the attention method's plans
 (``hf.attention``), ``generate``'s length reminder dropped for a method without a length limit, and the
 recompute of the Phi-3 families' ``generate`` at ``L`` made whole (``hf.generation``). ``attach`` does them and says what it installed, so that ``unpatch`` can take it off.
@@ -18,22 +18,12 @@ from typing import Any
 
 from torch import nn
 
-from ..errors import UnsupportedModelError
 from . import attention, cache_keeper, generation, rotary
 from .names import SHIPPED_ATTR
-from .reading import rotary_geometry, rotating, text_config
+from .reading import text_config
+from .rotary_plan import RotaryPlan
 
 logger = logging.getLogger("rope_extend")
-
-
-@dataclass(frozen=True)
-class RotaryPlan:
-    """One rotary module to run rope-extend's runtime: the config its frequencies come from and its frequency sets
-    (``{layer_type: Entry}``), each checked against the module's buffer (``entry``)."""
-
-    module: nn.Module
-    config: Any
-    entries: dict[str | None, rotary.Entry]
 
 
 @dataclass(frozen=True)
@@ -70,22 +60,6 @@ class Attached:
             self.attention.remove()
         if self.generation is not None:
             generation.remove(self.generation)
-
-
-def entry(module: nn.Module, config, scaling, layer_type, computed=None) -> rotary.Entry:
-    """The runtime's entry for ``module``'s frequency set ``layer_type`` scaled by ``scaling``, with the rotary
-    dimension and base that ``config`` implies (``computed``: its frequencies and attention scale at ``L`` when the
-    caller has them, ``hf.config.ConfigEdit.frequencies``, so they are not computed again); refuses a module whose buffer holds another number of frequencies
-    (a rotary layout rope-extend does not know, which it would scale wrong)."""
-    dim, base = rotary_geometry(config, layer_type)
-    buffer = rotary.buffers(module)[rotary.buffer_name(layer_type)]
-    if buffer.numel() != dim // 2:
-        raise UnsupportedModelError(
-            f"{type(module).__name__}.{rotary.buffer_name(layer_type)} has {buffer.numel()} frequencies but the config "
-            f"implies a rotary dimension of {dim} ({dim // 2} frequencies): unsupported rotary layout"
-        )
-    first = None if computed is None else (computed[0].clone(), computed[1])  # each module owns its buffer
-    return rotary.Entry(scaling, dim, base, rotating(config, layer_type), first=first)
 
 
 def attach(model: nn.Module, rotaries: list[RotaryPlan], scaling, planned, modules: list[nn.Module]) -> Attached:

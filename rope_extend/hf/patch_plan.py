@@ -2,7 +2,7 @@
 
 ``plan`` returns one ``PatchPlan``: the scaling, each text config's edit (``hf.config.ConfigEdit``: computed once,
 written into one copy that transformers validated and that each rotary module's class rebuilds from), each rotary
-module's frequency sets (``hf.attach.RotaryPlan``, checked against its buffers, their frequencies the ones the edit
+module's frequency sets (``hf.rotary_plan.RotaryPlan``, checked against its buffers, their frequencies the ones the edit
 computed) and the attention method's plans (``hf.attention.plans``; none for a frequency method). It raises before
 anything is touched; ``hf.installed.install`` puts the plan into the model.
 
@@ -25,11 +25,11 @@ from ..errors import UnsupportedModelError
 from ..methods.resolved import Scaling
 from . import attention, rotary, rotary_reads
 from . import config as hf_config
-from .attach import RotaryPlan, entry
 from .attention.state import AttentionPlan
 from .config import ConfigEdit, edit
 from .reading import frequencies, naming, rope_dict, scaled_layer_types, text_config
 from .rope_types import own_rope_type, rope_type_of, split_rope_type
+from .rotary_plan import RotaryPlan, entry
 
 logger = logging.getLogger("rope_extend")
 
@@ -135,7 +135,7 @@ def _edit(config, request: Request) -> ConfigEdit:
 def _entries(
     module: nn.Module, planned: ConfigPlan, previous: Previous | None, replaced: set[str]
 ) -> dict[str | None, rotary.Entry]:
-    """The module's frequency sets under the edit (``hf.attach.entry``: the buffers hold what the config implies),
+    """The module's frequency sets under the edit (``hf.rotary_plan.entry``: the buffers hold what the config implies),
     their frequencies the ones the edit computed; adds to ``replaced`` each shipped scaling the method replaces."""
     before, scaling = planned.pristine, planned.edit.scaling
     entries = {}

@@ -19,7 +19,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from . import attach, attention, rotary
+from . import attach, attention, rotary, rotary_plan
 from .reading import (
     config_scaling,
     family_keys,
@@ -85,7 +85,7 @@ def attach_from_config(model: nn.Module) -> None:
     A rotary module that already has its runtime (an inner model's ``post_init`` ran first) is passed over.
     """
     modules = [m for _, m in rotary.rotary_modules(model, required=False)]
-    runtimes: list[attach.RotaryPlan] = []
+    runtimes: list[rotary_plan.RotaryPlan] = []
     in_attention, named = None, None
     for module in modules:
         config = getattr(module, "config", None)
@@ -105,9 +105,9 @@ def attach_from_config(model: nn.Module) -> None:
                 if scaling is not None and scaling.in_attention:
                     in_attention, named = scaling, config
             if own_rope_type(params.get("rope_type")):
-                entries[lt] = attach.entry(module, config, config_scaling(config, lt), lt)
+                entries[lt] = rotary_plan.entry(module, config, config_scaling(config, lt), lt)
         if entries:
-            runtimes.append(attach.RotaryPlan(module, config, entries))
+            runtimes.append(rotary_plan.RotaryPlan(module, config, entries))
     planned = []
     if in_attention is not None:
         with naming(named, in_attention.method.name):
