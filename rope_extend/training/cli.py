@@ -30,20 +30,27 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     from .loop import train
 
-    result = train(train_args)
-    if result.history and PartialState().is_main_process:
-        last = result.history[-1]
-        print(
-            json.dumps(
-                {
-                    "output_dir": str(result.output_dir),
-                    "final_dir": str(result.final_dir),
-                    "adapter_dir": str(result.adapter_dir) if result.adapter_dir else None,
-                    "step": last["step"],
-                    "loss": last["loss"],
-                }
+    try:
+        result = train(train_args)
+        if result.history and PartialState().is_main_process:
+            last = result.history[-1]
+            print(
+                json.dumps(
+                    {
+                        "output_dir": str(result.output_dir),
+                        "final_dir": str(result.final_dir),
+                        "adapter_dir": str(result.adapter_dir) if result.adapter_dir else None,
+                        "step": last["step"],
+                        "loss": last["loss"],
+                    }
+                )
             )
-        )
+    finally:
+        # The command is the end of the script: leave the process group in order (accelerate's end_training does
+        # this, but only the runs with trackers call it). Left to the interpreter's exit, gloo's threads were
+        # sometimes torn down while joinable, and a rank died with "terminate called without an active
+        # exception" after the run had saved everything.
+        PartialState().destroy_process_group()
     return 0
 
 
