@@ -12,6 +12,14 @@ built from the search texts to the target length, followed by its answer:
   word key in the search texts' words, at a depth RULER draws), the answer `` VALUE``, in RULER's ``base``
   format (the text as is: the fitness reads documents, not a chat).
 
+``fitness="needle-multiquery"`` packs the needles into one document an evaluation, a sixth of ``needle``'s cost
+(one forward pass of ``s L`` tokens is most of an evaluation's time): RULER's ``niah_multiquery`` form (its needle
+sentence, word keys and 7-digit values, its question and answer prefix, in the ``base`` format) with five needles,
+one at each of the fixed depths ``MULTIQUERY_DEPTHS`` rather than at drawn ones (four drawn depths can all fall in
+the second half, where the distance to the question is inside the trained length), all five asked for in one
+question in a shuffled order; the answer is the five values in that order, `` V1, V2, V3, V4, V5``. A passkey has
+no key to ask it by among others, so this document holds RULER's needles only.
+
 A document is ``(token ids, first scored index)``: the text fitness scores every token after the first, the
 needle fitness only the answer's tokens at the end. Keys and depths come from ``seed``, so a resumed search
 rebuilds the same documents (their digest is part of the saved settings).
@@ -22,14 +30,17 @@ from __future__ import annotations
 import random
 
 from ..errors import RopeExtendError
+from ..evaluation import ruler_words
 from ..evaluation.prompts import encode, passkey_prompt, split_sentences
-from ..evaluation.ruler.sizing import Haystack, build_prompt
+from ..evaluation.ruler.sizing import Haystack, PromptFormat, build_prompt, largest_fitting
+from ..evaluation.ruler.subtasks import NEEDLE, NIAH_PREFIX, NIAH_TEMPLATE, Draft
 from .choices import FITNESSES
 
 PASSKEY_DEPTHS = (0.1, 0.5, 0.9)
 RULER_TASK = "niah_single_2"
 RULER_NEEDLES = 3
 ANSWER_TOKENS = 16  # room left for a RULER answer (7 digits and a space take at most 8 tokens of any tokenizer)
+MULTIQUERY_DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)  # one needle at each, in a single document
 
 
 def check_fitness(fitness) -> str:
@@ -88,8 +99,60 @@ def needle_documents(tokenizer, texts, length: int, seed: int) -> list[tuple[lis
     return docs
 
 
+def _multiquery_draft(rng: random.Random, sentences: list[str]) -> Draft:
+    """RULER's multi-query needle prompt over ``sentences``, with one needle at each of ``MULTIQUERY_DEPTHS``."""
+    keys: list[str] = []
+    while len(keys) < len(MULTIQUERY_DEPTHS):
+        key = ruler_words.draw_key(rng)
+        if key not in keys:
+            keys.append(key)
+    values = {k: str(rng.randint(10**6, 10**7 - 1)) for k in keys}  # RULER's 7-digit values
+    parts, last = [], 0
+    for depth, key in zip(MULTIQUERY_DEPTHS, keys, strict=True):
+        cut = int(len(sentences) * depth)
+        parts += [*sentences[last:cut], NEEDLE.format(kind="numbers", key=key, value=values[key])]
+        last = cut
+    context = " ".join(parts + sentences[last:])
+    asked = rng.sample(keys, len(keys))  # asked in another order than placed, as RULER asks
+    query = ", ".join(asked[:-1]) + ", and " + asked[-1]
+    user = NIAH_TEMPLATE.replace("{context}", "\0").format(kind="numbers", query=query).replace("\0", context)
+    return Draft(user, NIAH_PREFIX.format(kind="numbers", query=query), [values[k] for k in asked])
+
+
+def multiquery_documents(tokenizer, texts, length: int, seed: int) -> list[tuple[list[int], int]]:
+    """One document of at most ``length`` tokens in RULER's ``niah_multiquery`` form: a key-value needle at each
+    of ``MULTIQUERY_DEPTHS`` of the texts' sentences, all asked for in one question, the values last (joined by
+    ``", "``, in the order asked); only they are scored. The haystack is the most sentences that fit."""
+    sentences = split_sentences(" ".join(_texts(texts)))
+    fmt = PromptFormat(tokenizer, chat=False)
+
+    def draft(n: int) -> Draft:
+        return _multiquery_draft(random.Random(f"needle-multiquery:{seed}"), sentences[:n])
+
+    def tokens(n: int) -> int:
+        d = draft(n)
+        return len(fmt.ids(d)) + len(encode(tokenizer, " " + ", ".join(d.answers)))
+
+    n = largest_fitting(tokens, length, len(MULTIQUERY_DEPTHS), len(sentences))
+    if n is None or n < 2 * len(MULTIQUERY_DEPTHS):
+        raise RopeExtendError(
+            f"the needle-multiquery fitness: length {length} is too short for its question and needles"
+        )
+    if n == len(sentences) and tokens(n) < 0.9 * length:
+        raise RopeExtendError(
+            f"the needle-multiquery fitness: the texts ({len(sentences)} sentences, {tokens(n)} tokens with the "
+            f"needles) cannot fill {length} tokens; give longer texts or a smaller factor"
+        )
+    d = draft(n)
+    prompt = fmt.ids(d)
+    return [(prompt + encode(tokenizer, " " + ", ".join(d.answers)), len(prompt))]
+
+
 def documents(tokenizer, texts, length: int, *, fitness: str, seed: int) -> list[tuple[list[int], int]]:
     """The search's documents for ``fitness`` (see the module docstring)."""
-    if check_fitness(fitness) == "text":
+    kind = check_fitness(fitness)
+    if kind == "text":
         return text_documents(tokenizer, texts, length)
+    if kind == "needle-multiquery":
+        return multiquery_documents(tokenizer, texts, length, seed)
     return needle_documents(tokenizer, texts, length, seed)

@@ -47,9 +47,44 @@ def test_text_documents_score_everything_after_the_first_token(made):
 
 def test_refusals(made):
     tok, texts, _ = made
-    with pytest.raises(RopeExtendError, match="fitness must be one of text, needle, got 'answers'"):
+    with pytest.raises(RopeExtendError, match="fitness must be one of text, needle, needle-multiquery, got 'answers'"):
         N.documents(tok, texts, LENGTH, fitness="answers", seed=0)
     with pytest.raises(RopeExtendError, match="the needle fitness at 128 tokens: length 128 is too short for RULER"):
         N.needle_documents(tok, texts, 128, seed=0)
     with pytest.raises(RopeExtendError, match="at least one non-empty document"):
         N.needle_documents(tok, ["  "], LENGTH, seed=0)
+
+
+def test_one_multiquery_document_with_a_needle_at_each_fixed_depth_and_the_values_asked_last(made):
+    import re
+
+    from rope_extend.evaluation.ruler.subtasks import NEEDLE
+
+    tok, texts, _ = made
+    docs = N.documents(tok, texts, 1024, fitness="needle-multiquery", seed=0)
+    assert len(docs) == 1
+    ids, start = docs[0]
+    assert 1024 - 40 < len(ids) <= 1024  # the most sentences that fit: a sentence of slack at most
+    before, answer = tok.decode(ids[:start]), tok.decode(ids[start:])
+    values = answer.strip().split(", ")
+    assert len(values) == len(N.MULTIQUERY_DEPTHS) == 5 and all(len(v) == 7 and v.isdigit() for v in values)
+    asked = re.search(r"The special magic numbers for (.*) mentioned in the provided text are$", before)
+    assert asked is not None
+    keys = asked.group(1).replace(", and ", ", ").split(", ")
+    body = before[: before.index("What are all the special magic numbers")]
+    placed = {}  # where each needle sits in the haystack, as a share of it
+    for key, value in zip(keys, values, strict=True):
+        placed[key] = body.index(NEEDLE.format(kind="numbers", key=key, value=value)) / len(body)
+    depths = sorted(placed.values())
+    assert all(abs(d - want) < 0.08 for d, want in zip(depths, N.MULTIQUERY_DEPTHS, strict=True)), depths
+    assert sorted(placed, key=placed.get) != keys  # asked in another order than placed (seed 0)
+    assert N.multiquery_documents(tok, texts, 1024, seed=0) == docs  # a resume rebuilds the same document
+    assert N.multiquery_documents(tok, texts, 1024, seed=1) != docs
+
+
+def test_multiquery_refusals(made):
+    tok, texts, _ = made
+    with pytest.raises(RopeExtendError, match="needle-multiquery fitness: length 512 is too short"):
+        N.multiquery_documents(tok, texts, 512, seed=0)
+    with pytest.raises(RopeExtendError, match="needle-multiquery fitness: the texts .* cannot fill 4096 tokens"):
+        N.multiquery_documents(tok, texts, 4096, seed=0)

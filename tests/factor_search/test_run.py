@@ -399,3 +399,27 @@ def test_command_line_needle_search_on_the_bundled_model(tmp_path, capsys):
     assert all(f >= 2.0 for f in result["long_factor"][17:]) and all(f <= 2.0 for f in result["long_factor"][:17])
     assert main([*args[:-1], "--fitness", "text", "--resume", "--no-progress"]) == 2
     assert "was run with fitness 'needle', not 'text'" in capsys.readouterr().err
+
+
+def test_the_multiquery_fitness_is_the_perplexity_of_one_document_s_answers(needle_setup):
+    import math
+
+    import torch.nn.functional as F
+
+    from rope_extend.factor_search import evolution, needles
+
+    model, tok, texts = needle_setup
+    options = {"population": 4, "progress": False, "fitness": "needle-multiquery"}  # 16 x 64 = 1024 tokens
+    result = R.search(model, tok, 16.0, texts, max_evaluations=3, **options)
+    assert result.objective == "needle-multiquery"
+    [(ids, start)] = needles.multiquery_documents(tok, texts, 1024, seed=0)
+    factors = evolution.repair(evolution.Space.for_factor(8, 16.0), R.seed_factors("ntk", 16, 10000.0, 16.0, L))
+    rope_extend.patch(model, "longrope", factor=16.0, short_factor=[1.0] * 8, long_factor=factors)
+    try:
+        with torch.no_grad():
+            logits = model(torch.tensor(ids)[None]).logits[0]
+    finally:
+        rope_extend.unpatch(model)
+    nll = F.cross_entropy(logits[start - 1 : -1], torch.tensor(ids[start:]), reduction="mean")
+    assert len(ids) - start > 5 * 7  # five 7-digit values
+    assert result.seeds["ntk"] == pytest.approx(math.exp(float(nll)), rel=1e-5)

@@ -73,9 +73,9 @@ from .sizing import (
     PromptFormat,
     RulerPrompt,
     _draft_fn,  # noqa: F401 (private: the tests reach it here)
-    _fit,  # noqa: F401 (private: the tests reach it here)
     _fit_fwe,  # noqa: F401 (private: the tests reach it here)
     build_prompt,
+    largest_fitting,
     ruler_step,
     sample_rng,
 )
@@ -140,6 +140,7 @@ __all__ = [
     "fwe_counts",
     "fwe_vocab",
     "is_empty",
+    "largest_fitting",
     "postprocess",
     "ruler",
     "ruler_step",

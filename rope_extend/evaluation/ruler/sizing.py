@@ -97,7 +97,7 @@ def _vt_example_units(tokenizer, budget: int) -> int:
         user, prefix, _ = _vt_parts(random.Random("ruler-vt-example"), m, letters=3)
         return len(encode(tokenizer, user + prefix))
 
-    fit = _fit(tokens, budget, 5, None)
+    fit = largest_fitting(tokens, budget, 5, None)
     return fit if fit is not None else 5
 
 
@@ -118,7 +118,7 @@ def _draft_fn(task: str, length: int, budget: int, haystack: Haystack, tokenizer
     return (lambda rng, n: _fwe(rng, n, budget)), 1, None
 
 
-def _fit(measure: Callable[[int], int], budget: int, low: int, high: int | None) -> int | None:
+def largest_fitting(measure: Callable[[int], int], budget: int, low: int, high: int | None) -> int | None:
     """The largest ``n`` in ``[low, high]`` with ``measure(n) <= budget`` (doubling, then bisection: RULER's
     binary search over haystack sizes), or None when even ``low`` is too long."""
     if measure(low) > budget:
@@ -203,7 +203,7 @@ def build_prompt(
 
     # RULER sizes the haystack once per task and length, on one draw (here the draw numbered -1) ...
     sizing = measuring(sample_rng(task, seed, length, -1))
-    n = _fit_fwe(sizing, budget) if task == "fwe" else _fit(sizing, budget, low, high)
+    n = _fit_fwe(sizing, budget) if task == "fwe" else largest_fitting(sizing, budget, low, high)
     fresh = sample_rng(task, seed, length, sample)
     measure = measuring(fresh)
 
