@@ -300,9 +300,11 @@ class _Items(argparse.Action):
         setattr(namespace, self.dest, items)
 
 
-class _FlagOrChoice(argparse.BooleanOptionalAction):
-    """``--x`` (true), ``--x VALUE`` (one of the field's Literal values, ``allowed``) or ``--no-x`` (false): a
-    bool field that may also name which one (``card --engine``, ``--engine vllm``).
+class _FlagOrChoice(argparse.Action):
+    """``--x`` (true) or ``--x VALUE`` (one of the field's Literal values, ``allowed``): a bool field that may
+    also name which one (``card --engine``, ``--engine vllm``); ``add_arguments`` adds ``--no-x`` (false) as an
+    option of its own, so that the help shows it without a value (argparse writes an action's value after each
+    of its option strings: ``--no-engine [{llama.cpp,vllm}]``).
 
     argparse gives an optional value the next word whatever it is, so ``card --engine bundled`` read the model
     as an engine name; a word that is none of ``allowed`` is refused here, naming them and saying where the bare
@@ -310,16 +312,10 @@ class _FlagOrChoice(argparse.BooleanOptionalAction):
     positional argument (a misspelt engine would then be read as a model)."""
 
     def __init__(self, option_strings, dest, allowed: tuple = (), **kwargs):
-        super().__init__(option_strings, dest, **kwargs)
-        self.nargs = "?"
+        super().__init__(option_strings, dest, nargs="?", **kwargs)
         self.allowed = tuple(allowed)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        if option_string is not None and option_string.startswith("--no-"):
-            if values is not None:
-                raise argparse.ArgumentError(self, f"{option_string} takes no value, got {values!r}")
-            setattr(namespace, self.dest, False)
-            return
         if values is not None and values not in self.allowed:
             names = " or ".join(map(str, self.allowed))
             flag = option_string or self.option_strings[0]
@@ -370,14 +366,20 @@ def add_arguments(parser: argparse.ArgumentParser, cls) -> None:
             if default is not None and keywords.get("action") not in (argparse.BooleanOptionalAction, _FlagOrChoice):
                 shown = ",".join(map(str, default)) if isinstance(default, list) else default
                 text += f" (default: {shown})"
+        flag = "--" + f.name.replace("_", "-")
         parser.add_argument(
-            "--" + f.name.replace("_", "-"),
+            flag,
             dest=f.name,
             default=argparse.SUPPRESS,  # absent: the dataclass default applies
             required=required,
             help=text.replace("%", "%%"),
             **keywords,
         )
+        if keywords.get("action") is _FlagOrChoice:
+            off = "--no-" + flag[2:]
+            parser.add_argument(
+                off, dest=f.name, action="store_false", default=argparse.SUPPRESS, help=f"turn {flag} off"
+            )
 
 
 def arguments_data(args: argparse.Namespace, cls) -> dict[str, Any]:

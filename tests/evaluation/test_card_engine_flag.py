@@ -42,3 +42,15 @@ def test_a_word_after_engine_that_is_no_engine_is_refused_in_one_line(tmp_path, 
     assert f"--engine takes llama.cpp or vllm, not {word!r}; {HOW} (rope-extend card MODEL --engine ...)" in err
     assert "or name one (--engine llama.cpp)" in err
     assert not out.exists()
+
+
+def test_the_help_shows_no_engine_without_a_value_and_a_value_after_it_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["card", "--help"])
+    shown = capsys.readouterr().out
+    assert "[--engine [{llama.cpp,vllm}]] [--no-engine]" in shown
+    assert "  --no-engine           turn --engine off" in shown and "--no-engine [" not in shown
+    with pytest.raises(SystemExit) as refused:  # argparse's own refusal
+        main(["card", "bundled", "--no-engine", "vllm", "--out", "o"])
+    assert refused.value.code == 2
+    assert "unrecognized arguments: vllm" in capsys.readouterr().err
