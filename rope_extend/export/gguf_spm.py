@@ -172,14 +172,24 @@ def special_ends(tokenizer) -> tuple[bool, bool]:
     )
 
 
+def check_added_flags(token: dict) -> None:
+    """Refuse an added token that strips the spaces beside it (``lstrip``, ``rstrip``) or matches only as a whole
+    word (``single_word``): a GGUF has no place for these flags, and llama.cpp (0.3.36) then splits the text
+    around the token otherwise than transformers, silently (``"a <|x|> b"`` with ``lstrip`` keeps the space as
+    a token of its own)."""
+    if token.get("lstrip") or token.get("rstrip") or token.get("single_word"):
+        raise _refuse(
+            f"the added token {token.get('content')!r} strips spaces or matches whole words, which llama.cpp does not"
+        )
+
+
 def _texts(vocab: dict, added: dict[int, dict]) -> dict[str, int]:
     """Every token text and its id, added tokens included; refused where llama.cpp would match an added token
     elsewhere than transformers does, or where an id has two texts."""
     texts = {str(text): int(i) for text, i in vocab.items()}
     for i, token in added.items():
         content = token["content"]
-        if token.get("lstrip") or token.get("rstrip") or token.get("single_word"):
-            raise _refuse(f"the added token {content!r} strips spaces or matches whole words, which llama.cpp does not")
+        check_added_flags(token)
         if token.get("normalized") and (" " in content or SPACE in content):
             raise _refuse(f"the added token {content!r} is matched after normalization, unlike llama.cpp")
         if texts.setdefault(content, i) != i:

@@ -271,6 +271,8 @@ def _gpt2_metadata(tokenizer, data: dict, vocab_size: int, pre: str | None) -> d
         )
     by_id = {i: t for t, i in model["vocab"].items()}
     added = {t["id"]: t for t in data.get("added_tokens", [])}
+    for token in added.values():
+        gguf_spm.check_added_flags(token)
     tokens, types = [], []
     for i in range(vocab_size):
         if i in added:
