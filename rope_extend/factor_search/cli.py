@@ -11,7 +11,7 @@ def _cmd_search(args) -> int:
     from ..errors import RopeExtendError
     from ..loading import load_model, load_tokenizer
     from ..methods.longrope import critical_dimension
-    from .run import claim, geometry, search
+    from .run import check_critical_pair, claim, geometry, search
 
     if args.data is None:
         if args.model != "bundled":
@@ -21,15 +21,19 @@ def _cmd_search(args) -> int:
         texts = bundled.eval_texts()[:4]  # the held-out chronicles 0-3; 4-7 stay unseen for evaluation
     else:
         texts = read_documents(args.data, text_field=args.text_field, max_docs=args.max_docs)
+    check_critical_pair(args.critical_pair, args.space)
     claim(args.out, resume=args.resume, overwrite=args.overwrite, check_only=True)  # refused before the model loads
     model = load_model(args.model, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code)
     tokenizer = load_tokenizer(args.model, trust_remote_code=args.trust_remote_code)
     dim, base, L = geometry(model)
     critical = critical_dimension(dim, base, L)
+    check_critical_pair(args.critical_pair, args.space, dim)
+    pair = critical // 2 if args.critical_pair is None else args.critical_pair
+    split = "it" if args.critical_pair is None else f"pair {pair} (--critical-pair)"
     print(
         f"critical dimension (LongRoPE2): {critical} of {dim} (frequency pair {critical // 2}; rotary base {base:g}, "
         f"trained length {L}); search bounds: "
-        + (f"[{args.factor:g}, 2 x {args.factor:g}] from it on, NTK scaling from it below it"
+        + (f"[{args.factor:g}, 2 x {args.factor:g}] from {split} on, NTK scaling below it"
            if args.space == "longrope2" else f"[1, 1.25 x {args.factor:g}] for every pair"),
         file=sys.stderr,
     )  # fmt: skip
@@ -48,6 +52,7 @@ def _cmd_search(args) -> int:
         progress=args.progress,
         fitness=args.fitness,
         space=args.space,
+        critical_pair=args.critical_pair,
     )
     print(
         json.dumps(
@@ -104,6 +109,12 @@ def register(subparsers) -> None:
         default="longrope",
         help="the factors' bounds: longrope [1, 1.25 s] for every pair; longrope2 split at the critical dimension, "
         "[s, 2 s] from it on and NTK scaling from its factor below it (LongRoPE2). Default longrope",
+    )
+    p.add_argument(
+        "--critical-pair",
+        type=int,
+        help="with --space longrope2: the frequency pair the split is at, instead of the computed critical "
+        "dimension's (LongRoPE2's authors pass theirs by hand, often 2-6 pairs below it)",
     )
     add_folder_arguments(p, "search")
     add_model_arguments(p, model=None, dtype="float32")

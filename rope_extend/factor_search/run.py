@@ -28,7 +28,8 @@ The fitness and the bounds are part of the saved settings: a resume with another
 Not implemented: the paper's "start tokens" (the first positions kept unscaled need position-dependent
 frequencies, which ``patch`` does not apply), and LongRoPE2's search of the critical dimension itself (its
 Algorithm 1 draws candidates between the pair with ten theoretical periods in ``L`` and the computed one; the
-authors' scripts pass one by hand); here the split is at the computed one.
+authors' scripts pass one by hand); here the split is at the computed one, or at the pair ``critical_pair``
+names (``--critical-pair``, the authors' ``--critical-dim``, which counts pairs too).
 """
 
 from __future__ import annotations
@@ -304,20 +305,25 @@ def search(
     progress: bool = True,
     fitness: str = "text",
     space: str = "longrope",
+    critical_pair: int | None = None,
 ) -> SearchResult:
     """Search LongRoPE factors for ``model`` at ``factor`` x its trained length on ``texts`` (see the module
     docstring). ``max_evaluations`` / ``max_seconds``: the budget (at least one). ``out``: a folder for the state
     (``search_state.json``), the result (``longrope.json``) and the report (``report.md``, ``search.png``);
     ``resume`` continues the state found there, ``overwrite`` replaces an earlier search there (a folder
     rope-extend did not make is never touched). ``fitness``: ``text`` or ``needle``; ``space``: ``longrope`` or
-    ``longrope2`` (the bounds; see the module docstring). ``upper``: the largest factor as a multiple of ``factor``
+    ``longrope2`` (the bounds; see the module docstring); ``critical_pair``: with ``longrope2``, the frequency pair
+    the split is at instead of the computed critical dimension's (as the authors' ``--critical-dim``). ``upper``:
+    the largest factor as a multiple of ``factor``
     (default 1.25 for ``longrope``, LongRoPE's; 2 for ``longrope2``, LongRoPE2's).
     The model is left as it was (unpatched)."""
-    _check_search(model, max_evaluations, max_seconds, population, fitness, space)
+    _check_search(model, max_evaluations, max_seconds, population, fitness, space, critical_pair=critical_pair)
     dim, base, L = geometry(model)
     critical = critical_dimension(dim, base, L)
+    split = check_critical_pair(critical_pair, space, dim)
     if space == "longrope2":
-        bounds = evolution.Space.for_critical(dim // 2, factor, critical // 2, 2.0 if upper is None else upper)
+        pair = critical // 2 if split is None else split
+        bounds = evolution.Space.for_critical(dim // 2, factor, pair, 2.0 if upper is None else upper)
     else:
         bounds = evolution.Space.for_factor(dim // 2, factor, 1.25 if upper is None else upper)
     length = round(float(factor) * L)
@@ -327,6 +333,7 @@ def search(
         model, docs, factor=float(factor), dim=dim, base=base, length=length, population=population, seed=seed,
         fitness=fitness, space=space,
     )  # fmt: skip
+    settings["critical_pair"] = split
     head = hf_head.lm_head(model, decoder=True)
     device = next(model.parameters()).device
     ids = [(torch.tensor(d, device=device), start) for d, start in docs]
@@ -360,12 +367,27 @@ def search(
     return result
 
 
-def _check_search(model, max_evaluations, max_seconds, population, fitness: str, space: str) -> None:
+def check_critical_pair(critical_pair, space: str, dim: int | None = None) -> int | None:
+    """``critical_pair`` checked: None, or with the ``longrope2`` space a frequency pair ``0 <= p < dim / 2``."""
+    if critical_pair is None:
+        return None
+    if space != "longrope2":
+        raise RopeExtendError(f"critical_pair sets where the longrope2 space splits; the {space} space has no split")
+    top = "" if dim is None else f" and < {dim // 2} (the model's frequency pairs)"
+    if not isinstance(critical_pair, int) or isinstance(critical_pair, bool) or critical_pair < 0:
+        raise RopeExtendError(f"critical_pair must be an integer >= 0{top}, got {critical_pair!r}")
+    if dim is not None and critical_pair >= dim // 2:
+        raise RopeExtendError(f"critical_pair must be an integer >= 0{top}, got {critical_pair!r}")
+    return critical_pair
+
+
+def _check_search(model, max_evaluations, max_seconds, population, fitness: str, space: str, *, critical_pair) -> None:
     """Everything ``search`` refuses before it reads the model's geometry or the texts."""
     _check_budget(max_evaluations, max_seconds, population)
     check_fitness(fitness)
     if space not in SPACES:
         raise RopeExtendError(f"space must be one of {', '.join(SPACES)}, got {space!r}")
+    check_critical_pair(critical_pair, space)
     if patched(model) is not None:
         raise RopeExtendError("the model is already patched: unpatch it first; the search patches it itself")
 

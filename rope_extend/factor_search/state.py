@@ -10,7 +10,7 @@ from ..errors import RopeExtendError
 
 MAX_STATE = 64 << 20  # bytes of a saved state: a pool and history of thousands of evaluations fit in a few MiB
 # settings a state written before they were recorded was searched with (so such a search still resumes)
-LEGACY_SETTINGS = {"fitness": "text", "space": "longrope"}
+LEGACY_SETTINGS = {"fitness": "text", "space": "longrope", "critical_pair": None}
 
 
 def _number(x) -> bool:

@@ -423,3 +423,22 @@ def test_the_multiquery_fitness_is_the_perplexity_of_one_document_s_answers(need
     nll = F.cross_entropy(logits[start - 1 : -1], torch.tensor(ids[start:]), reduction="mean")
     assert len(ids) - start > 5 * 7  # five 7-digit values
     assert result.seeds["ntk"] == pytest.approx(math.exp(float(nll)), rel=1e-5)
+
+
+def test_a_critical_pair_given_moves_the_split_and_is_part_of_the_settings(setup, tmp_path):
+    result = run(setup, max_evaluations=6, space="longrope2", critical_pair=2, out=tmp_path / "s")
+    top = result.long_factor[2]  # searched in [s, 2 s] from pair 2 on (the computed split is pair 3)
+    assert all(2.0 <= f <= 4.0 for f in result.long_factor[2:])
+    assert result.long_factor[:2] == pytest.approx([top ** (i / 2) for i in range(2)], abs=1e-6)
+    assert result.critical == 6  # the computed one, still reported
+    assert json.loads((tmp_path / "s" / R.RESULT).read_text())["settings"]["critical_pair"] == 2
+    with pytest.raises(RopeExtendError, match=r"other settings \(critical_pair: 2 there, None now\)"):
+        run(setup, max_evaluations=8, space="longrope2", out=tmp_path / "s", resume=True)
+    resumed = run(setup, max_evaluations=8, space="longrope2", critical_pair=2, out=tmp_path / "s", resume=True)
+    assert resumed.history[:6] == result.history
+    with pytest.raises(RopeExtendError, match="the longrope space has no split"):
+        run(setup, critical_pair=2)
+    with pytest.raises(RopeExtendError, match=r"critical_pair must be an integer >= 0 and < 8 .*, got 8"):
+        run(setup, space="longrope2", critical_pair=8)
+    with pytest.raises(RopeExtendError, match=r"critical_pair must be an integer >= 0, got -1"):
+        run(setup, space="longrope2", critical_pair=-1)
