@@ -101,7 +101,7 @@ def register(subparsers) -> None:
         help="text: perplexity of the texts at the target length (LongRoPE); needle: perplexity of the answer "
         "tokens of passkey and RULER key-value needles at several depths of documents built from the texts "
         "(LongRoPE2), six documents an evaluation; needle-multiquery: the same with one document an evaluation, "
-        "four RULER key-value needles asked for together (a sixth of the cost). Default text",
+        "five RULER key-value needles asked for together (a sixth of the cost). Default text",
     )
     p.add_argument(
         "--space",

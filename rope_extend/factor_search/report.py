@@ -10,7 +10,7 @@ from ..io import atomic_path, write_text
 WHAT = {  # the fitness kinds (``needles.FITNESSES``), as the report names them
     "text": "perplexity of the search texts",
     "needle": "perplexity of the needles' answer tokens (passkey and RULER key-value, several depths)",
-    "needle-multiquery": "perplexity of the needles' answer tokens (one RULER niah_multiquery document, four "
+    "needle-multiquery": "perplexity of the needles' answer tokens (one RULER niah_multiquery document, five "
     "key-value needles)",
 }
 

@@ -116,15 +116,18 @@ def geometry(model) -> tuple[int, float, int]:
     return dim, base, original_length(config)
 
 
-def _settings(model, docs, *, factor, dim, base, length, population, seed, fitness, space) -> dict[str, Any]:
+def _settings(
+    model, docs, *, factor, dim, base, length, population, seed, fitness, space, critical_pair
+) -> dict[str, Any]:
     """What a resumed search must share with the saved one: the model, the scaling and geometry, a digest of the
-    documents (token ids; with the needle fitness, each one's first scored index too), the fitness and bounds,
-    and the search's own settings."""
+    documents (token ids; with the needle fitness, each one's first scored index too), the fitness and bounds
+    (the critical pair given, or None), and the search's own settings."""
     ids = [d for d, _ in docs] if fitness == "text" else docs  # the text digest is the one states always had
     digest = hashlib.sha1(json.dumps(ids).encode()).hexdigest()[:16]
     name = getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__
     return {"model": str(name), "factor": factor, "dim": dim, "base": base, "target_length": length,
-            "texts": digest, "population": population, "seed": seed, "fitness": fitness, "space": space}  # fmt: skip
+            "texts": digest, "population": population, "seed": seed, "fitness": fitness, "space": space,
+            "critical_pair": critical_pair}  # fmt: skip
 
 
 class _Run:
@@ -311,7 +314,7 @@ def search(
     docstring). ``max_evaluations`` / ``max_seconds``: the budget (at least one). ``out``: a folder for the state
     (``search_state.json``), the result (``longrope.json``) and the report (``report.md``, ``search.png``);
     ``resume`` continues the state found there, ``overwrite`` replaces an earlier search there (a folder
-    rope-extend did not make is never touched). ``fitness``: ``text`` or ``needle``; ``space``: ``longrope`` or
+    rope-extend did not make is never touched). ``fitness``: ``text``, ``needle`` or ``needle-multiquery``; ``space``: ``longrope`` or
     ``longrope2`` (the bounds; see the module docstring); ``critical_pair``: with ``longrope2``, the frequency pair
     the split is at instead of the computed critical dimension's (as the authors' ``--critical-dim``). ``upper``:
     the largest factor as a multiple of ``factor``
@@ -331,9 +334,8 @@ def search(
     check_reachable(model, length, cache=False)
     settings = _settings(
         model, docs, factor=float(factor), dim=dim, base=base, length=length, population=population, seed=seed,
-        fitness=fitness, space=space,
+        fitness=fitness, space=space, critical_pair=split,
     )  # fmt: skip
-    settings["critical_pair"] = split
     head = hf_head.lm_head(model, decoder=True)
     device = next(model.parameters()).device
     ids = [(torch.tensor(d, device=device), start) for d, start in docs]
@@ -374,9 +376,12 @@ def check_critical_pair(critical_pair, space: str, dim: int | None = None) -> in
     if space != "longrope2":
         raise RopeExtendError(f"critical_pair sets where the longrope2 space splits; the {space} space has no split")
     top = "" if dim is None else f" and < {dim // 2} (the model's frequency pairs)"
-    if not isinstance(critical_pair, int) or isinstance(critical_pair, bool) or critical_pair < 0:
-        raise RopeExtendError(f"critical_pair must be an integer >= 0{top}, got {critical_pair!r}")
-    if dim is not None and critical_pair >= dim // 2:
+    if (
+        not isinstance(critical_pair, int)
+        or isinstance(critical_pair, bool)
+        or critical_pair < 0
+        or (dim is not None and critical_pair >= dim // 2)
+    ):
         raise RopeExtendError(f"critical_pair must be an integer >= 0{top}, got {critical_pair!r}")
     return critical_pair
 
