@@ -133,8 +133,14 @@ def multiquery_documents(tokenizer, texts, length: int, seed: int) -> list[tuple
         d = draft(n)
         return len(fmt.ids(d)) + len(encode(tokenizer, " " + ", ".join(d.answers)))
 
+    fewest = 2 * len(MULTIQUERY_DEPTHS)  # sentences, so that the needles' depths stay apart
+    if len(sentences) < fewest:
+        raise RopeExtendError(
+            f"the needle-multiquery fitness: the texts have {len(sentences)} sentences, it needs at least {fewest} "
+            "around its needles; give longer texts"
+        )
     n = largest_fitting(tokens, length, len(MULTIQUERY_DEPTHS), len(sentences))
-    if n is None or n < 2 * len(MULTIQUERY_DEPTHS):
+    if n is None or n < fewest:
         raise RopeExtendError(
             f"the needle-multiquery fitness: length {length} is too short for its question and needles"
         )

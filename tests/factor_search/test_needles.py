@@ -86,5 +86,7 @@ def test_multiquery_refusals(made):
     tok, texts, _ = made
     with pytest.raises(RopeExtendError, match="needle-multiquery fitness: length 512 is too short"):
         N.multiquery_documents(tok, texts, 512, seed=0)
+    with pytest.raises(RopeExtendError, match="the texts have 2 sentences, it needs at least 10 around its needles"):
+        N.multiquery_documents(tok, ["Short text. Only two sentences."], 1024, seed=0)
     with pytest.raises(RopeExtendError, match="needle-multiquery fitness: the texts .* cannot fill 4096 tokens"):
         N.multiquery_documents(tok, texts, 4096, seed=0)
