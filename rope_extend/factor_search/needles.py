@@ -33,7 +33,7 @@ from ..errors import RopeExtendError
 from ..evaluation import ruler_words
 from ..evaluation.prompts import encode, passkey_prompt, split_sentences
 from ..evaluation.ruler.sizing import Haystack, PromptFormat, build_prompt, largest_fitting
-from ..evaluation.ruler.subtasks import NEEDLE, NIAH_PREFIX, NIAH_TEMPLATE, Draft
+from ..evaluation.ruler.subtasks import NEEDLE, Draft, niah_question
 from .choices import FITNESSES
 
 PASSKEY_DEPTHS = (0.1, 0.5, 0.9)
@@ -114,9 +114,7 @@ def _multiquery_draft(rng: random.Random, sentences: list[str]) -> Draft:
         last = cut
     context = " ".join(parts + sentences[last:])
     asked = rng.sample(keys, len(keys))  # asked in another order than placed, as RULER asks
-    query = ", ".join(asked[:-1]) + ", and " + asked[-1]
-    user = NIAH_TEMPLATE.replace("{context}", "\0").format(kind="numbers", query=query).replace("\0", context)
-    return Draft(user, NIAH_PREFIX.format(kind="numbers", query=query), [values[k] for k in asked])
+    return niah_question(context, "numbers", asked, [values[k] for k in asked])
 
 
 def multiquery_documents(tokenizer, texts, length: int, seed: int) -> list[tuple[list[int], int]]:

@@ -155,11 +155,16 @@ def _niah(spec: Niah, rng: random.Random, n: int, words: Sequence[str]) -> Draft
             lines.insert(at, needle)
         context = "\n".join(lines)
     chosen = rng.sample(range(n_keys), spec.queries)
-    queries = [keys[i] for i in chosen]
     answers = [v for i in chosen for v in values[i]]
+    return niah_question(context, spec.value, [keys[i] for i in chosen], answers)
+
+
+def niah_question(context: str, kind: str, queries: Sequence[str], answers: list[str]) -> Draft:
+    """RULER's niah question about ``context``: the ``kind`` (``"numbers"``, ...) for the keys ``queries``, in
+    their order ("a, b, and c"), worded in the singular when one key has one value."""
     query = ", ".join(queries[:-1]) + ", and " + queries[-1] if len(queries) > 1 else queries[0]
-    template, prefix, kind = NIAH_TEMPLATE, NIAH_PREFIX, spec.value
-    if spec.queries * spec.values == 1:
+    template, prefix = NIAH_TEMPLATE, NIAH_PREFIX
+    if len(answers) == 1:
         template, prefix, kind = _singular(template), _singular(prefix), kind[:-1]
     user = template.replace("{context}", "\0").format(kind=kind, query=query).replace("\0", context)
     return Draft(user, prefix.format(kind=kind, query=query), answers)
