@@ -356,13 +356,17 @@ def test_params_from_reads_a_search_result_beside_the_suite(tiny_dir, tmp_path):
     refused("same length", params_from="short.json")
 
 
-def test_the_shipped_longrope_suite_holds_the_committed_search_result():
-    """smollm2-32k-longrope copies the factors of eval/reports/smollm2-longrope-search/longrope.json."""
-    result = Path(__file__).parents[2] / "eval" / "reports" / "smollm2-longrope-search" / "longrope.json"
+@pytest.mark.parametrize(
+    ("suite", "search"),
+    [("smollm2-32k-longrope", "smollm2-longrope-search"), ("smollm2-32k-longrope2", "smollm2-longrope2-search")],
+)
+def test_the_shipped_longrope_suites_hold_the_committed_search_results(suite, search):
+    """Each shipped LongRoPE suite copies the factors of its search's eval/reports/<search>/longrope.json."""
+    result = Path(__file__).parents[2] / "eval" / "reports" / search / "longrope.json"
     if not result.is_file():
         pytest.skip("the search report is in the repository, not in an installed package")
     searched = json.loads(result.read_text())
-    (method,) = [m for m in load_suite("smollm2-32k-longrope").methods if m.method == "longrope"]
+    (method,) = [m for m in load_suite(suite).methods if m.method == "longrope"]
     assert method.factor == searched["factor"]
     assert method.params == {k: searched[k] for k in ("short_factor", "long_factor")}
 
