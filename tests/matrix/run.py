@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import multiprocessing
 import os
@@ -398,3 +399,31 @@ def run_all(selected: list[C.Cell]) -> dict[C.Cell, Outcome]:
         with concurrent.futures.ProcessPoolExecutor(min(workers(), len(order)), mp_context=context) as pool:
             results = list(pool.map(_run_group, order))
     return {cell: outcome for group in results for cell, outcome in group}
+
+
+@functools.cache
+def flex_off_eager() -> str | None:
+    """Why transformers' own FlexAttention cannot be a reference on this machine, or None when it can: the plain
+    tiny Llama (no rope-extend) under ``flex_attention`` against ``eager``, one forward at each of the matrix's
+    lengths. Measured on an AVX2-only CPU (AMD EPYC, torch 2.13.0's inductor CPU kernels), without rope-extend: off
+    by 0.34 of the largest logit at 40 tokens and NaN at 56 in one process, within 3.2e-7 at 41, 48 and 64, and
+    beam search crashing in FlexAttention's block mask in some orders; on the machines the page was made on, every
+    flex_attention cell ran exact."""
+    torch.manual_seed(0)
+    for length in sorted({C.PROMPT, C.PROMPT + C.NEW, C.FORWARD, C.FORWARD + C.EXTRA}):
+        ids = torch.randint(3, 200, (1, length))
+        try:
+            with torch.no_grad(), quiet():
+                want = R.model("llama", "eager")(ids).logits
+                got = R.model("llama", "flex_attention")(ids).logits
+        except Exception as exc:  # noqa: BLE001 - any failure of transformers' FlexAttention here is the answer
+            return (
+                f"transformers' FlexAttention fails on this machine without rope-extend ({type(exc).__name__}: {exc})"
+            )
+        error = ((got - want).abs().max() / want.abs().max()).item()
+        if not error <= TOLERANCE:
+            return (
+                f"transformers' FlexAttention is off eager on this machine without rope-extend ({error:.2g} of the "
+                f"largest logit at {length} tokens, tolerance {TOLERANCE:g}): torch's CPU kernels, not rope-extend"
+            )
+    return None

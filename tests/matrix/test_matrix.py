@@ -21,7 +21,7 @@ import pytest
 import rope_extend
 from tests.matrix import cells as C
 from tests.matrix import table
-from tests.matrix.run import run_all
+from tests.matrix.run import Outcome, flex_off_eager, run_all
 
 pytestmark = pytest.mark.matrix
 
@@ -60,8 +60,11 @@ def outcomes(request):
             wanted.update(dict.fromkeys(c for c in CELLS if (c.shape, c.implementation, c.variant) == params["row"]))
         elif params and "cell" in params:
             wanted[params["cell"]] = None
+    skipped = {}
+    if (why := flex_off_eager()) is not None:  # not a reference here: its cells are left out, said in the log
+        skipped = {c: Outcome("not run", why) for c in wanted if c.implementation == "flex_attention"}
     started = time.perf_counter()
-    found = run_all(list(wanted))
+    found = run_all([c for c in wanted if c not in skipped]) | skipped
     counts = Counter(o.status for o in found.values())
     compiled = [o for c, o in found.items() if c.mode == "compile" and o.status in ("exact", "failed", "refused")]
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
@@ -88,6 +91,8 @@ def problems(cells: list[C.Cell], outcomes: dict) -> list[str]:
 
 @pytest.mark.parametrize("row", ROWS, ids=["-".join(row) for row in ROWS])
 def test_row(row, outcomes):
+    if row[1] == "flex_attention" and (why := flex_off_eager()) is not None:
+        pytest.skip(why)
     cells = [c for c in CELLS if (c.shape, c.implementation, c.variant) == row and c.mode != "compile"]
     found = problems(cells, outcomes)
     assert not found, "\n".join(found)
@@ -109,7 +114,9 @@ def test_docs_page_is_current(outcomes, tmp_path_factory):
         count=1,
     )
     rendered = table.render({c: outcomes[c] for c in CELLS})
-    if rendered != page:
+    # where FlexAttention is no reference (run.flex_off_eager), the page's other entries are checked
+    broken = flex_off_eager() is not None
+    if (_without_flex(rendered) != _without_flex(page)) if broken else (rendered != page):
         new = tmp_path_factory.mktemp("matrix") / "combinations.md"
         new.write_text(rendered)
         pytest.fail(
@@ -132,3 +139,16 @@ def test_the_rows_follow_the_registries():
     assert set(ALL_CACHE_IMPLEMENTATIONS) < set(C.caches())
     # the sample COMPILE_RULE states: every variant on llama, three on each other shape
     assert len(COMPILED) == len(C.variants()) + 3 * (len(C.SHAPES) - 1)
+
+
+def _without_flex(page: str) -> list[tuple[str, ...]]:
+    """The page's table entries of eager and sdpa only, one ``(shape, variant, implementation, entries)`` each
+    (merged rows split), for a machine where FlexAttention is no reference (``run.flex_off_eager``)."""
+    shape, entries = "", []
+    for line in page.splitlines():
+        if line.startswith("## "):
+            shape = line[3:]
+        elif line.startswith("| ") and not line.startswith("| method "):
+            variant, implementations, *codes = (cell.strip() for cell in line.strip("|").split("|"))
+            entries += [(shape, variant, i, *codes) for i in implementations.split(", ") if i != "flex_attention"]
+    return entries
