@@ -14,6 +14,7 @@ import json
 import math
 import os
 import stat
+import warnings
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
@@ -311,8 +312,24 @@ def read_records(path: str | os.PathLike) -> list[dict]:
 
 def earlier_records(sources: Collection[str | os.PathLike]) -> list[dict]:
     """The records of every source (see ``read_records``), read and checked: a command reads them before it
-    loads a model, so that a bad source fails first, and hands them to ``import_records`` once it writes."""
-    return [record for source in sources for record in read_records(source)]
+    loads a model, so that a bad source fails first, and hands them to ``import_records`` once it writes.
+
+    A source whose records lack ``model_digest`` (written before a record's setting named the model's weights,
+    config and dtype) is said so in a warning: no run reuses such a record, whatever model it measures, so its
+    trials are measured again rather than silently not reused."""
+    found: list[dict] = []
+    for source in sources:
+        records = read_records(source)
+        unnamed = sum("model_digest" not in record for record in records)
+        if unnamed:
+            warnings.warn(
+                f"{source}: {unnamed} of {len(records)} records were written before a record named its model's "
+                "digest; they are kept with this run's records but never reused, so their trials and documents "
+                "are measured again",
+                stacklevel=2,
+            )
+        found += records
+    return found
 
 
 def import_records(target: str | os.PathLike, records: Collection[dict]) -> int:

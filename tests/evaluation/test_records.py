@@ -1,13 +1,14 @@
 """Records are checked by type when read: an edited or damaged record is refused with its file and line."""
 
 import json
+import warnings
 
 import pytest
 
 from rope_extend.cli import main
 from rope_extend.errors import RopeExtendError
 from rope_extend.evaluation.passkey import passkey
-from rope_extend.evaluation.records import RecordLog, read_records
+from rope_extend.evaluation.records import RecordLog, earlier_records, read_records
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +52,20 @@ def test_the_records_as_written_are_read_back(records, tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"task": "passk')  # a cut line is skipped
     assert read_records(path) == records
     assert isinstance(records[0]["prediction"], (int, type(None))) and isinstance(records[0]["correct"], bool)
+
+
+def test_records_written_before_the_model_digest_are_named_in_a_warning(records, tmp_path):
+    """Such records are never reused (their setting lacks the digest): a run says so instead of measuring them
+    again in silence (the committed eval/reports/smollm2-32k-eval is such a source)."""
+    old = [{k: v for k, v in r.items() if k != "model_digest"} for r in records[:1]] + records[1:]
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in old))
+    with pytest.warns(UserWarning, match=r"records\.jsonl: 1 of 2 records were written before .* measured again"):
+        assert earlier_records([path]) == old
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert earlier_records([path]) == records
 
 
 def _cli(tmp_path, source, capsys):
