@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -133,11 +134,19 @@ class ScalingRequest:
         return {**{k: getattr(self, k) for k in AMOUNTS}, **self.params}
 
     def apply(self, model) -> None:
-        """Patch ``model`` with this scaling (nothing for ``none``)."""
+        """Patch ``model`` with this scaling. ``none`` leaves the model as loaded, except one that ships
+        transformers' ``longrope``: it runs with rope-extend's, the same rope, whose cached keys are turned when the
+        factors switch at ``L`` (``shipped_switch``; said on stderr)."""
         if self.scales:
             from .patching import patch  # here: reading a request (the command line's --help) loads no model code
 
             patch(model, self.method, **self.patch_kwargs())
+            return
+        from .shipped_switch import exact_shipped_switch
+
+        said = exact_shipped_switch(model)
+        if said is not None:
+            print(f"rope-extend: {said}", file=sys.stderr)
 
     def describe(self) -> str:
         """``yarn x4``, ``yarn to 32768``, ``self_extend`` (an attention method without a target), ``none``."""

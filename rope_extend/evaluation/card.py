@@ -48,6 +48,7 @@ from ..hf.reading import text_config
 from ..io import write_json, write_text
 from ..loading import load_model, load_tokenizer, model_config
 from ..patching import patch, unpatch
+from ..shipped_switch import exact_shipped_switch
 from .card_measurements import Measurements, check_engine, decide_measurements, default_lengths  # noqa: F401 (default_lengths: importable from here, as before)
 from .card_options import CardOptions
 from .card_writing import SERVED, figure, markdown
@@ -210,6 +211,10 @@ def card(
     model = _model(model_name, dtype)
     if method != "none":
         patch(model, method, **(scaling_kwargs or {}))
+    else:  # as loaded; a shipped longrope runs with its cached keys turned at the switch (shipped_switch)
+        said = exact_shipped_switch(model)
+        if said is not None:
+            print(f"rope-extend card: {said}", file=sys.stderr)
     plan = decide_measurements(model, tok, model_name, options)
     for line in plan.left_out:  # before anything is measured: what this card will not hold, and why
         print(f"rope-extend card: leaves out {line}", file=sys.stderr)

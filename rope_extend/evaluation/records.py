@@ -60,8 +60,13 @@ def run_info(model, extra: dict[str, Any] | None = None) -> dict[str, Any]:
 
     if is_engine(model):  # a served file: its digest and the engine name it
         return {**model.info(), **(extra or {})}
+    from ..shipped_switch import config_run
+
     scaling, source = patched(model), "patch"
-    if scaling is None:
+    shipped = config_run(model)  # the config's longrope, run with its cached keys turned
+    if shipped is not None:
+        scaling, source = shipped, "config"
+    elif scaling is None:
         scaling, source = _config_scaling(model), "config"
     info: dict[str, Any] = {
         "model": str(getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__),

@@ -10,6 +10,8 @@ from __future__ import annotations
 # on a model
 PATCH_STATE = "_rope_extend_state"  # the model ``patch`` patched: its ``hf.installed.Installed`` (undone by unpatch)
 DIGEST = "_rope_extend_digest"  # evaluation.identity: (key, digest) of the weights, computed once per model
+# shipped_switch: (the Installed patch it made, the scaling the config named before): a run of the config's own scaling
+SHIPPED_SWITCH = "_rope_extend_shipped_switch"
 # transformers' own GenerationMixin methods, shadowed on the instance by hf.generation (5.17 and 5.24): the one
 # that builds MaxLengthCriteria, and the one generate calls before each forward
 STOPPING_CRITERIA = "_get_stopping_criteria"
