@@ -20,6 +20,9 @@ model run with the scaling it ships.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+
 import torch
 from torch import nn
 
@@ -46,6 +49,17 @@ def _ships_switch(config) -> dict | None:
             )
         return None
     return params
+
+
+@contextlib.contextmanager
+def _quiet():
+    log = logging.getLogger("rope_extend")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _rotary(model: nn.Module, positions: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -76,7 +90,8 @@ def exact_shipped_switch(model: nn.Module) -> str | None:
     shipped_scaling = config_scaling(config)
     shipped = [_rotary(model, L), _rotary(model, L + 1)]
     target = round(float(factor) * L)  # a factor counts from the shipped context, which is not L here
-    patch(model, SWITCHING, target_length=target, original_max_position_embeddings=L, **kwargs)
+    with _quiet():  # patch's "rope-extend replaces the shipped scaling" would say the opposite of what happens
+        patch(model, SWITCHING, target_length=target, original_max_position_embeddings=L, **kwargs)
     try:
         ours = [_rotary(model, L), _rotary(model, L + 1)]
         for at, (a, b) in zip((L, L + 1), zip(shipped, ours, strict=True), strict=True):

@@ -52,11 +52,15 @@ def test_a_model_that_ships_no_switching_rope_is_left_alone():
     assert exact_shipped_switch(model) is None and patched(model) is None
 
 
-def test_method_none_runs_a_shipped_longrope_with_turned_keys(capsys):
+def test_method_none_runs_a_shipped_longrope_with_turned_keys(capsys, caplog):
     model = shipped(attention_factor=1.0)
     ScalingRequest(method="none").apply(model)
     assert patched(model) is not None and patched(model).method.name == "longrope"
     assert "rope-extend: the model ships transformers' longrope" in capsys.readouterr().err
+    assert not [r for r in caplog.records if "replaces it" in r.getMessage()]  # patch's line would say otherwise
+    rope_extend.unpatch(model)
+    rope_extend.patch(model, "longrope", factor=4.0, **longrope_factors())  # a user's own patch still says it
+    assert [r for r in caplog.records if "replaces it" in r.getMessage()]
 
 
 def test_a_rope_it_cannot_reproduce_is_refused_and_left_as_shipped(monkeypatch):
