@@ -84,7 +84,7 @@ def exact_shipped_switch(model: nn.Module) -> str | None:
         return None
     L = original_length(config)
     factor = params.get("factor") or config.max_position_embeddings / L
-    kwargs = {"short_factor": params["short_factor"], "long_factor": params["long_factor"]}
+    kwargs = {key: params.get(key) for key in ("short_factor", "long_factor")}  # missing: patch refuses, by name
     if params.get("attention_factor") is not None:
         kwargs["attention_factor"] = params["attention_factor"]
     shipped_scaling = config_scaling(config)
