@@ -47,7 +47,8 @@ def test_cached_generation_across_L_matches_uncached_with_the_shipped_rope(atten
 def test_a_model_that_ships_no_switching_rope_is_left_alone():
     model = tiny_model("llama")
     assert exact_shipped_switch(model) is None and patched(model) is None
-    rope_extend.patch(model, "yarn", factor=2)
+    rope_extend.patch(model, "yarn", factor=2)  # a patched model: its patch stays
+    assert exact_shipped_switch(model) is None and patched(model).method.name == "yarn"
     model = tiny_model("llama", rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0})
     assert exact_shipped_switch(model) is None and patched(model) is None
 
