@@ -15,6 +15,17 @@ from .ruler.subtasks import GENERATE
 # what each backend's numbers are called in the card's table and figure (one mapping for both)
 SERVED = {"llama.cpp": ("GGUF", "llama.cpp"), "vllm": ("vLLM", "vLLM")}  # engine: (its export, its name)
 SHOWN = {"original": "original", "transformers": "patched", **{k: f"served in {v}" for k, (_, v) in SERVED.items()}}
+CONFIGURED = "as configured"  # the transformers column of a model measured with the scaling its config ships
+
+
+def _shown(card: dict[str, Any]) -> dict[str, str]:
+    """``SHOWN`` for this card: a model measured as configured (``scaling_from: config``: a fine-tune, a model that
+    ships its scaling) is no patch, and its column says so; a card.json without the field is a patch's."""
+    return {**SHOWN, "transformers": CONFIGURED} if card.get("scaling_from") == "config" else SHOWN
+
+
+def _title(card: dict[str, Any]) -> str:
+    return f"{card['scaling']}{', from the config' if card.get('scaling_from') == 'config' else ''}"
 
 
 def _pct(x: float | None) -> str:
@@ -50,10 +61,11 @@ def _ruler_what(card: dict[str, Any]) -> str:
 def markdown(card: dict[str, Any]) -> str:
     """The model-card block: one table by length (each backend), effective lengths, retention, agreement."""
     b = card["backends"]
-    names = [n for n in SHOWN if n in b]
-    head = ["length"] + [f"{what} ({SHOWN[n]})" for n in names for what in ("RULER", "passkey", "ppl")]
+    shown = _shown(card)
+    names = [n for n in shown if n in b]
+    head = ["length"] + [f"{what} ({shown[n]})" for n in names for what in ("RULER", "passkey", "ppl")]
     lines = [
-        f"### Long context: {card['model']}, {card['scaling']}",
+        f"### Long context: {card['model']}, {_title(card)}",
         "",
         (
             f"Trained context L = {card['original_length']}, target {card['target_length']}. RULER: {_ruler_what(card)}; "
@@ -117,16 +129,17 @@ def markdown(card: dict[str, Any]) -> str:
 
 def figure(card: dict[str, Any], path: Path) -> list[str]:
     """RULER average, passkey accuracy and perplexity by length, one line per backend, named as the table's
-    columns name it (``SHOWN``: original, patched, served in llama.cpp) in one legend for the three panels (a
+    columns name it (``SHOWN``: original, patched or as configured, served in llama.cpp) in one legend for the three panels (a
     backend a panel lacks, such as the original's RULER when RULER starts past L, is still named). Returns the
     legend's names."""
 
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    colors = {name: f"C{i}" for i, name in enumerate(SHOWN)}
+    shown = _shown(card)
+    colors = {name: f"C{i}" for i, name in enumerate(shown)}
     handles: dict[str, Any] = {}
     for name, x in card["backends"].items():
-        label = SHOWN.get(name, name)
+        label = shown.get(name, name)
         for ax, key, scale in ((axes[0], "ruler", 1), (axes[1], "passkey", 100), (axes[2], "perplexity", 1)):
             pts = sorted((int(n), v * scale) for n, v in x[key].items())
             if pts:
@@ -142,7 +155,7 @@ def figure(card: dict[str, Any], path: Path) -> list[str]:
         if not any(line.get_label() in handles for line in ax.lines):  # only the line at L: nothing measured
             ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, color="grey")
     fig.legend(handles.values(), handles.keys(), loc="upper right", fontsize=8)
-    fig.suptitle(f"{card['model']}: {card['scaling']}", fontsize=10)
+    fig.suptitle(f"{card['model']}: {_title(card)}", fontsize=10)
     fig.tight_layout(rect=(0, 0, 0.9, 1))
     with writing(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")

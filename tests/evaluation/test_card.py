@@ -54,6 +54,7 @@ def test_the_card_holds_the_harnesses_numbers(measured):
     assert result["served"] is None and result["agreement"] is None  # engine=False
     text = (out / "card.md").read_text()
     assert "average over 1 task: niah_single_1 (" in text and "not comparable" in text and "| 512 |" in text
+    assert result["scaling_from"] == "patch" and "passkey (patched)" in text and "from the config" not in text
 
 
 def test_a_resumed_card_measures_nothing_again(measured):
@@ -259,3 +260,28 @@ def test_an_original_with_the_same_tokenizer_is_measured(tiny_models, tmp_path):
     result = card(model, tmp_path / "c", method="yarn", scaling_kwargs={"factor": 2}, original=same, options=options)
     assert result["original"] == same and set(result["backends"]["original"]["passkey"]) == {512}
     assert result["retention"]["perplexity"]["examples"] == 1 and result["retention"]["perplexity"]["ratio"] > 0
+
+
+def test_a_model_carded_as_configured_is_not_called_a_patch(tmp_path):
+    """A model whose config ships its scaling (a fine-tune), carded without --method: card.json says
+    ``scaling_from: config`` and card.md names its column "as configured", not "patched"."""
+    from tests.tiny import tiny_model, tiny_tokenizer
+
+    folder = tmp_path / "tuned"
+    model = tiny_model("llama", vocab_size=512, max_position_embeddings=1024)
+    theta = model.config.rope_parameters["rope_theta"]
+    model.config.rope_parameters = {
+        "rope_type": "yarn",
+        "rope_theta": theta,
+        "factor": 2.0,
+        "original_max_position_embeddings": 512,
+    }
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    options = CardOptions(
+        lengths=[512, 1024], samples=1, trials=1, tasks=["niah_single_1"], answer_tokens=8, docs=1, engine=False
+    )
+    result = card(str(folder), tmp_path / "c", options=options)
+    text = (tmp_path / "c" / "card.md").read_text()
+    assert result["scaling_from"] == "config" and result["scaling"].startswith("yarn (factor 2, L=512, target 1024")
+    assert "passkey (as configured)" in text and "(patched)" not in text and ", from the config\n" in text

@@ -210,6 +210,11 @@ def test_the_wording_counts_tasks_and_the_figure_names_lines_as_the_table(tmp_pa
     assert "RULER: average over 1 task: fwe (5 samples each;" in text and "(patched)" in text
     assert markdown({**card, "ruler_tasks": ["fwe", "vt"]}).count("average over 2 tasks: fwe, vt (") == 1
     assert figure(card, tmp_path / "card.png") == ["patched", "original"]
+    # a model measured with the scaling its config ships (a fine-tune) is no patch: its column and title say so
+    configured = markdown({**card, "scaling_from": "config"})
+    assert "passkey (as configured)" in configured and "(patched)" not in configured
+    assert configured.startswith("### Long context: m, yarn x4, from the config\n")
+    assert figure({**card, "scaling_from": "config"}, tmp_path / "c.png") == ["as configured", "original"]
 
 
 def test_ruler_budgets_are_capped_at_a_quarter_of_L_and_must_hold_the_answers(bundled, monkeypatch):
