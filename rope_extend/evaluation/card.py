@@ -243,16 +243,7 @@ def card(
     backends["original"], original_records = measure(model, tok, "original", inside, bench)
     kept = retention(original_records, [r for r in patched_records if r["length"] <= L], L)
     result = _card_json(
-        model_name,
-        original,
-        plan,
-        options,
-        backends=backends,
-        kept=kept,
-        served=served,
-        began=began,
-        bench=bench,
-        scaling_from="config" if method == "none" else "patch",
+        model_name, original, plan, options, backends=backends, kept=kept, served=served, began=began, bench=bench
     )
     write_json(out / "card.json", result)
     write_text(out / "card.md", markdown(result))
@@ -260,18 +251,15 @@ def card(
     return result
 
 
-def _card_json(
-    model_name, original, plan: Measurements, options, *, backends, kept, served, began, bench, scaling_from
-) -> dict:
+def _card_json(model_name, original, plan: Measurements, options, *, backends, kept, served, began, bench) -> dict:
     """The card as ``card.json`` holds it: what was measured, at which lengths, by which backend, the retention
-    inside L and the agreement of the served GGUF; ``began``: ``time.perf_counter()`` before the first load;
-    ``scaling_from``: ``config`` for a model measured as configured (a fine-tune: no patch), else ``patch``."""
+    inside L and the agreement of the served GGUF; ``began``: ``time.perf_counter()`` before the first load."""
     scaling, lengths = plan.scaling, plan.lengths
     return {
         "model": model_name,
         "original": original or model_name,
         "scaling": scaling.describe(),
-        "scaling_from": scaling_from,
+        "scaling_from": plan.scaling_from,  # "config": a fine-tune's card is no patch's
         "original_length": scaling.original_max_position_embeddings,
         "target_length": scaling.target_length,
         "lengths": lengths,

@@ -44,6 +44,7 @@ from .engines import INSTALL
 from .passkey import PasskeyOptions
 from .prompts import encode
 from .records import _config_scaling as configured
+from .records import scaling_in_force
 from .ruler.sizing import Haystack, PromptFormat, build_prompt
 from .ruler.subtasks import ESSAY, GENERATE, check_tasks
 from .runner import check_reachable
@@ -72,6 +73,7 @@ class Measurements:
     served: str | None = None
     left_out: list[str] = field(default_factory=list)
     served_passkey: list[int] | None = None  # vLLM: the lengths passkey's answer fits in the export (None: all)
+    scaling_from: str = "patch"  # "config": the model runs its config's scaling (a fine-tune), as its records say
 
     @property
     def original_length(self) -> int:
@@ -94,6 +96,7 @@ class Measurements:
             self.budgets,
             self.served,
             served_passkey=None if self.served_passkey is None else keep(self.served_passkey),
+            scaling_from=self.scaling_from,
         )
 
 
@@ -171,7 +174,17 @@ def decide_measurements(model, tok, model_name: str, options: CardOptions) -> Me
     ruler_lengths, tasks = _ruler(tok, lengths, given, options, left, budgets)
     budgets = {t: budgets[t] for t in tasks}
     return Measurements(
-        scaling, lengths, ruler_lengths, tasks, ppl_lengths, texts, budgets, served, left, served_passkey=served_lengths
+        scaling,
+        lengths,
+        ruler_lengths,
+        tasks,
+        ppl_lengths,
+        texts,
+        budgets,
+        served,
+        left,
+        served_passkey=served_lengths,
+        scaling_from=scaling_in_force(model)[1],
     )
 
 

@@ -18,14 +18,19 @@ SHOWN = {"original": "original", "transformers": "patched", **{k: f"served in {v
 CONFIGURED = "as configured"  # the transformers column of a model measured with the scaling its config ships
 
 
+def _configured(card: dict[str, Any]) -> bool:
+    """A model measured as configured (``scaling_from: config``: a fine-tune, a model that ships its scaling) is no
+    patch; a card.json without the field is a patch's."""
+    return card.get("scaling_from") == "config"
+
+
 def _shown(card: dict[str, Any]) -> dict[str, str]:
-    """``SHOWN`` for this card: a model measured as configured (``scaling_from: config``: a fine-tune, a model that
-    ships its scaling) is no patch, and its column says so; a card.json without the field is a patch's."""
-    return {**SHOWN, "transformers": CONFIGURED} if card.get("scaling_from") == "config" else SHOWN
+    """``SHOWN`` for this card: the column of a model measured as configured says so."""
+    return {**SHOWN, "transformers": CONFIGURED} if _configured(card) else SHOWN
 
 
 def _title(card: dict[str, Any]) -> str:
-    return f"{card['scaling']}{', from the config' if card.get('scaling_from') == 'config' else ''}"
+    return f"{card['scaling']}{', from the config' if _configured(card) else ''}"
 
 
 def _pct(x: float | None) -> str:
@@ -129,9 +134,9 @@ def markdown(card: dict[str, Any]) -> str:
 
 def figure(card: dict[str, Any], path: Path) -> list[str]:
     """RULER average, passkey accuracy and perplexity by length, one line per backend, named as the table's
-    columns name it (``SHOWN``: original, patched or as configured, served in llama.cpp) in one legend for the three panels (a
-    backend a panel lacks, such as the original's RULER when RULER starts past L, is still named). Returns the
-    legend's names."""
+    columns name it (``SHOWN``: original, patched or as configured, served in llama.cpp) in one legend for the
+    three panels (a backend a panel lacks, such as the original's RULER when RULER starts past L, is still named).
+    Returns the legend's names."""
 
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))

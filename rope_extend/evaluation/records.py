@@ -49,25 +49,30 @@ def _config_scaling(model):
         return None
 
 
+def scaling_in_force(model):
+    """The scaling ``model`` runs and where it comes from: ``(scaling, "patch")`` for a rope-extend patch,
+    ``(scaling, "config")`` for the scaling its config names (a fine-tune's; a shipped ``longrope`` that
+    ``shipped_switch`` runs with rope-extend's own counts as the config's), ``(None, "config")`` for none."""
+    # here, not at the top: patching imports transformers, and the task modules (which the command line's parser
+    # imports for their options) import this module
+    from ..patching import patched
+    from ..shipped_switch import config_run
+
+    shipped = config_run(model)  # the config's longrope, run with its cached keys turned
+    if shipped is not None:
+        return shipped, "config"
+    scaling = patched(model)
+    return (scaling, "patch") if scaling is not None else (_config_scaling(model), "config")
+
+
 def run_info(model, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """What identifies the model under test: its name, the digest of its weights and config
     (``identity.model_digest``: the name alone is what the user typed, and two models can share it), the
     rope-extend version, and the rope-extend scaling applied; with no patch, the scaling its config names
     (``scaling_from: config``: a fine-tuned or shipped scaling), else ``none``."""
-    # here, not at the top: patching imports transformers, and the task modules (which the command line's parser
-    # imports for their options) import this module
-    from ..patching import patched
-
     if is_engine(model):  # a served file: its digest and the engine name it
         return {**model.info(), **(extra or {})}
-    from ..shipped_switch import config_run
-
-    scaling, source = patched(model), "patch"
-    shipped = config_run(model)  # the config's longrope, run with its cached keys turned
-    if shipped is not None:
-        scaling, source = shipped, "config"
-    elif scaling is None:
-        scaling, source = _config_scaling(model), "config"
+    scaling, source = scaling_in_force(model)
     info: dict[str, Any] = {
         "model": str(getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__),
         "model_digest": model_digest(model),
